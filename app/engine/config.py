@@ -1,0 +1,78 @@
+"""A table's configuration as the contract's ``TableConfig`` describes it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplerSpec(BaseModel):
+    """``{"type": name, ...params}``; the params are validated by the sampler itself."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str = Field("uniform", min_length=1, max_length=128, examples=["prioritized"])
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameters other than ``type``."""
+        return dict(self.model_extra or {})
+
+
+class RemoverSpec(BaseModel):
+    """Which item goes when the table is past ``max_size``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["fifo", "lifo", "uniform", "min_heap", "max_heap"] = "fifo"
+
+
+class MinSizeLimiter(BaseModel):
+    """Samples wait until the table holds ``min_size`` items."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["min_size"]
+    min_size: int = Field(1, ge=1)
+
+
+class SampleToInsertRatioLimiter(BaseModel):
+    """Reverb's SampleToInsertRatio: keeps samples per insert near ``samples_per_insert``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["sample_to_insert_ratio"]
+    min_size_to_sample: int = Field(1, ge=1)
+    samples_per_insert: float = Field(1.0, gt=0)
+    error_buffer: float = Field(100.0, ge=0)
+
+
+class QueueLimiter(BaseModel):
+    """Reverb's Queue: inserts wait when ``size`` items are unsampled, samples when none are."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["queue"]
+    size: int = Field(..., ge=1)
+
+
+RateLimiterSpec = Annotated[
+    MinSizeLimiter | SampleToInsertRatioLimiter | QueueLimiter, Field(discriminator="type")
+]
+
+
+class TableConfig(BaseModel):
+    """The contract's ``TableConfig``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    remover: RemoverSpec = Field(default_factory=RemoverSpec)
+    max_size: int | None = Field(None, ge=1)
+    max_times_sampled: int = Field(0, ge=0)
+    rate_limiter: RateLimiterSpec | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain JSON-able form (what is stored and answered)."""
+        return self.model_dump(mode="json")

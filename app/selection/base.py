@@ -1,0 +1,71 @@
+"""The selector plugin interface.
+
+A selector keeps in-memory selection state over a table's items, addressed by
+*slots*: small non-negative ints that the table assigns to keys (and reuses after
+a delete). It never sees values, only what it asked for in ``index_fields``.
+The same classes serve as samplers (``sample``) and as removers (the table asks
+``sample(1)`` of a remover and deletes what it names).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+Slots = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+
+class Selector(ABC):
+    """Selection state over slots; subclasses register under ``name``.
+
+    Class attributes:
+        name: the ``type`` in a table config.
+        index_fields: value fields the engine extracts on insert and passes in ``fields``.
+        deterministic: True when ``sample`` always names the same item for the same state
+            (FIFO, LIFO, heaps); the table then draws one at a time when picks change state.
+        weighted: True when the sampler returns importance weights other than 1.0.
+    """
+
+    name: ClassVar[str] = ""
+    index_fields: ClassVar[frozenset[str]] = frozenset()
+    deterministic: ClassVar[bool] = False
+    weighted: ClassVar[bool] = False
+
+    @abstractmethod
+    def insert(
+        self,
+        slots: Slots,
+        priorities: Floats,
+        inserted_at: Floats,
+        fields: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Slots that are new to the selector (a replaced key is removed, then inserted)."""
+
+    @abstractmethod
+    def remove(self, slots: Slots) -> None:
+        """Slots that left the table; each was inserted before."""
+
+    @abstractmethod
+    def update(self, slots: Slots, priorities: Floats) -> None:
+        """New priorities for slots already present."""
+
+    @abstractmethod
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[Slots, Floats]:
+        """``n`` draws with replacement: the slots and each draw's probability. Never called empty."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of slots held."""
+
+    def weights(self, probabilities: Floats, size: int) -> Floats:
+        """Importance weights for picks of these probabilities out of ``size`` items."""
+        return np.ones_like(probabilities)
+
+    def index_bytes(self) -> int:
+        """Bytes of memory the selection state takes (for stats and benchmarks)."""
+        return 0

@@ -1,0 +1,81 @@
+"""Settings of the service, read from flags and ``RLREPLAY_*`` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+StorageMode = Literal["memory", "disk", "hybrid"]
+Durability = Literal["wal", "none"]
+
+
+class Settings(BaseSettings):
+    """Every setting of ``rlreplay serve``; each is also ``RLREPLAY_<NAME>`` in the environment.
+
+    Built once by the CLI (flags beat variables) and passed to ``create_app``; never a
+    module global.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RLREPLAY_", extra="ignore", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
+    data_dir: Path = Field(Path("./data"), description="RocksDB and the write-ahead log live here.")
+    storage_mode: StorageMode = Field("hybrid", description="memory, disk or hybrid.")
+    cache_memory_limit_mb: float = Field(
+        1024, gt=0, description="Bytes of items (keys, values, overhead) kept in RAM."
+    )
+    durability: Durability = Field(
+        "wal", description="wal: answered writes survive kill -9; none: write-back, may lose."
+    )
+    wal_checkpoint_mb: float = Field(
+        256, gt=0, description="Checkpoint (flush to RocksDB, truncate the log) past this log size."
+    )
+    wal_group_commit_ms: float = Field(
+        0.0, ge=0, description="Extra wait to gather more writes into one fsync (0: none)."
+    )
+    write_queue_ops: int = Field(
+        100_000, gt=0, description="Item ops the write queue holds before 503 overloaded."
+    )
+    write_queue_mb: float = Field(
+        512, gt=0, description="Bytes of values the write queue holds before 503 overloaded."
+    )
+    p0_probability: float = Field(
+        0.8, ge=0, le=1, description="Chance the writer takes p0 (push/delete) over p1 work."
+    )
+    io_threads: int = Field(4, gt=0, description="Threads for blocking RocksDB and file I/O.")
+    backup_url: str | None = Field(None, description="fsspec URL for snapshots.")
+    backup_interval_s: float = Field(180, gt=0, description="Seconds between snapshots.")
+    backup_keep: int = Field(5, gt=0, description="Snapshots kept at the backup URL.")
+    backup_storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec storage options as JSON."
+    )
+    restore: str = Field("none", description="latest, none or a snapshot id, loaded on start.")
+    max_request_mb: float = Field(64, gt=0, description="Largest request body accepted.")
+    api_key: list[str] = Field(
+        default_factory=list, description="Bearer keys; when set, /v1 needs one."
+    )
+    default_table: bool = Field(True, description="Create the table 'default' at start-up.")
+    default_table_max_size: int | None = Field(
+        None, gt=0, description="max_size of the 'default' table (none: unbounded)."
+    )
+    default_sampler: str = Field("uniform", description="Sampler type of the 'default' table.")
+    changes_keep: int = Field(
+        1_000_000, gt=0, description="Change events kept for the GPU sidecar's feed."
+    )
+    log_level: str = Field("info", description="Logging level.")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k for k in value.replace(",", " ").split() if k]
+        return value
+
+    @property
+    def cache_limit_bytes(self) -> int:
+        """``cache_memory_limit_mb`` in bytes."""
+        return int(self.cache_memory_limit_mb * 1024 * 1024)
