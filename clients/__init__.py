@@ -1,0 +1,65 @@
+"""The rlreplay client: an async HTTP client and its msgpack wire codec.
+
+Importable with only httpx, msgpack and numpy installed; torch is used only when a
+tensor is handed over (and ``BFloat16Array.to_torch`` is called).
+"""
+
+from clients.arrays import EXT_NDARRAY, BFloat16Array
+from clients.client import Item, ReplayClient
+from clients.codec import (
+    from_jsonable,
+    jsonable_to_msgpack,
+    msgpack_to_jsonable,
+    packb,
+    to_jsonable,
+    unpackb,
+)
+from clients.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    Gone,
+    ItemNotFound,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    ReplayError,
+    StorageFull,
+    TableExists,
+    TableNotFound,
+    Unauthorized,
+    Unavailable,
+    UnsupportedMediaType,
+    ValidationFailed,
+    error_from_body,
+)
+
+__all__ = [
+    "EXT_NDARRAY",
+    "BFloat16Array",
+    "BadRequest",
+    "DeadlineExceeded",
+    "Gone",
+    "Item",
+    "ItemNotFound",
+    "MethodNotAllowed",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ReplayClient",
+    "ReplayError",
+    "StorageFull",
+    "TableExists",
+    "TableNotFound",
+    "Unauthorized",
+    "Unavailable",
+    "UnsupportedMediaType",
+    "ValidationFailed",
+    "error_from_body",
+    "from_jsonable",
+    "jsonable_to_msgpack",
+    "msgpack_to_jsonable",
+    "packb",
+    "to_jsonable",
+    "unpackb",
+]

@@ -1,73 +1,656 @@
-"""INTERFACE DRAFT: the engine's public surface; the implementation lands here shortly."""
+"""The engine: tables of items over hybrid storage, changed only by one writer.
+
+Reads (``get``, ``get_many``, ``sample``) run in the caller's task and merge each
+table's pending ops, so a write is visible the moment it is accepted. Writes are
+validated, logged (with ``durability="wal"``), registered in the pending index and
+queued for the writer (:class:`workers.task_processor.TaskProcessor`); they return once
+the log is fsynced, or once applied with ``wait=True``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
+import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgpack
+import numpy as np
+
 from app.engine.config import TableConfig
-from app.engine.items import Item, NewItem, SampledItem
+from app.engine.items import MAX_KEY_BYTES, Item, NewItem, SampledItem
+from app.engine.ops import (
+    CheckpointOp,
+    CreateTableOp,
+    DeleteOp,
+    DropTableOp,
+    Op,
+    PopulateOp,
+    PriorityOp,
+    PutOp,
+)
+from app.engine.state import EngineState, cache_charge, value_key
+from app.engine.table import Table
+from app.engine.wal import WriteAheadLog
 from app.settings import Settings
+from app.storage.blocking import BlockingIO
+from app.storage.cache import CacheLedger
+from app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
+from clients.errors import (
+    DeadlineExceeded,
+    Overloaded,
+    StorageFull,
+    TableExists,
+    TableNotFound,
+    Unavailable,
+    ValidationFailed,
+)
+from workers.task_processor import (
+    MEMORY_CHECKPOINT,
+    TaskProcessor,
+    index_fields_of,
+    read_checkpoint_file,
+)
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+DEFAULT_TIMEOUT_S = 10.0
 
 
 class Engine:
     """Tables of items over hybrid storage, mutated by one writer task.
 
-    Lifetime: ``await engine.start()`` (recovers from ``data_dir``, starts the writer),
-    ``await engine.stop()`` (idempotent: drains the writer, flushes, closes).
-    Errors raised are those of ``clients.errors`` (TableNotFound, ValidationFailed,
-    Overloaded, StorageFull, DeadlineExceeded, Unavailable...).
+    Lifetime: ``await engine.start()`` recovers from ``settings.data_dir`` and starts the
+    writer; ``await engine.stop()`` (idempotent) applies what is queued, checkpoints and
+    closes. Errors are those of :mod:`clients.errors`.
     """
 
-    def __init__(self, settings: Settings) -> None: ...
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._state: EngineState | None = None
+        self._processor: TaskProcessor | None = None
+        self._rng = np.random.default_rng()
+        self._ready = False
+        self._stopping = False
+        self._recovered_records = 0
+
+    # -- lifetime -------------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
         """True once recovery finished and the writer runs."""
-        raise NotImplementedError
+        return self._ready and self._processor is not None and self._processor.running
 
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
+    async def start(self) -> None:
+        """Recover tables from the data directory, replay the log, start the writer."""
+        st = self.settings
+        st.data_dir.mkdir(parents=True, exist_ok=True)
+        io = BlockingIO(threads=st.io_threads)
+        state = EngineState(settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes))
+        self._state = state
+        processor = TaskProcessor(state, p0_probability=st.p0_probability)
+        self._processor = processor
+        covered = 0
+        if st.storage_mode != "memory":
+            state.store = await io.run(RocksStore, st.data_dir / "rocksdb")
+            covered = await self._load_store(state)
+        elif st.durability == "wal" and (st.data_dir / MEMORY_CHECKPOINT).exists():
+            covered = await self._load_memory_checkpoint(state)
+        if st.durability == "wal":
+            wal = WriteAheadLog(
+                st.data_dir / "wal", io=io, group_commit_s=st.wal_group_commit_ms / 1000
+            )
+            records = await io.run(lambda: list(wal.replay(covered)))
+            for record in records:
+                op = self._op_from_record(state, record)
+                if op is not None:
+                    await processor.apply(op, replay=True)
+            await io.run(wal.open, covered)
+            state.wal = wal
+            state.seq = wal.next_lsn - 1
+            self._recovered_records = len(records)
+            await processor.trim_all()
+            if records:
+                await processor.checkpoint()
+        for table in state.tables.values():
+            table.applied(state.seq, 0)
+        processor.start()
+        self._ready = True
+        log.info(
+            "engine ready: mode=%s durability=%s tables=%d replayed=%d",
+            st.storage_mode, st.durability, len(state.tables), len(records) if st.durability == "wal" else 0,
+        )
+
+    async def stop(self) -> None:
+        """Apply what is queued, checkpoint, close storage; idempotent."""
+        if self._stopping or self._state is None:
+            return
+        self._stopping = True
+        self._ready = False
+        state, processor = self._state, self._processor
+        assert processor is not None
+        try:
+            if processor.running:
+                if state.wal is not None or state.store is not None:
+                    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    processor.submit(CheckpointOp(0, future=fut, weight=0))
+                    try:
+                        await fut
+                    except Unavailable:
+                        log.warning("writer stopped before the final checkpoint")
+            await processor.stop()
+        finally:
+            if state.wal is not None:
+                await state.io.run(state.wal.close)
+            if state.store is not None:
+                await state.io.run(state.store.close)
+            state.io.close()
+
+    async def _load_store(self, state: EngineState) -> int:
+        store = state.store
+        assert store is not None
+
+        def load() -> tuple[int, int, list[tuple[str, int, dict[str, Any], list[tuple[bytes, bytes]]]]]:
+            raw_lsn = store.get(LSN_KEY)
+            raw_tid = store.get(NEXT_TID_KEY)
+            found = []
+            for key, value in store.scan(b"t"):
+                rec = msgpack.unpackb(value, raw=False)
+                tid = int(rec["id"])
+                metas = list(store.scan(b"m" + tid.to_bytes(4, "big")))
+                found.append((key[1:].decode(), tid, rec["config"], metas))
+            return (
+                int.from_bytes(raw_lsn, "big") if raw_lsn else 0,
+                int.from_bytes(raw_tid, "big") if raw_tid else 1,
+                found,
+            )
+
+        covered, next_tid, found = await state.io.run(load)
+        state.next_tid = next_tid
+        for name, tid, config, metas in found:
+            table = Table(name, tid, TableConfig.model_validate(config))
+            cut = 5  # b"m" + 4-byte table id
+            rows = []
+            fields: list[dict[str, Any]] = []
+            for raw_key, raw_meta in metas:
+                prio, ts, sampled, size = META.unpack_from(raw_meta)
+                rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size))
+                if table.index_fields:
+                    extra = raw_meta[META.size :]
+                    fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
+            _restore_rows(state, table, rows, on_disk=True, fields=fields)
+            state.tables[name] = table
+            state.next_tid = max(state.next_tid, tid + 1)
+        return int(covered)
+
+    async def _load_memory_checkpoint(self, state: EngineState) -> int:
+        header, rows = await state.io.run(
+            read_checkpoint_file, self.settings.data_dir / MEMORY_CHECKPOINT
+        )
+        by_tid: dict[int, list[tuple[Any, ...]]] = {}
+        for tid, key, value, prio, ts, sampled in rows:
+            by_tid.setdefault(tid, []).append((key, value, prio, ts, sampled, len(value) + len(key)))
+        for spec in header["tables"]:
+            table = Table(spec["name"], int(spec["id"]), TableConfig.model_validate(spec["config"]))
+            mine = by_tid.get(table.tid, [])
+            fields = [index_fields_of(r[1], table.index_fields) for r in mine] if table.index_fields else []
+            _restore_rows(state, table, mine, on_disk=False, fields=fields)
+            state.tables[table.name] = table
+        state.next_tid = int(header["next_tid"])
+        return int(header["lsn"])
+
+    def _op_from_record(self, state: EngineState, record: list[Any]) -> Op | None:
+        lsn, kind, name = record[0], record[1], record[2]
+        if kind == "create":
+            return CreateTableOp(lsn, name=name, config=TableConfig.model_validate(record[3]))
+        table = state.tables.get(name)
+        if table is None:
+            return None
+        if kind == "put":
+            _, _, _, keys, values, prios, ts = record
+            items = [NewItem(k, v, p) for k, v, p in zip(keys, values, prios, strict=True)]
+            return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
+        if kind == "del":
+            return DeleteOp(lsn, table=table, keys=record[3], weight=0)
+        if kind == "pri":
+            return PriorityOp(lsn, table=table, keys=record[3], priorities=record[4], weight=0)
+        if kind == "drop":
+            return DropTableOp(lsn, table=table)
+        raise ValueError(f"unknown log record kind {kind!r}")
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @property
+    def _s(self) -> EngineState:
+        if self._state is None:
+            raise Unavailable("the engine is not started")
+        return self._state
+
+    def _writer(self) -> TaskProcessor:
+        p = self._processor
+        if p is None or not p.running or self._stopping:
+            reason = "shutting down" if self._stopping else "the writer is not running"
+            if p is not None and p.failure is not None:
+                reason = f"the writer failed: {p.failure!r}"
+            raise Unavailable(reason)
+        return p
+
+    def _table(self, name: str) -> Table:
+        table = self._s.tables.get(name)
+        if table is None:
+            raise TableNotFound(f"no table {name!r}")
+        return table
+
+    def _reserve(self, n: int, nbytes: int) -> None:
+        s = self._s
+        st = self.settings
+        if s.queued_items + n > st.write_queue_ops or s.queued_bytes + nbytes > st.write_queue_mb * 2**20:
+            if n > st.write_queue_ops or nbytes > st.write_queue_mb * 2**20:
+                raise ValidationFailed(
+                    f"a batch of {n} items / {nbytes} bytes can never fit the write queue "
+                    f"({st.write_queue_ops} items, {st.write_queue_mb} MB)"
+                )
+            raise Overloaded("the write queue is full; retry shortly", retry_after=1.0)
+
+    async def _committed(self, seq: int, fut: asyncio.Future[None] | None) -> None:
+        s = self._s
+        if s.wal is not None:
+            await s.wal.commit(seq)
+        if fut is not None:
+            await fut
+
+    # -- tables ---------------------------------------------------------------------------
 
     async def create_table(self, name: str, config: TableConfig) -> bool:
         """True when created, False when it exists with the same config; TableExists otherwise."""
-        raise NotImplementedError
+        if not TABLE_NAME.match(name):
+            raise ValidationFailed(
+                f"table name {name!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
+            )
+        existing = self._s.tables.get(name)
+        if existing is not None:
+            if existing.config == config:
+                return False
+            raise TableExists(f"table {name!r} exists with another config")
+        try:
+            probe = Table(name, 0, config)
+        except ValueError as exc:
+            raise ValidationFailed(str(exc)) from exc
+        for warning in probe.gate.problems(config.max_size, config.max_times_sampled):
+            log.warning("table %r: %s", name, warning)
+        writer = self._writer()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        seq = self._s.next_seq(["create", name, config.to_wire()])
+        writer.submit(CreateTableOp(seq, future=fut, weight=0, name=name, config=config))
+        await self._committed(seq, fut)
+        return True
 
     async def drop_table(self, name: str) -> None:
-        """Deletes the table and its data; TableNotFound when missing."""
+        """Delete the table and its data; TableNotFound when missing."""
+        table = self._table(name)
+        writer = self._writer()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        seq = self._s.next_seq(["drop", name])
+        writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
+        await self._committed(seq, fut)
 
     def table_names(self) -> list[str]:
-        raise NotImplementedError
+        """Names of the tables, sorted."""
+        return sorted(self._s.tables)
 
     def describe(self, name: str) -> dict[str, Any]:
-        """``{"name", "config": TableConfig.to_wire(), "stats": {size, pending_ops, ...}}``."""
-        raise NotImplementedError
+        """``{"name", "config", "stats"}`` of a table; TableNotFound when missing."""
+        return self._table(name).describe()
 
-    async def push(self, table: str, items: Sequence[NewItem], *, wait: bool = False,
-                   timeout_s: float | None = None) -> int:
-        """Accepts items (visible to every reader on return); with wait, returns once applied."""
-        raise NotImplementedError
+    def table_warnings(self, name: str) -> list[str]:
+        """Why a table's configuration may never make progress (empty when fine)."""
+        t = self._table(name)
+        return t.gate.problems(t.config.max_size, t.config.max_times_sampled)
 
-    async def get(self, table: str, key: str) -> Item | None:
-        raise NotImplementedError
+    # -- writes ---------------------------------------------------------------------------
 
-    async def get_many(self, table: str, keys: Sequence[str]) -> list[Item | None]:
-        raise NotImplementedError
+    async def push(
+        self,
+        table: str,
+        items: Sequence[NewItem],
+        *,
+        wait: bool = False,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Accept items; on return every reader sees them. With ``wait``, return once applied."""
+        t = self._table(table)
+        writer = self._writer()
+        if not items:
+            return 0
+        nbytes = 0
+        for it in items:
+            _check_key(it.key)
+            p = it.priority
+            if not (p >= 0 and math.isfinite(p)):
+                raise ValidationFailed(f"priority ({p}) of key {it.key!r} must be a finite float >= 0")
+            nbytes += len(it.value)
+        n = len(items)
+        self._reserve(n, nbytes)
+        s = self._s
+        if s.mode == "memory":
+            need = s.ledger.bytes + s.queued_bytes + nbytes + n * cache_charge(0)
+            if need > s.ledger.limit_bytes:
+                raise StorageFull(
+                    f"memory mode: {need} bytes would pass cache_memory_limit_mb "
+                    f"({self.settings.cache_memory_limit_mb} MB)"
+                )
+        if t.gate.limited:
+            await t.gate.acquire_insert(n, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+            self._reserve(n, nbytes)
+            t = self._table(table)
+        now = time.time()
+        keys = [it.key for it in items]
+        record = (
+            ["put", table, keys, [it.value for it in items], [it.priority for it in items], now]
+            if s.wal is not None
+            else None
+        )
+        seq = s.next_seq(record)
+        fut = asyncio.get_running_loop().create_future() if wait else None
+        entries = {it.key: (seq, it, now) for it in items}
+        t.pending.update(entries)
+        t.accept(seq, n)
+        writer.submit(PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now))
+        await self._committed(seq, fut)
+        return n
 
     async def delete(self, table: str, keys: Sequence[str], *, wait: bool = False) -> int:
-        raise NotImplementedError
+        """Accept deletes of ``keys`` (missing ones are no-ops); visible to readers on return."""
+        t = self._table(table)
+        writer = self._writer()
+        if not keys:
+            return 0
+        for key in keys:
+            _check_key(key)
+        self._reserve(len(keys), 0)
+        seq, fut = self._enqueue_delete(writer, t, list(keys), wait=wait)
+        await self._committed(seq, fut)
+        return len(keys)
 
-    async def sample(self, table: str, batch_size: int, *, timeout_s: float | None = None,
-                     include_values: bool = True) -> list[SampledItem]:
-        raise NotImplementedError
+    def _enqueue_delete(
+        self, writer: TaskProcessor, t: Table, keys: list[str], *, wait: bool
+    ) -> tuple[int, asyncio.Future[None] | None]:
+        s = self._s
+        seq = s.next_seq(["del", t.name, keys] if s.wal is not None else None)
+        fut = asyncio.get_running_loop().create_future() if wait else None
+        t.pending.update({k: (seq, None, 0.0) for k in keys})
+        t.accept(seq, len(keys))
+        writer.submit(DeleteOp(seq, future=fut, weight=len(keys), table=t, keys=keys))
+        return seq, fut
 
     async def update_priorities(self, table: str, priorities: Mapping[str, float]) -> tuple[int, int]:
-        """Returns (updated, missing)."""
-        raise NotImplementedError
+        """Set priorities of existing keys, once applied; returns (updated, missing)."""
+        t = self._table(table)
+        writer = self._writer()
+        keys, values = [], []
+        for key, p in priorities.items():
+            _check_key(key)
+            if not (p >= 0 and math.isfinite(p)):
+                raise ValidationFailed(f"priority ({p}) of key {key!r} must be a finite float >= 0")
+            if t.contains(key):
+                keys.append(key)
+                values.append(float(p))
+        missing = len(priorities) - len(keys)
+        if not keys:
+            return 0, missing
+        self._reserve(len(keys), 0)
+        s = self._s
+        seq = s.next_seq(["pri", table, keys, values] if s.wal is not None else None)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        t.accept(seq, len(keys))
+        writer.submit(PriorityOp(seq, future=fut, weight=len(keys), table=t, keys=keys, priorities=values))
+        await self._committed(seq, fut)
+        return len(keys), missing
 
     async def flush(self) -> None:
-        """Checkpoint: everything applied is in RocksDB (or the memory checkpoint), log truncated."""
+        """Checkpoint: what is applied goes to RocksDB (or the memory checkpoint); log truncated."""
+        writer = self._writer()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        writer.submit(CheckpointOp(0, future=fut, weight=0))
+        await fut
+
+    async def maybe_checkpoint(self) -> None:
+        """Checkpoint when the log has grown past ``wal_checkpoint_mb``."""
+        s = self._s
+        if s.wal is not None and s.wal.bytes_since_checkpoint > self.settings.wal_checkpoint_mb * 2**20:
+            s.wal.bytes_since_checkpoint = 0
+            self._writer().submit(CheckpointOp(0, weight=0))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get(self, table: str, key: str) -> Item | None:
+        """The item as a reader sees it now, or None."""
+        return (await self.get_many(table, [key]))[0]
+
+    async def get_many(self, table: str, keys: Sequence[str]) -> list[Item | None]:
+        """Items in the order asked, None where missing."""
+        t = self._table(table)
+        out: list[Item | None] = [None] * len(keys)
+        pending, index, values = t.pending, t.index, t.values
+        misses: list[tuple[int, int, str]] = []
+        for i, key in enumerate(keys):
+            if pending:
+                entry = pending.get(key)
+                if entry is not None:
+                    item = entry[1]
+                    if item is not None:
+                        out[i] = Item(key, item.value, item.priority, entry[2], 0)
+                    continue
+            slot = index.get(key)
+            if slot is None:
+                continue
+            value = values[slot]
+            if value is None:
+                misses.append((i, slot, key))
+                continue
+            t.referenced[slot] = 1
+            out[i] = Item(key, value, float(t.priority[slot]), float(t.inserted_at[slot]),
+                          int(t.times_sampled[slot]))
+        if misses:
+            await self._read_misses(t, misses, out)
+        return out
+
+    async def _read_misses(
+        self, t: Table, misses: list[tuple[int, int, str]], out: list[Any], sampled: Any = None
+    ) -> None:
+        """Fill ``out[i]`` for values not in the cache, from RocksDB; schedules populates."""
+        s = self._s
+        assert s.store is not None
+        metas = [
+            (float(t.priority[slot]), float(t.inserted_at[slot]), int(t.times_sampled[slot]),
+             int(t.version[slot]))
+            for _, slot, _ in misses
+        ]
+        found = await s.io.run(s.store.get_many, [value_key(t, key) for _, _, key in misses])
+        writer = self._processor
+        for (i, slot, key), meta, value in zip(misses, metas, found, strict=True):
+            if value is None:  # deleted or replaced while we read: look again in memory
+                if t.keys[slot] == key and t.values[slot] is not None:
+                    value = t.values[slot]
+                else:
+                    continue
+            elif writer is not None and writer.running and s.ledger.limit_bytes > 0:
+                writer.submit(PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value), p1=True)
+            if sampled is None:
+                out[i] = Item(key, value, meta[0], meta[1], meta[2])
+            else:
+                out[i] = sampled(i, value)
+
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_s: float | None = None,
+        include_values: bool = True,
+    ) -> list[SampledItem]:
+        """``batch_size`` draws from the table's sampler, after its pending ops are applied.
+
+        A table with no items makes the call wait up to ``timeout_s`` for one (as Reverb's
+        default ``MinSize(1)``); the rate limiter may make it wait too. Past the timeout:
+        :class:`DeadlineExceeded`.
+        """
+        if batch_size < 1:
+            raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
+        t = self._table(table)
+        timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        if t.gate.limited:
+            await t.gate.acquire_sample(batch_size, timeout)
+        await t.caught_up()
+        while len(t.sampler) == 0:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await t.wait_nonempty(left):
+                raise DeadlineExceeded(f"table {table!r} had no item to sample within {timeout:g} s")
+            await t.caught_up()
+        slots, probs, exhausted = self._draw(t, batch_size)
+        size = len(t.sampler) + len(exhausted)
+        weights = t.sampler.weights(probs, size)
+        t.counters.samples += len(slots)
+        slot_list = slots.tolist()
+        keys = [t.keys[sl] for sl in slot_list]
+        prios = t.priority[slots].tolist()
+        times = t.times_sampled[slots].tolist()
+        probs_l, weights_l = probs.tolist(), weights.tolist()
+        out: list[Any] = [None] * len(slot_list)
+        misses: list[tuple[int, int, str]] = []
+        for i, slot in enumerate(slot_list):
+            value = t.values[slot] if include_values else None
+            if include_values and value is None:
+                misses.append((i, slot, keys[i]))  # type: ignore[arg-type]
+                continue
+            if value is not None:
+                t.referenced[slot] = 1
+            out[i] = SampledItem(keys[i], value, prios[i], probs_l[i], weights_l[i], times[i])  # type: ignore[arg-type]
+        if misses:
+            await self._read_misses(
+                t,
+                misses,
+                out,
+                sampled=lambda i, v: SampledItem(keys[i], v, prios[i], probs_l[i], weights_l[i], times[i]),  # type: ignore[arg-type]
+            )
+        if exhausted and not t.dropped:
+            writer = self._writer()
+            self._enqueue_delete(writer, t, exhausted, wait=False)
+        return [x for x in out if x is not None]
+
+    def _draw(self, t: Table, n: int) -> tuple[Any, Any, list[str]]:
+        """Draw ``n`` picks; with ``max_times_sampled``, picks that use an item up retire it.
+
+        Draws are Reverb's: one after another, each seeing the previous ones' effect, so a
+        retired item is never handed out again (vectorised while nothing retires).
+        """
+        mts = t.config.max_times_sampled
+        rng = self._rng
+        if mts == 0:
+            slots, probs = t.sampler.sample(n, rng)
+            np.add.at(t.times_sampled, slots, 1)
+            _mark_meta_dirty(t, slots)
+            return slots, probs, []
+        got_slots: list[int] = []
+        got_probs: list[float] = []
+        exhausted: list[str] = []
+        while len(got_slots) < n and len(t.sampler) > 0:
+            slots, probs = t.sampler.sample(n - len(got_slots), rng)
+            for slot, prob in zip(slots.tolist(), probs.tolist(), strict=True):
+                if t.retired[slot]:
+                    break  # the state changed under this draw: draw the rest again
+                t.times_sampled[slot] += 1
+                t.meta_dirty[slot] = 1
+                got_slots.append(slot)
+                got_probs.append(prob)
+                if t.times_sampled[slot] >= mts:
+                    one = np.asarray([slot], dtype=np.int64)
+                    t.sampler.remove(one)
+                    if t.remover is not None:
+                        t.remover.remove(one)
+                    t.retired[slot] = 1
+                    key = t.keys[slot]
+                    assert key is not None
+                    exhausted.append(key)
+        return np.asarray(got_slots, dtype=np.int64), np.asarray(got_probs), exhausted
+
+    # -- introspection --------------------------------------------------------------------
 
     def queue_depths(self) -> dict[str, int]:
-        """{"p0": ..., "p1": ...} for metrics."""
-        raise NotImplementedError
+        """Ops waiting in the writer's queues, and the item ops and bytes they hold."""
+        p = self._processor
+        s = self._state
+        return {
+            "p0": len(p.p0) if p else 0,
+            "p1": len(p.p1) if p else 0,
+            "items": s.queued_items if s else 0,
+            "bytes": s.queued_bytes if s else 0,
+        }
+
+    def storage_stats(self) -> dict[str, Any]:
+        """Engine-wide figures for metrics: cache bytes and limit, log bytes, applied ops."""
+        s = self._s
+        return {
+            "cache_bytes": s.ledger.bytes,
+            "cache_limit_bytes": s.ledger.limit_bytes,
+            "cache_entries": len(s.ledger),
+            "wal_bytes": s.wal.disk_bytes() if s.wal is not None else 0,
+            "applied_ops": self._processor.applied_ops if self._processor else 0,
+            "recovered_records": self._recovered_records,
+        }
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not key or (len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES):
+        raise ValidationFailed(
+            f"key must be a string of 1 to {MAX_KEY_BYTES} bytes of UTF-8"
+            + (f", got {len(key.encode())} bytes" if isinstance(key, str) and key else "")
+        )
+
+
+def _mark_meta_dirty(t: Table, slots: Any) -> None:
+    md = t.meta_dirty
+    for slot in set(slots.tolist()):
+        md[slot] = 1
+
+
+def _restore_rows(
+    state: EngineState,
+    table: Table,
+    rows: list[tuple[Any, ...]],
+    *,
+    on_disk: bool,
+    fields: list[dict[str, Any]],
+) -> None:
+    """Load recovered items (key, value or None, priority, inserted_at, times_sampled, size)."""
+    if not rows:
+        return
+    slots = np.empty(len(rows), dtype=np.int64)
+    for i, (key, value, prio, ts, sampled, size) in enumerate(rows):
+        slot = table.alloc_slot(key)
+        slots[i] = slot
+        table.priority[slot] = prio
+        table.inserted_at[slot] = ts
+        table.times_sampled[slot] = sampled
+        table.size[slot] = size
+        table.version[slot] += 1
+        if on_disk:
+            table.on_disk[slot] = 1
+            table.disk_size[slot] = size
+            table.bytes_on_disk += size
+        else:
+            table.values[slot] = value
+            table.dirty[slot] = 1
+            state.ledger.add(table, slot, cache_charge(size))
+            table.bytes_in_cache += size
+    given = fields if table.index_fields else None
+    if given is not None:
+        table.fields.update(zip(slots.tolist(), given, strict=True))
+    table.sampler.insert(slots, table.priority[slots], table.inserted_at[slots], given)
+    if table.remover is not None:
+        table.remover.insert(slots, table.priority[slots], table.inserted_at[slots], given)

@@ -1,1 +1,1 @@
-"""Selection: samplers and removers (one kind of object, a selector, in two roles) and rate limiters."""
+"""Selection: samplers and removers (one kind of object, a selector, in two roles), rate limits."""

@@ -3,8 +3,12 @@
 A selector keeps in-memory selection state over a table's items, addressed by
 *slots*: small non-negative ints that the table assigns to keys (and reuses after
 a delete). It never sees values, only what it asked for in ``index_fields``.
-The same classes serve as samplers (``sample``) and as removers (the table asks
-``sample(1)`` of a remover and deletes what it names).
+The same classes serve as samplers (``sample``) and as removers: the table asks
+``sample(1)`` of a remover and deletes what it names, or, to shrink by ``k`` items at
+once, ``evict(k)``, which picks and drops them in one call.
+
+Built-ins live in :mod:`app.selection.registry`; third-party selectors are entry points
+of the group ``rlreplay.samplers`` (see ``examples/score_sampler``).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ class Selector(ABC):
 
     @abstractmethod
     def sample(self, n: int, rng: np.random.Generator) -> tuple[Slots, Floats]:
-        """``n`` draws with replacement: the slots and each draw's probability. Never called empty."""
+        """``n`` draws with replacement: the slots and each draw's probability; never on empty."""
 
     @abstractmethod
     def __len__(self) -> int:
@@ -69,3 +73,25 @@ class Selector(ABC):
     def index_bytes(self) -> int:
         """Bytes of memory the selection state takes (for stats and benchmarks)."""
         return 0
+
+    def evict(self, k: int, rng: np.random.Generator) -> Slots:
+        """Picks ``k`` distinct slots the way a remover would, one after another, and drops them.
+
+        A table that must shrink by ``k`` items calls this on its remover, then removes the
+        slots returned from its sampler and its storage (not from this selector again).
+        The result is what ``k`` rounds of ``sample(1)`` followed by ``remove`` would give;
+        that is the default, and selectors override it with something faster.
+
+        Args:
+            k: how many slots to pick, at most ``len(self)``.
+            rng: the table's random generator.
+
+        Returns:
+            The ``k`` slots, in the order they were picked.
+        """
+        picked = np.empty(k, dtype=np.int64)
+        for i in range(k):
+            slot = self.sample(1, rng)[0][:1]
+            self.remove(slot)
+            picked[i] = slot[0]
+        return picked

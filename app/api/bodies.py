@@ -1,0 +1,386 @@
+"""The contract's request bodies, parsed and validated from JSON or msgpack.
+
+Rules shared by every body:
+
+* a body that is not valid JSON or msgpack, is not a map, or has a field of the wrong type
+  is 400 ``bad_request``;
+* a well-formed body with a missing required field, an unknown field or a value out of range
+  (a key of 0 or over 512 bytes, a negative or non-finite priority, ``batch_size`` 0) is 422
+  ``validation_error``.
+
+Push bodies in msgpack are walked with :class:`msgpack.Unpacker` and each item's ``value`` is
+sliced out as the raw bytes the client sent: it is stored as is, never decoded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from pydantic import ValidationError
+
+from app.api.encoding import BodyFormat, decode_body
+from app.engine.config import TableConfig
+from app.engine.items import MAX_KEY_BYTES, NewItem
+from app.errors import BadRequest, ValidationFailed
+from clients.codec import jsonable_to_msgpack
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "MAX_BATCH_SIZE",
+    "MAX_TIMEOUT_MS",
+    "DeleteBody",
+    "KeysBody",
+    "PrioritiesBody",
+    "PushBody",
+    "SampleBody",
+    "check_key",
+    "parse_delete",
+    "parse_keys",
+    "parse_priorities",
+    "parse_push",
+    "parse_sample",
+    "parse_table_config",
+]
+
+#: Largest ``batch_size`` of one sample request.
+MAX_BATCH_SIZE = 65_536
+#: ``timeout_ms`` of a sample request that names none.
+DEFAULT_TIMEOUT_MS = 10_000
+#: Longest ``timeout_ms`` accepted (ten minutes).
+MAX_TIMEOUT_MS = 600_000
+
+_DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, RecursionError)
+
+
+@dataclass(frozen=True, slots=True)
+class PushBody:
+    """``{"items": [{"key", "value", "priority"?}], "wait"?: false}``."""
+
+    items: list[NewItem]
+    wait: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KeysBody:
+    """``{"keys": [...]}`` of a batchGet."""
+
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteBody:
+    """``{"keys": [...], "wait"?: false}`` of a batchDelete."""
+
+    keys: list[str]
+    wait: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SampleBody:
+    """``{"batch_size", "timeout_ms"?, "include_values"?}``."""
+
+    batch_size: int
+    timeout_ms: int
+    include_values: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PrioritiesBody:
+    """``{"priorities": {key: priority}}``."""
+
+    priorities: dict[str, float]
+
+
+def check_key(key: object, where: str = "key") -> str:
+    """A valid item key: a string of 1 to 512 bytes of UTF-8.
+
+    Args:
+        key: The decoded key.
+        where: Where it was found, for the error message.
+
+    Returns:
+        The key.
+
+    Raises:
+        BadRequest: Not a string.
+        ValidationFailed: Empty, over 512 bytes, or not encodable as UTF-8.
+    """
+    if type(key) is not str:
+        raise BadRequest(f"{where} must be a string, not {_kind(key)}")
+    n = len(key)
+    if n == 0:
+        raise ValidationFailed(f"{where} must not be empty")
+    if n > MAX_KEY_BYTES // 4:
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ValidationFailed(f"{where} is not valid UTF-8") from exc
+        if size > MAX_KEY_BYTES:
+            raise ValidationFailed(f"{where} is {size} bytes of UTF-8; the limit is 512")
+    elif not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValidationFailed(f"{where} is not valid UTF-8") from exc
+    return key
+
+
+def check_priority(value: object, where: str = "priority") -> float:
+    """A valid priority: a finite number ≥ 0 (booleans are not numbers here)."""
+    if type(value) is float or type(value) is int:
+        priority = float(value)
+    else:
+        raise BadRequest(f"{where} must be a number, not {_kind(value)}")
+    if not (priority >= 0.0 and math.isfinite(priority)):
+        raise ValidationFailed(f"{where} must be a finite number >= 0, not {value}")
+    return priority
+
+
+def _kind(value: object) -> str:
+    names = {dict: "a map", list: "a list", str: "a string", bytes: "bytes", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), type(value).__name__)
+
+
+def _as_map(obj: object, what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BadRequest(f"{what} must be a map, not {_kind(obj)}")
+    return obj
+
+
+def _fields(obj: dict[str, Any], *, required: set[str], allowed: set[str], what: str) -> None:
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:
+        raise ValidationFailed(f"unknown field(s) in {what}: {', '.join(unknown)}")
+    missing = sorted(required - obj.keys())
+    if missing:
+        raise ValidationFailed(f"missing field(s) in {what}: {', '.join(missing)}")
+
+
+def _bool(value: object, where: str) -> bool:
+    if type(value) is not bool:
+        raise BadRequest(f"{where} must be a boolean, not {_kind(value)}")
+    return value
+
+
+def _int(value: object, where: str, *, low: int, high: int) -> int:
+    if type(value) is not int:
+        raise BadRequest(f"{where} must be an integer, not {_kind(value)}")
+    if not low <= value <= high:
+        raise ValidationFailed(f"{where} must be between {low} and {high}, not {value}")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be a list, not {_kind(value)}")
+    return value
+
+
+# --- push -------------------------------------------------------------------------------------
+
+_ITEM_FIELDS = {"key", "value", "priority"}
+_PUSH_FIELDS = {"items", "wait"}
+
+
+def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
+    """Parses a push body; msgpack values stay the raw bytes sent, JSON values are converted.
+
+    Args:
+        body: The raw request body.
+        fmt: Its format.
+
+    Returns:
+        The items to push and whether to wait for the writer.
+
+    Raises:
+        BadRequest: Malformed, or a field of the wrong type.
+        ValidationFailed: A missing or unknown field, a bad key or priority.
+    """
+    if fmt is BodyFormat.MSGPACK:
+        try:
+            return _parse_push_msgpack(body)
+        except (BadRequest, ValidationFailed):
+            raise
+        except _DECODE_ERRORS as exc:
+            raise BadRequest(f"malformed msgpack push body: {exc}") from exc
+    obj = _as_map(decode_body(body, fmt), "the body")
+    _fields(obj, required={"items"}, allowed=_PUSH_FIELDS, what="the body")
+    wait = _bool(obj.get("wait", False), "wait")
+    items = []
+    for i, raw in enumerate(_list(obj["items"], "items")):
+        where = f"items[{i}]"
+        entry = _as_map(raw, where)
+        _fields(entry, required={"key", "value"}, allowed=_ITEM_FIELDS, what=where)
+        key = check_key(entry["key"], f"{where}.key")
+        priority = check_priority(entry.get("priority", 1.0), f"{where}.priority")
+        try:
+            value = jsonable_to_msgpack(entry["value"])
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise BadRequest(f"{where}.value: {exc}") from exc
+        items.append(NewItem(key, value, priority))
+    return PushBody(items, wait)
+
+
+def _parse_push_msgpack(body: bytes) -> PushBody:
+    if not body:
+        raise BadRequest("the request body is empty")
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(body), 1024))
+    unpacker.feed(body)
+    n_fields = _map_header(unpacker, "the body")
+    items: list[NewItem] | None = None
+    wait = False
+    seen: set[str] = set()
+    for _ in range(n_fields):
+        name = unpacker.unpack()
+        if name in seen:
+            raise ValidationFailed(f"duplicate field in the body: {name}")
+        if name == "items":
+            items = _msgpack_items(unpacker, body)
+        elif name == "wait":
+            wait = _bool(unpacker.unpack(), "wait")
+        else:
+            raise ValidationFailed(f"unknown field(s) in the body: {name}")
+        seen.add(name)
+    if unpacker.tell() != len(body):
+        raise BadRequest("trailing bytes after the msgpack body")
+    if items is None:
+        raise ValidationFailed("missing field(s) in the body: items")
+    return PushBody(items, wait)
+
+
+def _map_header(unpacker: msgpack.Unpacker, what: str) -> int:
+    try:
+        n: int = unpacker.read_map_header()
+    except ValueError as exc:
+        raise BadRequest(f"{what} must be a map") from exc
+    return n
+
+
+def _msgpack_items(unpacker: msgpack.Unpacker, body: bytes) -> list[NewItem]:
+    try:
+        count: int = unpacker.read_array_header()
+    except ValueError as exc:
+        raise BadRequest("items must be a list") from exc
+    items = []
+    for i in range(count):
+        where = f"items[{i}]"
+        n_fields = _map_header(unpacker, where)
+        key: object = None
+        value: bytes | None = None
+        priority: object = 1.0
+        for _ in range(n_fields):
+            name = unpacker.unpack()
+            if name == "key":
+                key = unpacker.unpack()
+            elif name == "value":
+                start = unpacker.tell()
+                unpacker.skip()
+                value = body[start : unpacker.tell()]
+            elif name == "priority":
+                priority = unpacker.unpack()
+            else:
+                raise ValidationFailed(f"unknown field(s) in {where}: {name}")
+        if key is None or value is None:
+            missing = [f for f, v in (("key", key), ("value", value)) if v is None]
+            raise ValidationFailed(f"missing field(s) in {where}: {', '.join(missing)}")
+        items.append(
+            NewItem(
+                check_key(key, f"{where}.key"),
+                value,
+                check_priority(priority, f"{where}.priority"),
+            )
+        )
+    return items
+
+
+# --- keys, deletes, samples, priorities -------------------------------------------------------
+
+
+def _keys(obj: dict[str, Any]) -> Iterator[str]:
+    for i, key in enumerate(_list(obj["keys"], "keys")):
+        yield check_key(key, f"keys[{i}]")
+
+
+def parse_keys(body: bytes, fmt: BodyFormat) -> KeysBody:
+    """Parses ``{"keys": [...]}`` (batchGet)."""
+    obj = _as_map(decode_body(body, fmt), "the body")
+    _fields(obj, required={"keys"}, allowed={"keys"}, what="the body")
+    return KeysBody(list(_keys(obj)))
+
+
+def parse_delete(body: bytes, fmt: BodyFormat) -> DeleteBody:
+    """Parses ``{"keys": [...], "wait"?: false}`` (batchDelete)."""
+    obj = _as_map(decode_body(body, fmt), "the body")
+    _fields(obj, required={"keys"}, allowed={"keys", "wait"}, what="the body")
+    return DeleteBody(list(_keys(obj)), _bool(obj.get("wait", False), "wait"))
+
+
+def parse_sample(body: bytes, fmt: BodyFormat) -> SampleBody:
+    """Parses ``{"batch_size", "timeout_ms"?, "include_values"?}``."""
+    obj = _as_map(decode_body(body, fmt), "the body")
+    _fields(
+        obj,
+        required={"batch_size"},
+        allowed={"batch_size", "timeout_ms", "include_values"},
+        what="the body",
+    )
+    return SampleBody(
+        batch_size=_int(obj["batch_size"], "batch_size", low=1, high=MAX_BATCH_SIZE),
+        timeout_ms=_int(
+            obj.get("timeout_ms", DEFAULT_TIMEOUT_MS), "timeout_ms", low=0, high=MAX_TIMEOUT_MS
+        ),
+        include_values=_bool(obj.get("include_values", True), "include_values"),
+    )
+
+
+def parse_priorities(body: bytes, fmt: BodyFormat) -> PrioritiesBody:
+    """Parses ``{"priorities": {key: priority, ...}}``."""
+    obj = _as_map(decode_body(body, fmt), "the body")
+    _fields(obj, required={"priorities"}, allowed={"priorities"}, what="the body")
+    given = _as_map(obj["priorities"], "priorities")
+    return PrioritiesBody(
+        {
+            check_key(key, "a key of priorities"): check_priority(value, f"priorities[{key!r}]")
+            for key, value in given.items()
+        }
+    )
+
+
+# --- table configs ----------------------------------------------------------------------------
+
+_TYPE_ERRORS = ("_type", "_parsing")
+
+
+def parse_table_config(body: bytes, fmt: BodyFormat | None) -> TableConfig:
+    """Parses a ``TableConfig``; an empty body is the default config.
+
+    Args:
+        body: The raw body (may be empty).
+        fmt: Its format, None when the body is empty.
+
+    Returns:
+        The config.
+
+    Raises:
+        BadRequest: Malformed, or a field of the wrong type.
+        ValidationFailed: A value out of range or an unknown field.
+    """
+    if not body or fmt is None:
+        return TableConfig()
+    obj = _as_map(decode_body(body, fmt), "the body")
+    try:
+        return TableConfig.model_validate(obj)
+    except ValidationError as exc:
+        problems = exc.errors(include_url=False)
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in problems
+        )
+        if any(str(e["type"]).endswith(_TYPE_ERRORS) for e in problems):
+            raise BadRequest(message) from exc
+        raise ValidationFailed(message) from exc

@@ -1,0 +1,159 @@
+"""Answers that carry items: msgpack written by hand around the stored values, or JSON.
+
+In msgpack the envelope (maps, keys, priorities...) is packed here and each item's stored
+value, already msgpack, is spliced in as is: a value is never decoded nor re-encoded on its
+way out. Floats are packed as float64 and ``times_sampled`` as uint64, both valid msgpack.
+
+In JSON each value is converted to the contract's JSON form with
+:func:`clients.codec.msgpack_to_jsonable`. A stored value that has no JSON form (an unknown
+extension type, a string that is not UTF-8) is answered as ``{"$msgpack": "<base64>"}``,
+its raw bytes, rather than failing the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from app.engine.items import Item, SampledItem
+from clients.codec import msgpack_to_jsonable
+
+__all__ = [
+    "item_json",
+    "item_msgpack",
+    "items_json",
+    "items_msgpack",
+    "sample_json",
+    "sample_msgpack",
+    "value_json",
+]
+
+_ITEMS_MAP = b"\x81\xa5items"  # {"items": ...
+_NIL = b"\xc0"
+_ITEM_HEAD = b"\x85\xa3key"  # 5-entry map, then "key"
+_SAMPLED_HEAD = b"\x86\xa3key"  # 6-entry map, then "key"
+_VALUE = b"\xa5value"
+
+
+def _tail(*fields: tuple[str, str]) -> tuple[struct.Struct, tuple[bytes, ...]]:
+    """A struct packing ``name, number`` pairs: each name as a fixstr plus the number's marker.
+
+    Floats (``"d"``) go as msgpack float64 (0xcb), unsigned ints (``"Q"``) as uint64 (0xcf).
+    """
+    names = tuple(
+        msgpack.packb(name) + (b"\xcb" if code == "d" else b"\xcf") for name, code in fields
+    )
+    fmt = ">" + "".join(f"{len(n)}s{code}" for n, (_, code) in zip(names, fields, strict=True))
+    return struct.Struct(fmt), names
+
+
+#: priority, inserted_at, times_sampled of an Item, names included.
+_ITEM_TAIL, _ITEM_NAMES = _tail(("priority", "d"), ("inserted_at", "d"), ("times_sampled", "Q"))
+#: priority, probability, weight, times_sampled of a SampledItem, names included.
+_SAMPLED_TAIL, _SAMPLED_NAMES = _tail(
+    ("priority", "d"), ("probability", "d"), ("weight", "d"), ("times_sampled", "Q")
+)
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _item_parts(item: Item, out: list[bytes]) -> None:
+    p, i, t = _ITEM_NAMES
+    out += (
+        _ITEM_HEAD,
+        msgpack.packb(item.key),
+        _VALUE,
+        item.value,
+        _ITEM_TAIL.pack(p, item.priority, i, item.inserted_at, t, item.times_sampled),
+    )
+
+
+def item_msgpack(item: Item) -> bytes:
+    """``{"key", "value", "priority", "inserted_at", "times_sampled"}`` with the raw value."""
+    out: list[bytes] = []
+    _item_parts(item, out)
+    return b"".join(out)
+
+
+def items_msgpack(items: Sequence[Item | None]) -> bytes:
+    """``{"items": [item or nil, ...]}`` in the order given."""
+    out = [_ITEMS_MAP, _array_header(len(items))]
+    for item in items:
+        if item is None:
+            out.append(_NIL)
+        else:
+            _item_parts(item, out)
+    return b"".join(out)
+
+
+def sample_msgpack(items: Sequence[SampledItem]) -> bytes:
+    """``{"items": [{"key", "value", "priority", "probability", "weight", "times_sampled"}]}``.
+
+    ``value`` is nil when the sample was asked without values.
+    """
+    out = [_ITEMS_MAP, _array_header(len(items))]
+    p, pr, w, t = _SAMPLED_NAMES
+    pack = msgpack.packb
+    tail = _SAMPLED_TAIL.pack
+    for s in items:
+        out += (
+            _SAMPLED_HEAD,
+            pack(s.key),
+            _VALUE,
+            _NIL if s.value is None else s.value,
+            tail(p, s.priority, pr, s.probability, w, s.weight, t, s.times_sampled),
+        )
+    return b"".join(out)
+
+
+def value_json(value: bytes | None) -> Any:
+    """The JSON form of a stored value (``{"$msgpack": base64}`` when it has none)."""
+    if value is None:
+        return None
+    try:
+        return msgpack_to_jsonable(value)
+    except (ValueError, TypeError, RecursionError):
+        return {"$msgpack": base64.b64encode(value).decode("ascii")}
+
+
+def item_json(item: Item) -> dict[str, Any]:
+    """An item as a JSON-able dict."""
+    return {
+        "key": item.key,
+        "value": value_json(item.value),
+        "priority": item.priority,
+        "inserted_at": item.inserted_at,
+        "times_sampled": item.times_sampled,
+    }
+
+
+def items_json(items: Sequence[Item | None]) -> dict[str, Any]:
+    """``{"items": [item or null, ...]}`` as a JSON-able dict."""
+    return {"items": [None if item is None else item_json(item) for item in items]}
+
+
+def sample_json(items: Sequence[SampledItem]) -> dict[str, Any]:
+    """A sample's answer as a JSON-able dict."""
+    return {
+        "items": [
+            {
+                "key": s.key,
+                "value": value_json(s.value),
+                "priority": s.priority,
+                "probability": s.probability,
+                "weight": s.weight,
+                "times_sampled": s.times_sampled,
+            }
+            for s in items
+        ]
+    }

@@ -1,0 +1,220 @@
+"""``/v1/tables/{table}/items``: push, read, delete items and update their priorities.
+
+Msgpack is the fast path: pushed values are sliced out of the body as raw bytes and stored
+as is, and read values are spliced into the answer as is (:mod:`app.api.envelopes`).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.bodies import check_key, parse_delete, parse_keys, parse_priorities, parse_push
+from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep, ItemKey, TableName
+from app.api.encoding import JSON, MSGPACK, dump_json, encode, read_body
+from app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
+from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from app.api.schemas import (
+    Accepted,
+    DeleteRequest,
+    ItemList,
+    ItemOut,
+    KeysRequest,
+    PrioritiesRequest,
+    PrioritiesUpdated,
+    PushCommitted,
+    PushRequest,
+)
+from app.errors import (
+    DeadlineExceeded,
+    ItemNotFound,
+    Overloaded,
+    StorageFull,
+    TableNotFound,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/tables/{table}", tags=["items"])
+
+_PUSH_EXAMPLE = {
+    "items": [
+        {"key": "r1", "value": {"obs": [0.1, 0.2], "reward": 1.0}, "priority": 2.0},
+        {"key": "r2", "value": {"$bytes": "AAEC"}},
+    ],
+    "wait": False,
+}
+
+
+@router.post(
+    "/items",
+    status_code=202,
+    response_model=None,
+    openapi_extra=request_body(PushRequest, example=_PUSH_EXAMPLE),
+    responses=answers(
+        {
+            202: (Accepted, "Accepted: every later read sees the items."),
+            200: (PushCommitted, "With `wait: true`: the writer applied them."),
+        },
+        TableNotFound,
+        Overloaded,
+        StorageFull,
+        DeadlineExceeded,
+        *BODY_ERRORS,
+        *V1_ERRORS,
+    ),
+)
+async def push_items(
+    request: Request,
+    table: TableName,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Push items (an existing key is replaced).
+
+    Answers 202 `{"accepted": n}` as soon as the items are accepted (every later get,
+    batchGet and sample sees them), or with `wait: true` 200 `{"committed": n}` once the
+    writer applied them. A full write queue is 503 `overloaded` with `Retry-After`;
+    nothing is accepted then.
+    """
+    body, fmt = await read_body(request)
+    push = parse_push(body, fmt)
+    n = await engine.push(table, push.items, wait=push.wait)
+    metrics.count_items("push", n)
+    if push.wait:
+        return encode({"committed": n}, msgpack_body=msgpack_out)
+    return encode({"accepted": n}, msgpack_body=msgpack_out, status_code=202)
+
+
+@router.post(
+    "/items:batchGet",
+    response_model=None,
+    openapi_extra=request_body(KeysRequest, example={"keys": ["r1", "r2"]}),
+    responses=answers(
+        {200: (ItemList, "The items in the order asked, null where missing.")},
+        TableNotFound,
+        *BODY_ERRORS,
+        *V1_ERRORS,
+    ),
+)
+async def batch_get_items(
+    request: Request,
+    table: TableName,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Read many items at once, in the order asked (null where missing)."""
+    body, fmt = await read_body(request)
+    keys = parse_keys(body, fmt).keys
+    items = await engine.get_many(table, keys)
+    metrics.count_items("get", len(keys))
+    if msgpack_out:
+        return Response(items_msgpack(items), media_type=MSGPACK)
+    return Response(dump_json(items_json(items)), media_type=JSON)
+
+
+@router.post(
+    "/items:batchDelete",
+    status_code=202,
+    response_model=None,
+    openapi_extra=request_body(DeleteRequest, example={"keys": ["r1", "r2"]}),
+    responses=answers(
+        {
+            202: (Accepted, "Accepted: every later read misses the keys."),
+            200: (PushCommitted, "With `wait: true`: the writer applied the deletes."),
+        },
+        TableNotFound,
+        Overloaded,
+        *BODY_ERRORS,
+        *V1_ERRORS,
+    ),
+)
+async def batch_delete_items(
+    request: Request,
+    table: TableName,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Delete many items at once (missing keys are no error)."""
+    body, fmt = await read_body(request)
+    delete = parse_delete(body, fmt)
+    n = await engine.delete(table, delete.keys, wait=delete.wait)
+    metrics.count_items("delete", n)
+    if delete.wait:
+        return encode({"committed": n}, msgpack_body=msgpack_out)
+    return encode({"accepted": n}, msgpack_body=msgpack_out, status_code=202)
+
+
+@router.get(
+    "/items/{key:path}",
+    response_model=None,
+    responses=answers({200: (ItemOut, "The item.")}, TableNotFound, ItemNotFound, *V1_ERRORS),
+)
+async def get_item(
+    table: TableName,
+    key: ItemKey,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Read one item."""
+    item = await engine.get(table, check_key(key))
+    if item is None:
+        raise ItemNotFound(f"no item with key {key!r} in table {table!r}")
+    metrics.count_items("get", 1)
+    if msgpack_out:
+        return Response(item_msgpack(item), media_type=MSGPACK)
+    return Response(dump_json(item_json(item)), media_type=JSON)
+
+
+@router.delete(
+    "/items/{key:path}",
+    status_code=202,
+    response_model=None,
+    responses=answers(
+        {202: (Accepted, "Accepted: every later read misses the key.")},
+        TableNotFound,
+        Overloaded,
+        *V1_ERRORS,
+    ),
+)
+async def delete_item(
+    table: TableName,
+    key: ItemKey,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Delete one item (a missing key is no error)."""
+    n = await engine.delete(table, [check_key(key)])
+    metrics.count_items("delete", n)
+    return encode({"accepted": n}, msgpack_body=msgpack_out, status_code=202)
+
+
+@router.post(
+    "/priorities",
+    response_model=None,
+    openapi_extra=request_body(PrioritiesRequest, example={"priorities": {"r1": 0.5}}),
+    responses=answers(
+        {200: (PrioritiesUpdated, "Updated; unknown keys are skipped and counted.")},
+        TableNotFound,
+        Overloaded,
+        *BODY_ERRORS,
+        *V1_ERRORS,
+    ),
+)
+async def update_priorities(
+    request: Request,
+    table: TableName,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Update the priorities of items."""
+    body, fmt = await read_body(request)
+    priorities = parse_priorities(body, fmt).priorities
+    updated, missing = await engine.update_priorities(table, priorities)
+    metrics.count_items("priorities", updated)
+    return encode({"updated": updated, "missing": missing}, msgpack_body=msgpack_out)

@@ -1,0 +1,47 @@
+"""Operations: liveness, readiness and Prometheus metrics (open even with API keys)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.api.deps import AppMetrics, EngineDep
+from app.api.encoding import JSON, dump_json
+from app.api.openapi import answers
+from app.api.schemas import Health
+from app.errors import Unavailable
+from app.metrics import CONTENT_TYPE
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+
+_OK = dump_json({"status": "ok"})
+_READY = dump_json({"status": "ready"})
+
+
+@router.get("/healthz", response_model=None, responses=answers({200: (Health, "Alive.")}))
+async def healthz() -> Response:
+    """Liveness: the process answers."""
+    return Response(_OK, media_type=JSON)
+
+
+@router.get(
+    "/readyz",
+    response_model=None,
+    responses=answers({200: (Health, "Ready.")}, Unavailable),
+)
+async def readyz(engine: EngineDep) -> Response:
+    """Readiness: recovery and restore finished and the writer runs (503 until then)."""
+    if not engine.ready:
+        raise Unavailable("not ready: recovery or restore in progress, or the writer stopped")
+    return Response(_READY, media_type=JSON)
+
+
+@router.get(
+    "/metrics",
+    response_model=None,
+    responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE: {}}}},
+)
+async def metrics(metrics: AppMetrics) -> Response:
+    """Prometheus metrics: requests, ops, tables and write queues."""
+    return Response(metrics.render(), media_type=CONTENT_TYPE)

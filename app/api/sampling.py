@@ -1,0 +1,58 @@
+"""``/v1/tables/{table}/sample``: draw a batch with the table's sampler."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.bodies import parse_sample
+from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep, TableName
+from app.api.encoding import JSON, MSGPACK, dump_json, read_body
+from app.api.envelopes import sample_json, sample_msgpack
+from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from app.api.schemas import SampleRequest, SampleResponse
+from app.errors import DeadlineExceeded, TableNotFound
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
+
+
+@router.post(
+    "/sample",
+    response_model=None,
+    openapi_extra=request_body(
+        SampleRequest, example={"batch_size": 64, "timeout_ms": 10_000, "include_values": True}
+    ),
+    responses=answers(
+        {200: (SampleResponse, "The sampled items.")},
+        TableNotFound,
+        DeadlineExceeded,
+        *BODY_ERRORS,
+        *V1_ERRORS,
+    ),
+)
+async def sample(
+    request: Request,
+    table: TableName,
+    engine: EngineDep,
+    metrics: AppMetrics,
+    msgpack_out: AcceptsMsgpack,
+) -> Response:
+    """Sample a batch of items with the table's sampler.
+
+    Waits up to `timeout_ms` (default 10000) for the table's rate limiter, then answers 504
+    `deadline_exceeded`. Each pick carries its `probability` in one draw and its importance
+    `weight` (1.0 but for the prioritized sampler).
+    """
+    body, fmt = await read_body(request)
+    params = parse_sample(body, fmt)
+    items = await engine.sample(
+        table,
+        params.batch_size,
+        timeout_s=params.timeout_ms / 1000,
+        include_values=params.include_values,
+    )
+    metrics.count_items("sample", len(items))
+    if msgpack_out:
+        return Response(sample_msgpack(items), media_type=MSGPACK)
+    return Response(dump_json(sample_json(items)), media_type=JSON)

@@ -1,0 +1,179 @@
+"""The ``rlreplay`` command: ``rlreplay serve`` runs the service, ``rlreplay sidecar`` the GPU sidecar.
+
+Every flag of ``serve`` is a field of :class:`app.settings.Settings` and also the environment
+variable ``RLREPLAY_<FIELD>``; a flag given on the command line beats the variable, because
+only the flags actually given are passed to ``Settings`` and pydantic-settings fills the
+rest from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from app.settings import Settings
+
+__all__ = ["build_parser", "main", "settings_from_args"]
+
+_ENV_PREFIX = "RLREPLAY_"
+_NONE_WORDS = frozenset({"none", "null", ""})
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """``(inner type, optional)`` of ``X | None``."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _optional_value(text: str) -> str | None:
+    return None if text.strip().lower() in _NONE_WORDS else text
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _add_setting(group: argparse._ArgumentGroup, name: str, field: FieldInfo) -> None:
+    """Adds the flag of one settings field; its default is left out so unset flags stay unset."""
+    annotation, optional = _unwrap_optional(field.annotation)
+    env = _ENV_PREFIX + name.upper()
+    default = field.get_default(call_default_factory=True)
+    shown = "none" if default is None else (json.dumps(default) if isinstance(
+        default, dict | list) else str(default))
+    help_text = f"{field.description or name} [env {env}; default: {shown}]"
+    kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif origin is list:
+        kwargs.update(action="append", metavar=name.upper().removesuffix("S"))
+        kwargs["help"] = help_text + " (repeatable)"
+    elif origin is dict or annotation is dict:
+        kwargs.update(type=_json_object, metavar="JSON")
+    elif origin is Literal:
+        kwargs["choices"] = [str(c) for c in typing.get_args(annotation)]
+    else:
+        if optional:
+            kwargs["type"] = _optional_value
+            kwargs["help"] = help_text + " ('none' to unset)"
+        metavar = {int: "N", float: "X", Path: "DIR"}.get(annotation, name.upper())
+        kwargs["metavar"] = metavar
+    group.add_argument(_flag(name), **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``rlreplay``, its ``serve`` flags generated from the settings' fields."""
+    parser = argparse.ArgumentParser(
+        prog="rlreplay",
+        description="rlreplay: an experience replay service for reinforcement learning over HTTP.",
+        epilog="Run 'rlreplay serve --help' for the server's flags.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the replay service (HTTP API, docs at /docs)",
+        description=(
+            "Run the replay service. Every flag is also an environment variable "
+            f"{_ENV_PREFIX}<FLAG NAME> (e.g. RLREPLAY_BACKUP_URL); a flag beats the variable."
+        ),
+    )
+    group = serve.add_argument_group("settings")
+    for name, field in Settings.model_fields.items():
+        _add_setting(group, name, field)
+    sidecar = commands.add_parser(
+        "sidecar", help="run the GPU sidecar for one table (not implemented yet)"
+    )
+    sidecar.add_argument("--server", metavar="URL", help="the replay service's URL")
+    sidecar.add_argument("--table", metavar="NAME", help="the table to follow")
+    sidecar.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    sidecar.add_argument("--host", default="127.0.0.1")
+    sidecar.add_argument("--port", type=int, default=8001)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """``Settings`` from the flags given; the environment fills in the rest.
+
+    Args:
+        args: Parsed ``serve`` arguments (unset flags are absent from the namespace).
+
+    Returns:
+        The settings.
+
+    Raises:
+        ValidationError: A flag or variable has an invalid value.
+    """
+    given = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    return Settings(**given)
+
+
+def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from app.api.logs import configure_logging
+    from app.main import create_app
+
+    configure_logging(settings.log_level)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="auto",
+        http="auto",
+        ws="none",
+        lifespan="on",
+        workers=1,
+        access_log=False,
+        log_config=None,
+        log_level=settings.log_level.lower(),
+        server_header=False,
+        timeout_graceful_shutdown=30,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``rlreplay`` console script.
+
+    Args:
+        argv: The arguments (``sys.argv[1:]`` when None).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "sidecar":
+        print("rlreplay sidecar: not implemented yet (GPU sidecar issue)", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_flag(str(e['loc'][0])) if e['loc'] else 'settings'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        parser.exit(2, f"rlreplay serve: error: {problems}\n")
+    raise SystemExit(_serve(settings))

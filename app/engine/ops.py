@@ -1,0 +1,90 @@
+"""The ops the single writer applies. Routes build them; only the writer executes them.
+
+p0 (time-sensitive): :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`,
+:class:`CreateTableOp`, :class:`DropTableOp`, :class:`CheckpointOp`.
+p1 (housekeeping): :class:`EvictOp`, :class:`PopulateOp`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.engine.config import TableConfig
+from app.engine.items import NewItem
+
+if TYPE_CHECKING:
+    from app.engine.table import Table
+
+
+@dataclass(slots=True, eq=False)
+class Op:
+    """Base of every op: ``seq`` orders it, ``future`` (if any) resolves once it is applied."""
+
+    seq: int
+    future: asyncio.Future[None] | None = field(default=None, kw_only=True)
+    weight: int = field(default=1, kw_only=True)  # item ops it counts for in the queue bound
+    nbytes: int = field(default=0, kw_only=True)  # value bytes it holds in the queue bound
+
+
+@dataclass(slots=True, eq=False)
+class PutOp(Op):
+    """Insert or replace items."""
+
+    table: Table
+    items: Sequence[NewItem]
+    inserted_at: float
+
+
+@dataclass(slots=True, eq=False)
+class DeleteOp(Op):
+    """Delete keys (missing ones are ignored)."""
+
+    table: Table
+    keys: Sequence[str]
+
+
+@dataclass(slots=True, eq=False)
+class PriorityOp(Op):
+    """Set priorities of existing keys."""
+
+    table: Table
+    keys: Sequence[str]
+    priorities: Sequence[float]
+
+
+@dataclass(slots=True, eq=False)
+class CreateTableOp(Op):
+    """Create a table (or find it exists with the same config)."""
+
+    name: str
+    config: TableConfig
+
+
+@dataclass(slots=True, eq=False)
+class DropTableOp(Op):
+    """Delete a table and all its data."""
+
+    table: Table
+
+
+@dataclass(slots=True, eq=False)
+class CheckpointOp(Op):
+    """Make everything applied so far durable without the log, then truncate the log."""
+
+
+@dataclass(slots=True, eq=False)
+class EvictOp(Op):
+    """Move least-recently-used values from the cache to RocksDB until under the limit."""
+
+
+@dataclass(slots=True, eq=False)
+class PopulateOp(Op):
+    """Put a value read from RocksDB back into the cache (if the item is unchanged)."""
+
+    table: Table
+    slot: int
+    version: int
+    value: bytes

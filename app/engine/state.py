@@ -1,0 +1,76 @@
+"""What the engine's parts share: storage handles, the tables, the cache ledger, the log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+from app.engine.table import Table
+from app.engine.wal import WriteAheadLog
+from app.settings import Settings
+from app.storage.blocking import BlockingIO
+from app.storage.cache import ENTRY_OVERHEAD, CacheLedger
+from app.storage.rocks import META, RocksStore
+
+
+@dataclass(slots=True)
+class EngineState:
+    """The engine's shared state. Readers read it; only the writer changes it."""
+
+    settings: Settings
+    io: BlockingIO
+    ledger: CacheLedger
+    store: RocksStore | None = None
+    wal: WriteAheadLog | None = None
+    tables: dict[str, Table] = field(default_factory=dict)
+    next_tid: int = 1
+    seq: int = 0  # last op sequence number handed out (the WAL's LSN when the log is on)
+    queued_items: int = 0
+    queued_bytes: int = 0
+
+    @property
+    def mode(self) -> str:
+        """memory, disk or hybrid."""
+        return self.settings.storage_mode
+
+    def next_seq(self, record: list[object] | None) -> int:
+        """A sequence number for a new op, logging ``record`` first when the log is on."""
+        if self.wal is not None and record is not None:
+            self.seq = self.wal.append(record)
+        else:
+            self.seq += 1
+        return self.seq
+
+
+def value_key(table: Table, key: str) -> bytes:
+    """The RocksDB key of an item's value."""
+    return b"v" + table.prefix + key.encode()
+
+
+def meta_key(table: Table, key: str) -> bytes:
+    """The RocksDB key of an item's metadata."""
+    return b"m" + table.prefix + key.encode()
+
+
+def meta_bytes(table: Table, slot: int) -> bytes:
+    """The packed metadata of a slot, followed by its indexed fields (msgpack) if any."""
+    head = META.pack(
+        float(table.priority[slot]),
+        float(table.inserted_at[slot]),
+        int(table.times_sampled[slot]),
+        int(table.size[slot]),
+    )
+    if table.index_fields:
+        return head + msgpack.packb(table.fields.get(slot, {}), use_bin_type=True)
+    return head
+
+
+def table_record(table: Table) -> bytes:
+    """The RocksDB value describing a table."""
+    return msgpack.packb({"id": table.tid, "config": table.config.to_wire()})
+
+
+def cache_charge(size: int) -> int:
+    """Bytes charged to the cache for an entry whose key and value take ``size`` bytes."""
+    return size + ENTRY_OVERHEAD

@@ -1,0 +1,223 @@
+"""A table: named items with their own sampler, remover, capacity and rate limiter.
+
+The table keeps its whole index in memory: key → slot, and per-slot columns (priority,
+insertion time, times sampled, value size, version, and whether the value is cached,
+dirty or on disk). Values sit in :attr:`Table.values` when cached, else in RocksDB.
+Only the writer (:class:`workers.task_processor.TaskProcessor`) changes the applied
+state; readers merge :attr:`Table.pending` (accepted, not yet applied) over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.engine.config import TableConfig
+from app.engine.items import NewItem
+from app.selection.base import Selector
+from app.selection.rate_limiters import RateGate, make_rate_limiter
+from app.selection.registry import make_selector
+
+PendingEntry = tuple[int, NewItem | None, float]  # (op seq, the item or None for a delete, inserted_at)
+
+
+@dataclass(slots=True)
+class TableCounters:
+    """Monotonic counters reported in the table's stats."""
+
+    inserts: int = 0
+    samples: int = 0
+    deletes: int = 0
+    evictions_to_disk: int = 0
+    populates: int = 0
+
+
+class Table:
+    """One table's in-memory index, selection state and counters."""
+
+    def __init__(self, name: str, tid: int, config: TableConfig) -> None:
+        self.name = name
+        self.tid = tid
+        self.prefix = tid.to_bytes(4, "big")
+        self.config = config
+        self.sampler: Selector = make_selector(config.sampler.type, config.sampler.params)
+        self.remover: Selector | None = (
+            make_selector(config.remover.type, {}) if config.max_size is not None else None
+        )
+        self.index_fields = frozenset(self.sampler.index_fields)
+        self.gate = RateGate(make_rate_limiter(config.rate_limiter), size_fn=self.visible_size)
+        self.dropped = False
+        self.counters = TableCounters()
+
+        self.index: dict[str, int] = {}
+        self.keys: list[str | None] = []
+        self.values: list[bytes | None] = []
+        self._free: list[int] = []
+        cap = 0
+        self.priority = np.zeros(cap, dtype=np.float64)
+        self.inserted_at = np.zeros(cap, dtype=np.float64)
+        self.times_sampled = np.zeros(cap, dtype=np.int64)
+        self.size = np.zeros(cap, dtype=np.int64)
+        self.version = np.zeros(cap, dtype=np.int64)
+        self.referenced = bytearray()
+        self.dirty = bytearray()  # value changed since last written to RocksDB
+        self.meta_dirty = bytearray()  # metadata changed since last written
+        self.on_disk = bytearray()  # a copy of the value is in RocksDB
+        self.retired = bytearray()  # taken out of selection by its last allowed sample
+        self.disk_size = np.zeros(cap, dtype=np.int64)
+        self.fields: dict[int, dict[str, Any]] = {}  # slot → indexed fields (plugin samplers)
+        self.bytes_in_cache = 0
+        self.bytes_on_disk = 0
+
+        self.pending: dict[str, PendingEntry] = {}
+        self.pending_ops = 0  # item ops accepted and not applied
+        self.accepted_seq = 0
+        self.applied_seq = 0
+        self._barriers: list[tuple[int, asyncio.Future[None]]] = []
+        self._nonempty = asyncio.Event()
+
+    # -- slots (writer side) ------------------------------------------------------------
+
+    def alloc_slot(self, key: str) -> int:
+        """A slot for a new key, reusing freed ones first."""
+        if self._free:
+            slot = self._free.pop()
+            self.keys[slot] = key
+        else:
+            slot = len(self.keys)
+            self.keys.append(key)
+            self.values.append(None)
+            if slot >= len(self.priority):
+                self._grow(max(1024, 2 * len(self.priority)))
+            self.referenced.append(0)
+            self.dirty.append(0)
+            self.meta_dirty.append(0)
+            self.on_disk.append(0)
+            self.retired.append(0)
+        self.index[key] = slot
+        return slot
+
+    def _grow(self, cap: int) -> None:
+        for name in ("priority", "inserted_at", "times_sampled", "size", "version", "disk_size"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def free_slot(self, slot: int) -> None:
+        """Forget the key at ``slot``; its columns are reset by the next user."""
+        key = self.keys[slot]
+        if key is not None:
+            del self.index[key]
+        self.keys[slot] = None
+        self.values[slot] = None
+        self.referenced[slot] = self.dirty[slot] = self.meta_dirty[slot] = 0
+        self.on_disk[slot] = self.retired[slot] = 0
+        self.disk_size[slot] = 0
+        self.fields.pop(slot, None)
+        self._free.append(slot)
+
+    # -- barrier between accepted and applied ---------------------------------------------
+
+    def accept(self, seq: int, weight: int) -> None:
+        """Note that op ``seq`` touching ``weight`` items was accepted for this table."""
+        self.accepted_seq = seq
+        self.pending_ops += weight
+
+    def applied(self, seq: int, weight: int) -> None:
+        """Note that the writer applied op ``seq``; wakes readers waiting for it."""
+        self.applied_seq = seq
+        self.pending_ops -= weight
+        if self._barriers:
+            keep = []
+            for target, fut in self._barriers:
+                if target <= seq:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    keep.append((target, fut))
+            self._barriers = keep
+        if self.index:
+            self._nonempty.set()
+        else:
+            self._nonempty.clear()
+
+    async def caught_up(self) -> None:
+        """Wait until every op accepted for this table before the call is applied."""
+        target = self.accepted_seq
+        if self.applied_seq >= target:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._barriers.append((target, fut))
+        await fut
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """The writer stopped: fail every reader waiting on it."""
+        for _, fut in self._barriers:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._barriers = []
+
+    async def wait_nonempty(self, timeout_s: float) -> bool:
+        """Wait until the applied state holds an item; False on timeout."""
+        if self.index:
+            return True
+        try:
+            await asyncio.wait_for(self._nonempty.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return bool(self.index)
+
+    # -- read side ------------------------------------------------------------------------
+
+    def visible_size(self) -> int:
+        """Items a reader sees now: the applied ones with the pending ops merged in."""
+        n = len(self.index)
+        for key, (_, item, _ts) in self.pending.items():
+            present = key in self.index
+            if item is None and present:
+                n -= 1
+            elif item is not None and not present:
+                n += 1
+        return n
+
+    def contains(self, key: str) -> bool:
+        """Whether a reader sees ``key`` now."""
+        entry = self.pending.get(key)
+        if entry is not None:
+            return entry[1] is not None
+        return key in self.index
+
+    def describe(self) -> dict[str, Any]:
+        """Config and stats as the contract's ``GET /v1/tables/{table}`` answers them."""
+        c = self.counters
+        return {
+            "name": self.name,
+            "config": self.config.to_wire(),
+            "stats": {
+                "size": self.visible_size(),
+                "pending_ops": self.pending_ops,
+                "bytes_in_cache": self.bytes_in_cache,
+                "bytes_on_disk": self.bytes_on_disk,
+                "inserts": c.inserts,
+                "samples": c.samples,
+                "deletes": c.deletes,
+                "evictions_to_disk": c.evictions_to_disk,
+                "populates": c.populates,
+                "index_bytes": self.index_bytes(),
+            },
+        }
+
+    def index_bytes(self) -> int:
+        """Approximate bytes of the in-memory index (columns, slot lists, sampler state)."""
+        cols = sum(
+            a.nbytes
+            for a in (self.priority, self.inserted_at, self.times_sampled, self.size, self.version)
+        )
+        lists = 8 * (len(self.keys) + len(self.values)) + 4 * len(self.referenced)
+        dict_bytes = 100 * len(self.index)  # dict entry + key string, measured in bench
+        sel = self.sampler.index_bytes() + (self.remover.index_bytes() if self.remover else 0)
+        return cols + lists + dict_bytes + sel

@@ -1,0 +1,120 @@
+"""The app factory: ``create_app(settings)`` builds the FastAPI app around one engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.api import items, ops, sampling, tables
+from app.api.docs import install_docs
+from app.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
+from app.api.openapi import build_openapi
+from app.engine.config import SamplerSpec, TableConfig
+from app.engine.engine import Engine
+from app.errors import TableExists, install_error_handlers
+from app.metrics import Metrics
+from app.settings import Settings
+
+__all__ = ["DEFAULT_TABLE", "create_app"]
+
+DEFAULT_TABLE = "default"
+
+_log = logging.getLogger("rlreplay")
+
+_DESCRIPTION = """\
+An experience replay service for reinforcement learning.
+
+* Bodies are `application/json` or `application/msgpack`; answers are msgpack when `Accept`
+  names it, JSON otherwise. Item values are stored as the msgpack bytes sent.
+* Over JSON, bytes are `{"$bytes": "<base64>"}` and arrays
+  `{"$ndarray": {"dtype", "shape", "data": "<base64>"}}`.
+* Every error is `{"error": {"code", "message"}}`.
+* With API keys configured, `/v1` needs `Authorization: Bearer <key>`.
+"""
+
+
+def _package_version() -> str:
+    try:
+        return version("rlreplay")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0.0.0"
+
+
+def default_table_config(settings: Settings) -> TableConfig:
+    """The config of the ``default`` table, from the settings."""
+    return TableConfig(
+        sampler=SamplerSpec(type=settings.default_sampler),
+        max_size=settings.default_table_max_size,
+    )
+
+
+async def _create_default_table(engine: Engine, settings: Settings) -> None:
+    try:
+        await engine.create_table(DEFAULT_TABLE, default_table_config(settings))
+    except TableExists:
+        _log.warning(
+            "the table 'default' exists with another config (recovered from the data dir); "
+            "keeping it as it is"
+        )
+
+
+def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
+    """Builds the service's app.
+
+    The app's lifespan starts the engine (recovery included), creates the ``default``
+    table when the settings ask for it, and stops the engine on shutdown (draining the
+    writer and flushing).
+
+    Args:
+        settings: The service's settings.
+        engine: The engine to serve; a new one built from ``settings`` when None (tests
+            pass their own).
+
+    Returns:
+        The ASGI app.
+    """
+    the_engine = engine if engine is not None else Engine(settings)
+    metrics = Metrics()
+    metrics.watch_engine(the_engine)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await the_engine.start()
+        try:
+            if settings.default_table:
+                await _create_default_table(the_engine, settings)
+            yield
+        finally:
+            await the_engine.stop()
+
+    app = FastAPI(
+        title="rlreplay",
+        version=_package_version(),
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        separate_input_output_schemas=False,
+    )
+    app.state.settings = settings
+    app.state.engine = the_engine
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    for router in (tables.router, items.router, sampling.router, ops.router):
+        app.include_router(router)
+    install_docs(app)
+    openapi: Any = partial(build_openapi, app)
+    app.openapi = openapi  # type: ignore[method-assign]
+    # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=int(settings.max_request_mb * 1024 * 1024))
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    return app

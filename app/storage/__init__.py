@@ -1,0 +1,1 @@
+"""Where values live: the byte-bounded cache ledger, RocksDB, and the blocking-I/O adapter."""

@@ -1,0 +1,442 @@
+"""The async Python client of the replay service, on httpx with msgpack on the wire.
+
+One :class:`ReplayClient` holds one ``httpx.AsyncClient`` and its connection pool; share it
+between the tasks of a process rather than opening one per task. Every call speaks msgpack
+both ways, so NumPy arrays and torch tensors in item values travel as arrays and come back
+as NumPy arrays, bit-exactly (see :mod:`clients.codec`). Errors the server answers with are
+raised as the classes of :mod:`clients.errors`; a server that cannot be reached after the
+retries raises :class:`~clients.errors.Unavailable`. Which calls are retried is explained
+in :mod:`clients.retry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, Self
+from urllib.parse import quote
+
+import httpx
+
+from clients.codec import from_jsonable, packb, unpackb
+from clients.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
+from clients.retry import RetryPolicy, parse_retry_after
+
+__all__ = ["Item", "ReplayClient"]
+
+Item = dict[str, Any]
+"""An item as the server answers it: ``key``, ``value``, ``priority`` and more."""
+
+MSGPACK: Final = "application/msgpack"
+_USER_AGENT: Final = "rlreplay-client/0.1"
+_SERVER_SAMPLE_TIMEOUT_S: Final = 10.0  # the contract's default timeout_ms
+_SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
+
+# Failures where the request provably never reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _segment(value: str, what: str) -> str:
+    """One percent-encoded path segment; ``/``, ``:``, ``?``, ``%`` and dot-segments included."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    if value in {".", ".."}:
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+class ReplayClient:
+    """An async client of one replay server.
+
+    Use it as an async context manager (or call :meth:`aclose`)::
+
+        async with ReplayClient("http://127.0.0.1:8000") as rb:
+            await rb.push("default", [{"key": "k", "value": {"obs": np.zeros(4)}}])
+            batch = await rb.sample("default", batch_size=32)
+
+    Args:
+        base_url: The server's root URL.
+        api_key: Sent as ``Authorization: Bearer <api_key>`` when given.
+        timeout_s: Connect, read, write and pool timeout of one attempt, in seconds. A
+            sample's read timeout is stretched past its ``timeout_ms``.
+        max_connections: Connections the pool opens at most; all of them are kept alive,
+            so that many concurrent calls reuse connections instead of reconnecting.
+        retries: Retries after a failed first attempt (see :mod:`clients.retry`).
+        backoff_s: The first retry's backoff bound in seconds; it doubles per retry.
+        max_backoff_s: The cap on one backoff wait.
+        transport: An httpx transport to use instead of the network (``httpx.MockTransport``,
+            ``httpx.ASGITransport``); tests and in-process servers use it.
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        max_connections: int = 32,
+        retries: int = 3,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
+        if max_connections < 1:
+            raise ValueError(f"max_connections ({max_connections}) must be >= 1")
+        self._policy = RetryPolicy(
+            retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
+        )
+        self._timeout_s = timeout_s
+        headers = {"Accept": MSGPACK, "User-Agent": _USER_AGENT}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=30.0,
+            ),
+            http1=True,
+            http2=False,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool; calling it again does nothing."""
+        await self._http.aclose()
+
+    # --- tables -----------------------------------------------------------------------------
+
+    async def create_table(
+        self,
+        name: str,
+        *,
+        sampler: Mapping[str, Any] | None = None,
+        remover: Mapping[str, Any] | None = None,
+        max_size: int | None = None,
+        max_times_sampled: int = 0,
+        rate_limiter: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create a table, or confirm that it exists with this configuration.
+
+        Args:
+            name: The table's name.
+            sampler: The sampler's config, ``{"type": "prioritized", "exponent": 0.6}`` by
+                default.
+            remover: The remover's config; the server's default when None.
+            max_size: The capacity, or None for unbounded.
+            max_times_sampled: Samples after which an item is deleted (0: unlimited).
+            rate_limiter: The rate limiter's config, or None for none.
+
+        Returns:
+            The server's answer (the table's config and stats).
+
+        Raises:
+            TableExists: The table exists with a different configuration.
+            ValidationFailed: The configuration is invalid.
+        """
+        config: dict[str, Any] = {
+            "sampler": dict(sampler or {"type": "prioritized", "exponent": 0.6}),
+            "max_size": max_size,
+            "max_times_sampled": max_times_sampled,
+            "rate_limiter": dict(rate_limiter) if rate_limiter is not None else None,
+        }
+        if remover is not None:
+            config["remover"] = dict(remover)
+        return self._as_dict(
+            await self._call("PUT", self._table(name), body=config, idempotent=True)
+        )
+
+    async def list_tables(self) -> list[dict[str, Any]]:
+        """Every table, each with its config and stats."""
+        answer = await self._call("GET", "/v1/tables", idempotent=True)
+        tables = answer.get("tables", answer) if isinstance(answer, dict) else answer
+        if isinstance(tables, dict):  # {name: description}
+            return [{"name": name, **info} for name, info in tables.items()]
+        return list(tables or [])
+
+    async def describe_table(self, name: str) -> dict[str, Any]:
+        """A table's config and stats (``size``, ``inserts``, ``samples``...).
+
+        Raises:
+            TableNotFound: No such table.
+        """
+        return self._as_dict(await self._call("GET", self._table(name), idempotent=True))
+
+    async def drop_table(self, name: str) -> None:
+        """Delete a table and its data.
+
+        Raises:
+            TableNotFound: No such table.
+        """
+        await self._call("DELETE", self._table(name), idempotent=True)
+
+    # --- items ------------------------------------------------------------------------------
+
+    async def push(
+        self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False
+    ) -> int:
+        """Insert or replace items.
+
+        Args:
+            table: The table.
+            items: ``{"key": str, "value": any, "priority": float (optional)}`` each. Values
+                may hold NumPy arrays and torch tensors.
+            wait: Answer only once the writer has applied the items.
+
+        Returns:
+            How many items were accepted (``wait=False``) or committed (``wait=True``); 0
+            without a request when ``items`` is empty.
+
+        Raises:
+            Overloaded: The write queue stayed full through every retry.
+            TableNotFound, ValidationFailed, PayloadTooLarge: As the contract says.
+        """
+        if not items:
+            return 0
+        body = {"items": [dict(item) for item in items], "wait": wait}
+        answer = await self._call("POST", self._table(table, "/items"), body=body, idempotent=True)
+        counts = self._as_dict(answer)
+        return int(counts.get("committed", counts.get("accepted", 0)))
+
+    async def get(self, table: str, key: str) -> Item | None:
+        """One item (``key``, ``value``, ``priority``, ``inserted_at``, ``times_sampled``).
+
+        Returns:
+            The item, or None when the table holds no such key.
+
+        Raises:
+            TableNotFound: No such table.
+        """
+        path = self._table(table, "/items/" + _segment(key, "key"))
+        try:
+            return self._as_dict(await self._call("GET", path, idempotent=True))
+        except ItemNotFound:
+            return None
+
+    async def get_many(self, table: str, keys: Iterable[str]) -> list[Item | None]:
+        """Several items in one request, in the order asked; None where a key is missing."""
+        body = {"keys": list(keys)}
+        path = self._table(table, "/items:batchGet")
+        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
+        return list(answer.get("items", []))
+
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = None,
+        include_values: bool = True,
+    ) -> list[Item]:
+        """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...).
+
+        Args:
+            table: The table.
+            batch_size: How many items to draw.
+            timeout_ms: How long the rate limiter may hold the request (server default when
+                None, 10 s).
+            include_values: Leave values out of the answer when False.
+
+        Raises:
+            DeadlineExceeded: The rate limiter did not allow the sample in time.
+            TableNotFound, ValidationFailed: As the contract says.
+        """
+        body: dict[str, Any] = {"batch_size": batch_size, "include_values": include_values}
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        waits_s = (timeout_ms / 1000) if timeout_ms is not None else _SERVER_SAMPLE_TIMEOUT_S
+        answer = await self._call(
+            "POST",
+            self._table(table, "/sample"),
+            body=body,
+            idempotent=False,
+            read_timeout_s=max(self._timeout_s, waits_s + _SAMPLE_TIMEOUT_MARGIN_S),
+        )
+        return list(self._as_dict(answer).get("items", []))
+
+    async def update_priorities(
+        self, table: str, priorities: Mapping[str, float]
+    ) -> dict[str, int]:
+        """Set items' priorities.
+
+        Returns:
+            ``{"updated": n, "missing": m}``: keys not in the table are skipped and counted.
+        """
+        body = {"priorities": {key: float(value) for key, value in priorities.items()}}
+        path = self._table(table, "/priorities")
+        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
+        return {"updated": int(answer.get("updated", 0)), "missing": int(answer.get("missing", 0))}
+
+    async def delete(self, table: str, keys: Iterable[str]) -> int:
+        """Delete items; keys not in the table are ignored.
+
+        Returns:
+            How many deletions the server accepted; 0 without a request when ``keys`` is empty.
+        """
+        body = {"keys": list(keys)}
+        if not body["keys"]:
+            return 0
+        path = self._table(table, "/items:batchDelete")
+        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
+        return int(answer.get("accepted", 0))
+
+    async def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = 64,
+        prefetch: int = 4,
+        timeout_ms: int | None = None,
+        include_values: bool = True,
+    ) -> AsyncIterator[list[Item]]:
+        """Sample batches without end, keeping ``prefetch`` sample requests in flight.
+
+        The requests are tasks owned by the generator: while the caller works on one batch,
+        ``prefetch`` more are being fetched. Batches are yielded in the order they arrive.
+        Leaving the ``async for`` (``break``, an exception, ``aclose()``) cancels the
+        requests still in flight. An error of any request (``DeadlineExceeded`` when the
+        rate limiter holds samples past ``timeout_ms``) ends the stream with that error.
+
+        Args:
+            table: The table.
+            batch_size: Items per batch.
+            prefetch: Sample requests kept in flight (at least 1).
+            timeout_ms: Passed to every :meth:`sample`.
+            include_values: Passed to every :meth:`sample`.
+
+        Yields:
+            One sampled batch at a time.
+        """
+        if prefetch < 1:
+            raise ValueError(f"prefetch ({prefetch}) must be >= 1")
+        pending: list[asyncio.Task[list[Item]]] = []  # in issue order, done or not
+
+        def top_up() -> None:
+            while len(pending) < prefetch:
+                request = self.sample(
+                    table, batch_size, timeout_ms=timeout_ms, include_values=include_values
+                )
+                pending.append(asyncio.create_task(request))
+
+        try:
+            while True:
+                top_up()
+                if not any(task.done() for task in pending):
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                task = next(task for task in pending if task.done())
+                pending.remove(task)
+                batch = task.result()  # raises the request's error
+                top_up()
+                yield batch
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # --- service ----------------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """Whether the server answers ``GET /healthz`` with 2xx (one attempt, no retries)."""
+        try:
+            response = await self._http.get("/healthz")
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _table(name: str, rest: str = "") -> str:
+        return "/v1/tables/" + _segment(name, "table name") + rest
+
+    @staticmethod
+    def _as_dict(answer: Any) -> dict[str, Any]:
+        if not isinstance(answer, dict):
+            raise ReplayError(f"expected a map in the answer, got {type(answer).__name__}")
+        return answer
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        idempotent: bool,
+        read_timeout_s: float | None = None,
+    ) -> Any:
+        """Send one request with retries; return the decoded answer (None for no content)."""
+        content = None if body is None else packb(body)
+        headers = {"Content-Type": MSGPACK} if content is not None else None
+        timeout = (
+            httpx.Timeout(self._timeout_s, read=read_timeout_s)
+            if read_timeout_s is not None
+            else httpx.USE_CLIENT_DEFAULT
+        )
+        attempt = 0
+        while True:
+            retry_after: float | None = None
+            try:
+                response = await self._http.request(
+                    method, path, content=content, headers=headers, timeout=timeout
+                )
+            except _NOT_SENT as exc:
+                failure: ReplayError | httpx.HTTPError = exc
+            except httpx.TransportError as exc:
+                failure = exc
+                if not idempotent:
+                    raise Unavailable(f"{method} {path} failed: {exc!r}") from exc
+            else:
+                if response.is_success:
+                    return self._decode(response)
+                error = self._error(response)
+                retryable = isinstance(error, Overloaded) or (
+                    idempotent and type(error) is Unavailable
+                )
+                if not retryable:
+                    raise error
+                failure, retry_after = error, error.retry_after
+            if attempt >= self._policy.retries:
+                if isinstance(failure, ReplayError):
+                    raise failure
+                raise Unavailable(f"{method} {path} failed: {failure!r}") from failure
+            await asyncio.sleep(self._policy.delay(attempt, retry_after))
+            attempt += 1
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        if response.status_code == 204 or not response.content:
+            return None
+        content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        try:
+            if content_type in {MSGPACK, "application/x-msgpack"}:
+                return unpackb(response.content)
+            return from_jsonable(json.loads(response.content))
+        except ValueError as exc:
+            raise ReplayError(f"undecodable answer ({content_type or 'no type'}): {exc}") from exc
+
+    @staticmethod
+    def _error(response: httpx.Response) -> ReplayError:
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        try:
+            body = ReplayClient._decode(response)
+        except ReplayError:
+            body = None
+        return error_from_body(response.status_code, body, retry_after=retry_after)

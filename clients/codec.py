@@ -1,0 +1,343 @@
+"""The wire codec: msgpack with n-dimensional arrays, and the contract's JSON form.
+
+Msgpack (:func:`packb`, :func:`unpackb`):
+
+* NumPy arrays and torch tensors travel as extension type :data:`EXT_NDARRAY` (see
+  :mod:`clients.arrays` for the payload); they decode to NumPy arrays (bfloat16 to
+  :class:`~clients.arrays.BFloat16Array`), bit-exactly and with the same dtype and shape.
+* NumPy scalars become Python scalars (``np.float32(0.5)`` → ``0.5``, ``np.bool_`` → ``bool``);
+  those with no Python msgpack type (complex, long double, datetime64) become 0-d arrays.
+* Tuples become lists; maps may have ``str``, ``bytes``, ``int``, ``float``, ``bool`` or
+  ``None`` keys. Any other extension type is refused when decoding.
+
+The JSON form (:func:`to_jsonable`, :func:`from_jsonable`) is the reversible JSON rendering of
+any value the msgpack form can hold:
+
+* bytes → ``{"$bytes": "<base64>"}``
+* arrays → ``{"$ndarray": {"dtype": "<f4", "shape": [2, 3], "data": "<base64>"}}``
+* maps whose keys are all strings stay JSON objects. A map with any other key, or a map that
+  could be mistaken for a tag (exactly one key, which is ``"$bytes"``, ``"$ndarray"`` or
+  ``"$map"``), becomes ``{"$map": [[key, value], ...]}``, keys and values in JSON form.
+* floats are left as they are: NaN and infinities need a JSON encoder that allows them.
+
+:func:`jsonable_to_msgpack` and :func:`msgpack_to_jsonable` convert between the two forms
+directly, without building NumPy arrays, for a server that stores msgpack and answers JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from clients.arrays import (
+    EXT_NDARRAY,
+    BFloat16Array,
+    array_payload,
+    bfloat16_payload,
+    decode_array,
+    parse_payload,
+    payload_from_parts,
+    tensor_to_wire,
+    torch_tensor_type,
+)
+
+__all__ = [
+    "EXT_NDARRAY",
+    "BFloat16Array",
+    "from_jsonable",
+    "jsonable_to_msgpack",
+    "msgpack_to_jsonable",
+    "packb",
+    "to_jsonable",
+    "unpackb",
+]
+
+_BYTES, _NDARRAY, _MAP = "$bytes", "$ndarray", "$map"
+_TAGS = frozenset({_BYTES, _NDARRAY, _MAP})
+_PYTHON_SCALARS = (bool, int, float, str, bytes)
+_JSON_SCALARS = (bool, int, float, str)
+
+
+# --- msgpack -------------------------------------------------------------------------------
+
+
+def _scalar_or_array(value: np.generic) -> Any:
+    python_value = value.item()
+    if isinstance(python_value, _PYTHON_SCALARS):
+        return python_value
+    return msgpack.ExtType(EXT_NDARRAY, array_payload(np.asarray(value)))
+
+
+def _default(obj: Any) -> Any:
+    """msgpack's hook for the types it does not know."""
+    if isinstance(obj, np.ndarray):
+        return msgpack.ExtType(EXT_NDARRAY, array_payload(obj))
+    if isinstance(obj, np.generic):
+        return _scalar_or_array(obj)
+    if isinstance(obj, BFloat16Array):
+        return msgpack.ExtType(EXT_NDARRAY, bfloat16_payload(obj))
+    tensor_type = torch_tensor_type()
+    if tensor_type is not None and isinstance(obj, tensor_type):
+        return msgpack.ExtType(EXT_NDARRAY, tensor_to_wire(obj))
+    if isinstance(obj, int):  # msgpack hands over the ints it cannot fit
+        raise ValueError(f"int {obj} does not fit in 64 bits")
+    raise TypeError(f"cannot encode an object of type {type(obj).__qualname__}")
+
+
+def packb(obj: Any) -> bytes:
+    """Encode a value as msgpack, arrays and tensors as extension type 1.
+
+    Args:
+        obj: Maps, lists, tuples, strings, bytes, numbers, booleans, None, NumPy arrays and
+            scalars, torch tensors and :class:`BFloat16Array`, nested freely.
+
+    Returns:
+        The msgpack bytes.
+
+    Raises:
+        TypeError: A value has no msgpack form (a set, an object array, a float8 tensor...).
+        ValueError: The value is too deep or too large for msgpack, or an int does not fit
+            in 64 bits.
+    """
+    try:
+        packed: bytes = msgpack.packb(obj, default=_default, use_bin_type=True, datetime=False)
+    except OverflowError as exc:
+        raise ValueError(f"cannot encode: {exc}") from exc
+    return packed
+
+
+def _ext_hook(code: int, payload: bytes) -> Any:
+    if code != EXT_NDARRAY:
+        raise ValueError(f"unknown msgpack extension type {code}")
+    return decode_array(payload)
+
+
+_DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
+
+
+def unpackb(data: bytes | bytearray | memoryview) -> Any:
+    """Decode msgpack bytes; extension type 1 becomes a NumPy array.
+
+    Arrays come back writable and C-contiguous, with the dtype (byte order included) and
+    shape they were sent with. bfloat16 arrays come back as :class:`BFloat16Array`
+    (``.to_torch()`` gives the tensor) since NumPy has no bfloat16 dtype of its own.
+
+    Args:
+        data: One complete msgpack value.
+
+    Returns:
+        The decoded value.
+
+    Raises:
+        ValueError: The input is not one well-formed msgpack value (truncated, trailing
+            bytes, invalid UTF-8, unhashable map key), or holds a malformed array payload
+            or an unknown extension type.
+    """
+    try:
+        return msgpack.unpackb(
+            data, ext_hook=_ext_hook, raw=False, strict_map_key=False, use_list=True
+        )
+    except _DECODE_ERRORS as exc:
+        raise ValueError(f"malformed msgpack: {exc}") from exc
+
+
+# --- JSON form -----------------------------------------------------------------------------
+
+
+def _b64(data: Any) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError("base64 data must be a string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"invalid base64: {exc}") from exc
+
+
+def _ndarray_form(payload: bytes | memoryview) -> dict[str, Any]:
+    dtype, shape, data = parse_payload(payload)
+    return {_NDARRAY: {"dtype": dtype, "shape": shape, "data": _b64(data)}}
+
+
+def _map_form(obj: dict[Any, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
+    tag_like = len(obj) == 1 and next(iter(obj)) in _TAGS
+    if not tag_like and all(isinstance(key, str) for key in obj):
+        return {key: convert(value) for key, value in obj.items()}
+    return {_MAP: [[convert(key), convert(value)] for key, value in obj.items()]}
+
+
+def to_jsonable(obj: Any) -> Any:
+    """The contract's reversible JSON form of a value (see the module docstring).
+
+    Args:
+        obj: Anything :func:`packb` accepts.
+
+    Returns:
+        A value made of dicts with string keys, lists, strings, numbers, booleans and None.
+
+    Raises:
+        TypeError: A value has no wire form.
+    """
+    if obj is None or type(obj) in _JSON_SCALARS:
+        return obj
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return {_BYTES: _b64(obj)}
+    if isinstance(obj, dict):
+        return _map_form(obj, to_jsonable)
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(item) for item in obj]
+    for scalar_type in _JSON_SCALARS:  # subclasses: enums, np.float64, np.str_
+        if isinstance(obj, scalar_type) and not isinstance(obj, np.generic):
+            return scalar_type(obj)
+    encoded = _default(obj)
+    if isinstance(encoded, msgpack.ExtType):
+        return _ndarray_form(encoded.data)
+    return to_jsonable(encoded)
+
+
+def _tag(obj: dict[str, Any]) -> str | None:
+    if len(obj) == 1:
+        (key,) = obj
+        if key in _TAGS:
+            return key
+    return None
+
+
+def _pairs(value: Any) -> list[list[Any]]:
+    if not isinstance(value, list) or not all(
+        isinstance(pair, list) and len(pair) == 2 for pair in value
+    ):
+        raise ValueError('"$map" must be a list of [key, value] pairs')
+    return value
+
+
+def _ndarray_parts(value: Any) -> tuple[str, list[int], bytes]:
+    if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data"}:
+        raise ValueError('"$ndarray" must be {"dtype", "shape", "data"}')
+    payload = payload_from_parts(value["dtype"], value["shape"], _unb64(value["data"]))
+    dtype, shape, data = parse_payload(payload)  # validates, normalises the dtype
+    return dtype, shape, bytes(data)
+
+
+def from_jsonable(obj: Any) -> Any:
+    """Turn the JSON form back into the value: ``$bytes`` to bytes, ``$ndarray`` to arrays.
+
+    Args:
+        obj: A value in JSON form, as parsed by ``json.loads``.
+
+    Returns:
+        The value, with NumPy arrays (bfloat16 ones as :class:`BFloat16Array`).
+
+    Raises:
+        ValueError: A tag is malformed (bad base64, inconsistent array) or a ``$map`` key
+            is unhashable.
+    """
+    if isinstance(obj, list):
+        return [from_jsonable(item) for item in obj]
+    if not isinstance(obj, dict):
+        return obj
+    tag = _tag(obj)
+    if tag == _BYTES:
+        return _unb64(obj[_BYTES])
+    if tag == _NDARRAY:
+        dtype, shape, data = _ndarray_parts(obj[_NDARRAY])
+        return decode_array(payload_from_parts(dtype, shape, data))
+    if tag == _MAP:
+        try:
+            return {from_jsonable(k): from_jsonable(v) for k, v in _pairs(obj[_MAP])}
+        except TypeError as exc:
+            raise ValueError(f"unhashable map key: {exc}") from exc
+    return {key: from_jsonable(value) for key, value in obj.items()}
+
+
+def _jsonable_to_wire(obj: Any) -> Any:
+    """The JSON form with tags replaced by msgpack-ready values (no NumPy arrays built)."""
+    if isinstance(obj, list):
+        return [_jsonable_to_wire(item) for item in obj]
+    if not isinstance(obj, dict):
+        return obj
+    tag = _tag(obj)
+    if tag == _BYTES:
+        return _unb64(obj[_BYTES])
+    if tag == _NDARRAY:
+        dtype, shape, data = _ndarray_parts(obj[_NDARRAY])
+        return msgpack.ExtType(EXT_NDARRAY, payload_from_parts(dtype, shape, data))
+    if tag == _MAP:
+        try:
+            return {_jsonable_to_wire(k): _jsonable_to_wire(v) for k, v in _pairs(obj[_MAP])}
+        except TypeError as exc:
+            raise ValueError(f"unhashable map key: {exc}") from exc
+    return {key: _jsonable_to_wire(value) for key, value in obj.items()}
+
+
+def jsonable_to_msgpack(obj: Any) -> bytes:
+    """The msgpack bytes of a value given in JSON form (arrays as extension type 1).
+
+    Array tags are validated (base64, dtype, length against the shape) and their dtype is
+    normalised to carry its byte order, but no NumPy array is built.
+
+    Raises:
+        ValueError: A tag is malformed.
+        TypeError: ``obj`` holds something that is not JSON.
+    """
+    try:
+        packed: bytes = msgpack.packb(_jsonable_to_wire(obj), use_bin_type=True, datetime=False)
+    except OverflowError as exc:
+        raise ValueError(f"cannot encode: {exc}") from exc
+    return packed
+
+
+def _wire_to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, _NdarrayForm):
+        return obj.form
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, bytes):
+        return {_BYTES: _b64(obj)}
+    if isinstance(obj, list):
+        return [_wire_to_jsonable(item) for item in obj]
+    if isinstance(obj, dict):
+        return _map_form(obj, _wire_to_jsonable)
+    raise ValueError(f"no JSON form for msgpack value of type {type(obj).__qualname__}")
+
+
+class _NdarrayForm:
+    """An ext-1 value already rendered as its ``$ndarray`` JSON form."""
+
+    __slots__ = ("form",)
+
+    def __init__(self, payload: bytes) -> None:
+        self.form = _ndarray_form(payload)
+
+
+def _json_ext_hook(code: int, payload: bytes) -> Any:
+    if code != EXT_NDARRAY:
+        raise ValueError(f"unknown msgpack extension type {code}")
+    return _NdarrayForm(payload)
+
+
+def msgpack_to_jsonable(data: bytes | bytearray | memoryview) -> Any:
+    """The JSON form of msgpack bytes (as the server stores values).
+
+    Extension type 1 becomes ``{"$ndarray": ...}`` and ``bin`` becomes ``{"$bytes": ...}``,
+    without building NumPy arrays.
+
+    Raises:
+        ValueError: The bytes are not one well-formed msgpack value, or hold a malformed
+            array, an unknown extension type or a value with no JSON form (a timestamp).
+    """
+    try:
+        value = msgpack.unpackb(
+            data, ext_hook=_json_ext_hook, raw=False, strict_map_key=False, use_list=True
+        )
+    except _DECODE_ERRORS as exc:
+        raise ValueError(f"malformed msgpack: {exc}") from exc
+    return _wire_to_jsonable(value)

@@ -1,0 +1,81 @@
+"""The client installs on a trainer's machine: no server dependencies, torch only on demand."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+BLOCKED = [
+    "fastapi",
+    "starlette",
+    "pydantic",
+    "pydantic_settings",
+    "rocksdict",
+    "uvicorn",
+    "torch",
+    "app",
+    "workers",
+    "gpu",
+]
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+
+    import numpy as np
+    import clients
+    from clients import ReplayClient, packb, unpackb, to_jsonable, from_jsonable
+    import clients.client, clients.codec, clients.arrays, clients.retry, clients.errors
+
+    value = {"obs": np.arange(4, dtype="<f4"), "b": b"x"}
+    back = unpackb(packb(value))
+    assert back["obs"].tobytes() == value["obs"].tobytes()
+    assert from_jsonable(to_jsonable(value))["b"] == b"x"
+    ReplayClient("http://127.0.0.1:1")
+    loaded = sorted({m.split(".")[0] for m in sys.modules} & BLOCKED)
+    assert not loaded, loaded
+    print("ok")
+    """
+)
+
+
+def test_clients_import_without_server_dependencies_or_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, ",".join(BLOCKED)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_torch_stays_unimported_until_a_tensor_is_used() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from clients import packb, unpackb
+        unpackb(packb({"a": np.zeros(3), "b": [1, "x"]}))
+        assert "torch" not in sys.modules
+        import torch
+        assert unpackb(packb(torch.ones(2))).tolist() == [1.0, 1.0]
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr

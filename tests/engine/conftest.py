@@ -1,0 +1,47 @@
+"""Engine fixtures: an engine on a temporary data directory, in each storage mode."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from app.engine.config import TableConfig
+from app.engine.engine import Engine
+from app.engine.items import NewItem
+from app.settings import Settings
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test engine: small queues and an explicit data directory."""
+    base: dict[str, Any] = {"data_dir": data_dir, "io_threads": 2}
+    base.update(overrides)
+    return Settings(**base)
+
+
+def item(key: str, value: Any = None, priority: float = 1.0) -> NewItem:
+    """A NewItem whose value is the msgpack encoding of ``value`` (default: the key)."""
+    return NewItem(key, msgpack.packb(key if value is None else value), priority)
+
+
+@pytest.fixture
+def settings_factory(tmp_path: Path) -> Callable[..., Settings]:
+    def factory(**overrides: Any) -> Settings:
+        return make_settings(tmp_path / "data", **overrides)
+
+    return factory
+
+
+@pytest.fixture(params=["memory", "disk", "hybrid"])
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
+    eng = Engine(make_settings(tmp_path / "data", storage_mode=request.param,
+                               cache_memory_limit_mb=0.05 if request.param == "hybrid" else 64))
+    await eng.start()
+    await eng.create_table("t", TableConfig())
+    try:
+        yield eng
+    finally:
+        await eng.stop()

@@ -1,0 +1,234 @@
+"""Behaviour of the engine that the HTTP routes rely on, in every storage mode."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from app.engine.config import SamplerSpec, TableConfig
+from app.engine.engine import Engine
+from clients.errors import (
+    DeadlineExceeded,
+    Overloaded,
+    StorageFull,
+    TableExists,
+    TableNotFound,
+    ValidationFailed,
+)
+from tests.engine.conftest import item, make_settings
+
+
+async def test_push_is_visible_before_the_writer_applies_it(engine: Engine) -> None:
+    assert await engine.push("t", [item("a", {"x": 1}, 2.0)], wait=False) == 1
+    got = await engine.get("t", "a")
+    assert got is not None
+    assert msgpack.unpackb(got.value) == {"x": 1}
+    assert got.priority == 2.0
+    # and a delete too
+    await engine.delete("t", ["a"])
+    assert await engine.get("t", "a") is None
+    assert engine.describe("t")["stats"]["size"] == 0
+
+
+async def test_wait_returns_after_apply(engine: Engine) -> None:
+    await engine.push("t", [item(f"k{i}") for i in range(50)], wait=True)
+    stats = engine.describe("t")["stats"]
+    assert stats["size"] == 50
+    assert stats["pending_ops"] == 0
+    assert stats["inserts"] == 50
+
+
+async def test_replace_keeps_one_item_with_new_value(engine: Engine) -> None:
+    await engine.push("t", [item("a", 1)], wait=True)
+    await engine.push("t", [item("a", 2, 5.0)])
+    got = await engine.get("t", "a")
+    assert got is not None and msgpack.unpackb(got.value) == 2 and got.priority == 5.0
+    await engine.flush()
+    assert engine.describe("t")["stats"]["size"] == 1
+
+
+async def test_get_many_in_order_with_none_for_missing(engine: Engine) -> None:
+    await engine.push("t", [item(f"k{i}", i) for i in range(200)], wait=True)
+    got = await engine.get_many("t", ["k5", "nope", "k199", "k0"])
+    assert [None if g is None else msgpack.unpackb(g.value) for g in got] == [5, None, 199, 0]
+
+
+async def test_sample_sees_pending_pushes_and_not_pending_deletes(engine: Engine) -> None:
+    await engine.push("t", [item("a")])
+    batch = await engine.sample("t", 8)
+    assert {b.key for b in batch} == {"a"}
+    assert all(b.probability == 1.0 and b.weight == 1.0 for b in batch)
+    await engine.push("t", [item("b")])
+    await engine.delete("t", ["a"])
+    batch = await engine.sample("t", 8)
+    assert {b.key for b in batch} == {"b"}
+    assert msgpack.unpackb(batch[0].value) == "b"
+
+
+async def test_sample_counts_times_sampled(engine: Engine) -> None:
+    await engine.push("t", [item("a")], wait=True)
+    await engine.sample("t", 5)
+    got = await engine.get("t", "a")
+    assert got is not None and got.times_sampled == 5
+
+
+async def test_sample_empty_table_times_out(engine: Engine) -> None:
+    with pytest.raises(DeadlineExceeded):
+        await engine.sample("t", 1, timeout_s=0.05)
+
+
+async def test_sample_waits_for_first_item(engine: Engine) -> None:
+    task = asyncio.create_task(engine.sample("t", 2, timeout_s=5))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await engine.push("t", [item("late")])
+    batch = await task
+    assert [b.key for b in batch] == ["late", "late"]
+
+
+async def test_max_times_sampled_hands_each_item_out_once(tmp_path: Path) -> None:
+    eng = Engine(make_settings(tmp_path / "d", storage_mode="hybrid"))
+    await eng.start()
+    try:
+        await eng.create_table("q", TableConfig(max_times_sampled=1))
+        await eng.push("q", [item(f"k{i}") for i in range(10)], wait=True)
+        seen = [b.key for b in await eng.sample("q", 4)] + [b.key for b in await eng.sample("q", 6)]
+        assert sorted(seen) == sorted(f"k{i}" for i in range(10))
+        assert eng.describe("q")["stats"]["size"] == 0
+        with pytest.raises(DeadlineExceeded):
+            await eng.sample("q", 1, timeout_s=0.05)
+    finally:
+        await eng.stop()
+
+
+async def test_max_size_removes_oldest_with_fifo_remover(tmp_path: Path) -> None:
+    eng = Engine(make_settings(tmp_path / "d"))
+    await eng.start()
+    try:
+        await eng.create_table("c", TableConfig(max_size=3))
+        for i in range(6):
+            await eng.push("c", [item(f"k{i}")], wait=True)
+        got = await eng.get_many("c", [f"k{i}" for i in range(6)])
+        assert [g is not None for g in got] == [False, False, False, True, True, True]
+    finally:
+        await eng.stop()
+
+
+async def test_update_priorities_counts_missing(engine: Engine) -> None:
+    await engine.push("t", [item("a"), item("b")])
+    assert await engine.update_priorities("t", {"a": 3.0, "zz": 1.0}) == (1, 1)
+    got = await engine.get("t", "a")
+    assert got is not None and got.priority == 3.0
+
+
+async def test_validation_errors(engine: Engine) -> None:
+    with pytest.raises(ValidationFailed):
+        await engine.push("t", [item("")])
+    with pytest.raises(ValidationFailed):
+        await engine.push("t", [item("x" * 513)])
+    with pytest.raises(ValidationFailed):
+        await engine.push("t", [item("é" * 257)])  # 514 bytes of UTF-8
+    await engine.push("t", [item("é" * 256)])  # exactly 512 bytes
+    with pytest.raises(ValidationFailed):
+        await engine.push("t", [item("a", priority=-1.0)])
+    with pytest.raises(ValidationFailed):
+        await engine.push("t", [item("a", priority=float("nan"))])
+    with pytest.raises(ValidationFailed):
+        await engine.sample("t", 0)
+    with pytest.raises(TableNotFound):
+        await engine.push("nope", [item("a")])
+    with pytest.raises(ValidationFailed):
+        await engine.create_table("bad/name", TableConfig())
+    with pytest.raises(ValidationFailed):
+        await engine.create_table("x", TableConfig(sampler=SamplerSpec(type="no_such_sampler")))
+
+
+async def test_create_table_idempotent_and_conflict(engine: Engine) -> None:
+    assert await engine.create_table("n", TableConfig()) is True
+    assert await engine.create_table("n", TableConfig()) is False
+    with pytest.raises(TableExists):
+        await engine.create_table("n", TableConfig(max_size=5))
+    await engine.drop_table("n")
+    with pytest.raises(TableNotFound):
+        engine.describe("n")
+
+
+async def test_full_queue_is_overloaded_and_loses_nothing_accepted(tmp_path: Path) -> None:
+    eng = Engine(make_settings(tmp_path / "d", write_queue_ops=4, durability="none"))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        accepted, rejected = [], 0
+        for i in range(40):
+            try:
+                await eng.push("t", [item(f"k{i}")])
+                accepted.append(f"k{i}")
+            except Overloaded as exc:
+                assert exc.retry_after is not None
+                rejected += 1
+        assert rejected > 0 and accepted
+        await eng.flush()
+        got = await eng.get_many("t", accepted)
+        assert all(g is not None for g in got)
+    finally:
+        await eng.stop()
+
+
+async def test_memory_mode_hard_cap(tmp_path: Path) -> None:
+    eng = Engine(make_settings(tmp_path / "d", storage_mode="memory", cache_memory_limit_mb=0.01))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        with pytest.raises(StorageFull):
+            for i in range(100):
+                await eng.push("t", [item(f"k{i}", b"x" * 1000)], wait=True)
+        assert engine_size(eng) > 0
+    finally:
+        await eng.stop()
+
+
+def engine_size(eng: Engine) -> int:
+    return int(eng.describe("t")["stats"]["size"])
+
+
+async def test_hybrid_evicts_and_populates(tmp_path: Path) -> None:
+    eng = Engine(make_settings(tmp_path / "d", storage_mode="hybrid", cache_memory_limit_mb=0.1))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        for i in range(50):
+            await eng.push("t", [item(f"k{i}", b"v" * 4000)], wait=True)
+        stats = eng.describe("t")["stats"]
+        assert stats["evictions_to_disk"] > 0
+        assert stats["bytes_in_cache"] <= 0.1 * 2**20 * 1.25
+        got = await eng.get("t", "k0")  # long evicted: served from RocksDB
+        assert got is not None and msgpack.unpackb(got.value) == b"v" * 4000
+        await eng.flush()  # lets the writer apply the populate queued by that read
+        assert eng.describe("t")["stats"]["populates"] >= 1
+    finally:
+        await eng.stop()
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk", "hybrid"])
+async def test_restart_recovers_everything(tmp_path: Path, mode: str) -> None:
+    settings = make_settings(tmp_path / "d", storage_mode=mode, cache_memory_limit_mb=0.05 if mode == "hybrid" else 64)
+    eng = Engine(settings)
+    await eng.start()
+    await eng.create_table("t", TableConfig(sampler=SamplerSpec(type="uniform")))
+    await eng.push("t", [item(f"k{i}", i, float(i)) for i in range(100)], wait=False)
+    await eng.delete("t", ["k3"])
+    await eng.sample("t", 2)
+    await eng.stop()
+    eng2 = Engine(settings)
+    await eng2.start()
+    try:
+        got = await eng2.get_many("t", [f"k{i}" for i in range(100)])
+        assert got[3] is None
+        assert [msgpack.unpackb(g.value) for g in got if g is not None] == [i for i in range(100) if i != 3]
+        assert got[7] is not None and got[7].priority == 7.0
+        assert eng2.describe("t")["stats"]["size"] == 99
+    finally:
+        await eng2.stop()

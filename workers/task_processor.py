@@ -1,0 +1,531 @@
+"""The single writer: the only code that changes tables and storage.
+
+Callers enqueue ops (see :mod:`app.engine.ops`) on the p0 queue (push, delete,
+priorities, tables, checkpoint) or the p1 queue (evict, populate) and, if they want,
+await the op's future. One owned task drains both: when both have work it takes p0 with
+probability ``p0_probability`` (0.8 by default) and p1 otherwise, so housekeeping is
+never starved. If the task dies, every queued op's future and every reader waiting on a
+table fail with :class:`~clients.errors.Unavailable` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from app.engine.ops import (
+    CheckpointOp,
+    CreateTableOp,
+    DeleteOp,
+    DropTableOp,
+    EvictOp,
+    Op,
+    PopulateOp,
+    PriorityOp,
+    PutOp,
+)
+from app.engine.state import (
+    EngineState,
+    cache_charge,
+    meta_bytes,
+    meta_key,
+    table_record,
+    value_key,
+)
+from app.engine.table import Table
+from app.storage.rocks import LSN_KEY, NEXT_TID_KEY, table_prefix
+from clients.errors import TableExists, Unavailable
+
+log = logging.getLogger(__name__)
+
+EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
+EVICT_HARD_FACTOR = 1.25  # past this the writer evicts before anything else
+YIELD_EVERY = 64  # ops applied between yields to the event loop
+MEMORY_CHECKPOINT = "memory.ckpt"
+
+
+class TaskProcessor:
+    """Owns the writer task and applies ops in order."""
+
+    def __init__(self, state: EngineState, *, p0_probability: float, seed: int | None = None) -> None:
+        self._s = state
+        self._p0_probability = p0_probability
+        self._rng = random.Random(seed)
+        self.p0: deque[Op] = deque()
+        self.p1: deque[Op] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._evict_queued = False
+        self._disk_deletes: list[bytes] = []
+        self.failure: BaseException | None = None
+        self.applied_ops = 0
+        self.last_apply_lag_s = 0.0
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer task."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="rlreplay-writer")
+            self._task.add_done_callback(self._on_done)
+
+    @property
+    def running(self) -> bool:
+        """True while the writer task runs."""
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        """Apply every queued p0 op, then stop the task; idempotent."""
+        if self._task is None:
+            return
+        if self.running:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.submit(Op(0, future=fut, weight=0))  # a marker: the ops before it are applied
+            try:
+                await fut
+            except Unavailable:
+                pass
+        task, self._task = self._task, None
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            exc: BaseException = Unavailable("the writer stopped")
+        else:
+            err = task.exception()
+            if err is None:
+                return
+            log.error("writer failed", exc_info=err)
+            self.failure = err
+            exc = Unavailable(f"the writer failed: {err!r}")
+        self._fail_all(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for queue in (self.p0, self.p1):
+            while queue:
+                op = queue.popleft()
+                if op.future is not None and not op.future.done():
+                    op.future.set_exception(exc)
+        for table in self._s.tables.values():
+            table.fail_waiters(exc)
+
+    # -- queueing -------------------------------------------------------------------------
+
+    def submit(self, op: Op, *, p1: bool = False) -> None:
+        """Enqueue an op (never blocks; the caller has checked the queue bound)."""
+        if self._task is None or self._task.done():
+            raise Unavailable("the writer is not running")
+        (self.p1 if p1 else self.p0).append(op)
+        self._s.queued_items += op.weight
+        self._s.queued_bytes += op.nbytes
+        self._wake.set()
+
+    def oldest_queued_seq(self) -> int | None:
+        """Sequence number of the oldest logged op still waiting in p0."""
+        for op in self.p0:
+            if op.seq:
+                return op.seq
+        return None
+
+    async def _run(self) -> None:
+        since_yield = 0
+        while True:
+            if not self.p0 and not self.p1:
+                self._wake.clear()
+                await self._wake.wait()
+                since_yield = 0
+            s = self._s
+            if s.ledger.over and s.mode == "hybrid" and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR:
+                await self._evict()
+            if self.p0 and (not self.p1 or self._rng.random() < self._p0_probability):
+                op = self.p0.popleft()
+            else:
+                op = self.p1.popleft()
+            s.queued_items -= op.weight
+            s.queued_bytes -= op.nbytes
+            try:
+                await self.apply(op)
+            except Exception as exc:
+                if op.future is not None and not op.future.done():
+                    op.future.set_exception(exc)
+                raise
+            if op.future is not None and not op.future.done():
+                op.future.set_result(None)
+            self.applied_ops += 1
+            since_yield += 1
+            if since_yield >= YIELD_EVERY:
+                since_yield = 0
+                await asyncio.sleep(0)
+
+    # -- applying -------------------------------------------------------------------------
+
+    async def apply(self, op: Op, *, replay: bool = False) -> None:
+        """Apply one op to the tables and storage (also used to replay the log)."""
+        if type(op) is Op:
+            return  # a marker (see stop)
+        if isinstance(op, PutOp):
+            await self._put(op, replay=replay)
+        elif isinstance(op, DeleteOp):
+            await self._delete(op.table, op.keys, op.seq)
+            op.table.applied(op.seq, op.weight)
+        elif isinstance(op, PriorityOp):
+            self._priorities(op)
+        elif isinstance(op, PopulateOp):
+            self._populate(op)
+        elif isinstance(op, EvictOp):
+            self._evict_queued = False
+            await self._evict()
+        elif isinstance(op, CheckpointOp):
+            await self.checkpoint()
+        elif isinstance(op, CreateTableOp):
+            await self._create(op)
+        elif isinstance(op, DropTableOp):
+            await self._drop(op.table)
+        else:  # pragma: no cover - exhaustive
+            raise TypeError(f"unknown op {op!r}")
+
+    async def _put(self, op: PutOp, *, replay: bool) -> None:
+        t, s = op.table, self._s
+        if t.dropped:
+            return
+        items = op.items
+        if len({it.key for it in items}) != len(items):
+            items = list({it.key: it for it in items}.values())
+        mode, ts = s.mode, op.inserted_at
+        new_slots: list[int] = []
+        fields: list[dict[str, Any]] | None = [] if t.index_fields else None
+        disk_puts: list[tuple[bytes, bytes]] = []
+        pending = t.pending
+        for it in items:
+            key = it.key
+            slot = t.index.get(key)
+            if slot is None:
+                slot = t.alloc_slot(key)
+            else:
+                self._unselect(t, slot)
+                if t.values[slot] is not None:
+                    s.ledger.discard(t, slot)
+                    t.bytes_in_cache -= int(t.size[slot])
+            size = len(it.value) + len(key)
+            t.priority[slot] = it.priority
+            t.inserted_at[slot] = ts
+            t.times_sampled[slot] = 0
+            t.size[slot] = size
+            t.version[slot] += 1
+            t.retired[slot] = 0
+            t.meta_dirty[slot] = 1
+            t.referenced[slot] = 0
+            if mode == "disk":
+                t.values[slot] = None
+                disk_puts.append((value_key(t, key), it.value))
+                disk_puts.append((meta_key(t, key), meta_bytes(t, slot)))
+                t.bytes_on_disk += size - int(t.disk_size[slot])
+                t.disk_size[slot] = size
+                t.on_disk[slot] = 1
+                t.dirty[slot] = t.meta_dirty[slot] = 0
+            else:
+                t.values[slot] = it.value
+                t.dirty[slot] = 1
+                s.ledger.add(t, slot, cache_charge(size))
+                t.bytes_in_cache += size
+            new_slots.append(slot)
+            if fields is not None:
+                found = index_fields_of(it.value, t.index_fields)
+                t.fields[slot] = found
+                fields.append(found)
+            entry = pending.get(key)
+            if entry is not None and entry[0] == op.seq:
+                del pending[key]
+        if new_slots:
+            slots = np.asarray(new_slots, dtype=np.int64)
+            prios = t.priority[slots]
+            times = np.full(len(slots), ts)
+            t.sampler.insert(slots, prios, times, fields)
+            if t.remover is not None:
+                t.remover.insert(slots, prios, times, fields)
+        if disk_puts:
+            assert s.store is not None
+            await s.io.run(s.store.write, disk_puts, self._take_disk_deletes())
+        t.counters.inserts += len(items)
+        if not replay:
+            await self._trim(t)
+        t.applied(op.seq, op.weight)
+        if s.ledger.over and mode == "hybrid":
+            if replay:
+                await self._evict()
+            elif not self._evict_queued:
+                self._evict_queued = True
+                self.submit(EvictOp(0, weight=0), p1=True)
+
+    def _unselect(self, t: Table, slot: int) -> None:
+        if not t.retired[slot]:
+            one = np.asarray([slot], dtype=np.int64)
+            t.sampler.remove(one)
+            if t.remover is not None:
+                t.remover.remove(one)
+            t.retired[slot] = 1
+
+    async def _trim(self, t: Table) -> None:
+        """Delete items chosen by the remover until the table fits ``max_size``."""
+        max_size = t.config.max_size
+        if max_size is None or t.remover is None or len(t.index) <= max_size:
+            return
+        victims: list[str] = []
+        rng = np.random.default_rng()
+        while len(t.index) - len(victims) > max_size and len(t.remover) > 0:
+            slot = int(t.remover.sample(1, rng)[0][0])
+            key = t.keys[slot]
+            assert key is not None
+            self._unselect(t, slot)
+            victims.append(key)
+        await self._delete(t, victims, 0)
+
+    async def trim_all(self) -> None:
+        """Bring every table within its ``max_size`` (after replaying the log)."""
+        for t in list(self._s.tables.values()):
+            await self._trim(t)
+
+    async def _delete(self, t: Table, keys: Any, seq: int) -> None:
+        s = self._s
+        if t.dropped:
+            return
+        pending = t.pending
+        for key in keys:
+            if seq:
+                entry = pending.get(key)
+                if entry is not None and entry[0] == seq:
+                    del pending[key]
+            slot = t.index.get(key)
+            if slot is None:
+                continue
+            self._unselect(t, slot)
+            if t.values[slot] is not None:
+                s.ledger.discard(t, slot)
+                t.bytes_in_cache -= int(t.size[slot])
+            if t.on_disk[slot]:
+                self._disk_deletes.append(value_key(t, key))
+                self._disk_deletes.append(meta_key(t, key))
+                t.bytes_on_disk -= int(t.disk_size[slot])
+            t.free_slot(slot)
+            t.counters.deletes += 1
+        if len(self._disk_deletes) > 20_000 and s.store is not None:
+            await s.io.run(s.store.write, (), self._take_disk_deletes())
+
+    def _take_disk_deletes(self) -> list[bytes]:
+        out, self._disk_deletes = self._disk_deletes, []
+        return out
+
+    def _priorities(self, op: PriorityOp) -> None:
+        t = op.table
+        if t.dropped:
+            return
+        slots, prios = [], []
+        for key, prio in zip(op.keys, op.priorities, strict=True):
+            slot = t.index.get(key)
+            if slot is None:
+                continue
+            t.priority[slot] = prio
+            t.meta_dirty[slot] = 1
+            if not t.retired[slot]:
+                slots.append(slot)
+                prios.append(prio)
+        if slots:
+            sa, pa = np.asarray(slots, dtype=np.int64), np.asarray(prios, dtype=np.float64)
+            t.sampler.update(sa, pa)
+            if t.remover is not None:
+                t.remover.update(sa, pa)
+        t.applied(op.seq, op.weight)
+
+    def _populate(self, op: PopulateOp) -> None:
+        t, slot = op.table, op.slot
+        if t.dropped or slot >= len(t.keys) or t.keys[slot] is None:
+            return
+        if int(t.version[slot]) != op.version or t.values[slot] is not None:
+            return
+        t.values[slot] = op.value
+        t.dirty[slot] = 0
+        size = int(t.size[slot])
+        self._s.ledger.add(t, slot, cache_charge(size))
+        t.bytes_in_cache += size
+        t.counters.populates += 1
+        if self._s.ledger.over and not self._evict_queued:
+            self._evict_queued = True
+            self.submit(EvictOp(0, weight=0), p1=True)
+
+    async def _evict(self) -> None:
+        """Move cold values to RocksDB until the cache is under its low watermark."""
+        s = self._s
+        if s.store is None or not s.ledger.over:
+            return
+        victims = s.ledger.victims(int(s.ledger.limit_bytes * EVICT_LOW_WATERMARK))
+        puts: list[tuple[bytes, bytes]] = []
+        for t, slot in victims:
+            key, value = t.keys[slot], t.values[slot]
+            if t.dropped or key is None or value is None:
+                continue
+            if t.dirty[slot]:
+                puts.append((value_key(t, key), value))
+            if t.meta_dirty[slot] or t.dirty[slot]:
+                puts.append((meta_key(t, key), meta_bytes(t, slot)))
+        await s.io.run(s.store.write, puts, self._take_disk_deletes())
+        for t, slot in victims:  # only now: readers find the value in RocksDB from here on
+            if t.dropped or t.keys[slot] is None or t.values[slot] is None:
+                continue
+            size = int(t.size[slot])
+            if t.dirty[slot] or not t.on_disk[slot]:
+                t.bytes_on_disk += size - int(t.disk_size[slot])
+                t.disk_size[slot] = size
+            t.on_disk[slot] = 1
+            t.values[slot] = None
+            t.dirty[slot] = t.meta_dirty[slot] = 0
+            t.bytes_in_cache -= size
+            t.counters.evictions_to_disk += 1
+
+    async def _create(self, op: CreateTableOp) -> None:
+        s = self._s
+        existing = s.tables.get(op.name)
+        if existing is not None:
+            if existing.config != op.config:
+                raise_into(op, TableExists(f"table {op.name!r} exists with another config"))
+            return
+        table = Table(op.name, s.next_tid, op.config)
+        s.next_tid += 1
+        if s.store is not None:
+            await s.io.run(
+                s.store.write,
+                [
+                    (b"t" + op.name.encode(), table_record(table)),
+                    (NEXT_TID_KEY, s.next_tid.to_bytes(8, "big")),
+                ],
+            )
+        s.tables[op.name] = table
+
+    async def _drop(self, table: Table) -> None:
+        s = self._s
+        if table.dropped:
+            return
+        table.dropped = True
+        s.tables.pop(table.name, None)
+        s.ledger.drop_table(table)
+        table.fail_waiters(Unavailable(f"table {table.name!r} was deleted"))
+        if s.store is not None:
+            ranges = [
+                (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1)) for tag in (b"v", b"m")
+            ]
+            await s.io.run(s.store.write, (), [b"t" + table.name.encode()], ranges)
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    async def checkpoint(self) -> None:
+        """Make everything applied durable without the log, then drop the covered log."""
+        s = self._s
+        wal = s.wal
+        if wal is None and s.mode == "memory":
+            return
+        if wal is not None:
+            await wal.rotate()
+        oldest = self.oldest_queued_seq()
+        covered = (oldest - 1) if oldest is not None else s.seq
+        if s.mode == "memory":
+            await self._write_memory_checkpoint(covered)
+        else:
+            await self._flush_dirty(covered)
+        if wal is not None:
+            await wal.truncate(covered)
+
+    async def _flush_dirty(self, covered: int) -> None:
+        s = self._s
+        assert s.store is not None
+        puts: list[tuple[bytes, bytes]] = []
+        flushed: list[tuple[Table, int]] = []
+        for t in s.tables.values():
+            for slot, key in enumerate(t.keys):
+                if key is None or not (t.dirty[slot] or t.meta_dirty[slot]):
+                    continue
+                if t.dirty[slot]:
+                    value = t.values[slot]
+                    assert value is not None
+                    puts.append((value_key(t, key), value))
+                puts.append((meta_key(t, key), meta_bytes(t, slot)))
+                flushed.append((t, slot))
+        puts.append((LSN_KEY, covered.to_bytes(8, "big")))
+        await s.io.run(s.store.write, puts, self._take_disk_deletes())
+        await s.io.run(s.store.flush)
+        for t, slot in flushed:
+            if t.dirty[slot]:
+                size = int(t.size[slot])
+                t.bytes_on_disk += size - int(t.disk_size[slot])
+                t.disk_size[slot] = size
+                t.on_disk[slot] = 1
+            t.dirty[slot] = t.meta_dirty[slot] = 0
+
+    async def _write_memory_checkpoint(self, covered: int) -> None:
+        s = self._s
+        tables = [
+            {"name": t.name, "id": t.tid, "config": t.config.to_wire()} for t in s.tables.values()
+        ]
+        rows = [
+            (t.tid, key, t.values[slot], float(t.priority[slot]), float(t.inserted_at[slot]),
+             int(t.times_sampled[slot]))
+            for t in s.tables.values()
+            for slot, key in enumerate(t.keys)
+            if key is not None
+        ]
+        header = {"lsn": covered, "next_tid": s.next_tid, "tables": tables, "items": len(rows)}
+        await s.io.run(_write_checkpoint_file, s.settings.data_dir / MEMORY_CHECKPOINT, header, rows)
+
+
+def raise_into(op: Op, exc: BaseException) -> None:
+    """Fail ``op``'s waiter with ``exc`` (the writer itself goes on)."""
+    if op.future is not None and not op.future.done():
+        op.future.set_exception(exc)
+
+
+def index_fields_of(value: bytes, names: frozenset[str]) -> dict[str, Any]:
+    """The top-level fields ``names`` of a msgpack map value (others and non-maps: absent)."""
+    try:
+        decoded = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData):
+        return {}
+    if not isinstance(decoded, dict):
+        return {}
+    return {name: decoded[name] for name in names if name in decoded}
+
+
+def _write_checkpoint_file(path: Path, header: dict[str, Any], rows: list[tuple[Any, ...]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    packer = msgpack.Packer(use_bin_type=True)
+    with open(tmp, "wb") as f:
+        f.write(packer.pack(header))
+        for row in rows:
+            f.write(packer.pack(row))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_checkpoint_file(path: Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The header and rows of a memory-mode checkpoint (blocking)."""
+    with open(path, "rb") as f:
+        unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=2**31 - 1)
+        header = next(unpacker)
+        rows = [tuple(row) for row in unpacker]
+    return header, rows
+
