@@ -42,12 +42,12 @@ from app.engine.state import (
 )
 from app.engine.table import Table
 from app.storage.rocks import LSN_KEY, NEXT_TID_KEY, table_prefix
-from clients.errors import TableExists, Unavailable
+from clients.errors import TableExists, TableNotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
 EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
-EVICT_HARD_FACTOR = 1.25  # past this the writer evicts before anything else
+EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
 YIELD_EVERY = 64  # ops applied between yields to the event loop
 MEMORY_CHECKPOINT = "memory.ckpt"
 
@@ -419,7 +419,8 @@ class TaskProcessor:
         table.dropped = True
         s.tables.pop(table.name, None)
         s.ledger.drop_table(table)
-        table.fail_waiters(Unavailable(f"table {table.name!r} was deleted"))
+        table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
+        table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
         if s.store is not None:
             ranges = [
                 (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1)) for tag in (b"v", b"m")

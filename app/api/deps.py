@@ -62,6 +62,8 @@ TableName = Annotated[
 ItemKey = Annotated[
     str,
     Path(
+        min_length=1,
+        max_length=512,
         description="The item's key (1 to 512 bytes of UTF-8), percent-encoded; `/` is allowed.",
         examples=["episode-17/step-3"],
     ),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import AppMetrics, EngineDep
-from app.api.encoding import JSON, dump_json
+from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep
+from app.api.encoding import encode
 from app.api.openapi import answers
 from app.api.schemas import Health
 from app.errors import Unavailable
@@ -15,14 +15,12 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["operations"])
 
-_OK = dump_json({"status": "ok"})
-_READY = dump_json({"status": "ready"})
 
 
 @router.get("/healthz", response_model=None, responses=answers({200: (Health, "Alive.")}))
-async def healthz() -> Response:
+async def healthz(msgpack_out: AcceptsMsgpack) -> Response:
     """Liveness: the process answers."""
-    return Response(_OK, media_type=JSON)
+    return encode({"status": "ok"}, msgpack_body=msgpack_out)
 
 
 @router.get(
@@ -30,11 +28,11 @@ async def healthz() -> Response:
     response_model=None,
     responses=answers({200: (Health, "Ready.")}, Unavailable),
 )
-async def readyz(engine: EngineDep) -> Response:
+async def readyz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     """Readiness: recovery and restore finished and the writer runs (503 until then)."""
     if not engine.ready:
         raise Unavailable("not ready: recovery or restore in progress, or the writer stopped")
-    return Response(_READY, media_type=JSON)
+    return encode({"status": "ready"}, msgpack_body=msgpack_out)
 
 
 @router.get(

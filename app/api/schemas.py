@@ -6,7 +6,7 @@ these models describe the same shapes, with examples, for ``/openapi.json`` and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,11 @@ _KEY = {
     "description": "1 to 512 bytes of UTF-8.",
     "examples": ["episode-17/step-3"],
 }
+#: An item key: 1 to 512 bytes of UTF-8 (the schema can only bound characters).
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_BYTES)]
+#: A priority: a finite number >= 0.
+Priority = Annotated[float, Field(ge=0)]
+
 _VALUE_DOC = (
     "Any msgpack value. In msgpack bodies arrays are extension type 1 "
     "(`[dtype, shape, data]`); in JSON, bytes are `{\"$bytes\": base64}` and arrays "
@@ -120,13 +125,13 @@ class ItemList(BaseModel):
 class KeysRequest(_Strict):
     """Keys to read."""
 
-    keys: list[str] = Field(examples=[["r1", "r2"]])
+    keys: list[Key] = Field(examples=[["r1", "r2"]])
 
 
 class DeleteRequest(_Strict):
     """Keys to delete; missing keys are no error."""
 
-    keys: list[str] = Field(examples=[["r1", "r2"]])
+    keys: list[Key] = Field(examples=[["r1", "r2"]])
     wait: bool = Field(False, description="Answer 200 once applied instead of 202 on accept.")
 
 
@@ -163,7 +168,7 @@ class SampleResponse(BaseModel):
 class PrioritiesRequest(_Strict):
     """New priorities by key."""
 
-    priorities: dict[str, float] = Field(examples=[{"r1": 0.5, "r2": 3.0}])
+    priorities: dict[Key, Priority] = Field(examples=[{"r1": 0.5, "r2": 3.0}])
 
 
 class PrioritiesUpdated(BaseModel):

@@ -36,6 +36,7 @@ from app.engine.state import EngineState, cache_charge, value_key
 from app.engine.table import Table
 from app.engine.wal import WriteAheadLog
 from app.settings import Settings
+from app.storage.allocator import tune_allocator
 from app.storage.blocking import BlockingIO
 from app.storage.cache import CacheLedger
 from app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
@@ -89,6 +90,7 @@ class Engine:
         """Recover tables from the data directory, replay the log, start the writer."""
         st = self.settings
         st.data_dir.mkdir(parents=True, exist_ok=True)
+        tune_allocator()
         io = BlockingIO(threads=st.io_threads)
         state = EngineState(settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes))
         self._state = state
@@ -385,6 +387,8 @@ class Engine:
         t.pending.update({k: (seq, None, 0.0) for k in keys})
         t.accept(seq, len(keys))
         writer.submit(DeleteOp(seq, future=fut, weight=len(keys), table=t, keys=keys))
+        if t.gate.limited:
+            t.gate.notify()  # the visible size changed: limiter waiters look again
         return seq, fut
 
     async def update_priorities(self, table: str, priorities: Mapping[str, float]) -> tuple[int, int]:

@@ -43,7 +43,7 @@ class RocksStore:
     All methods block; the engine calls them through :class:`~app.storage.blocking.BlockingIO`.
     """
 
-    def __init__(self, path: Path, *, write_buffer_mb: int = 16, block_cache_mb: int = 8) -> None:
+    def __init__(self, path: Path, *, write_buffer_mb: int = 8, block_cache_mb: int = 8) -> None:
         path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)

@@ -1,0 +1,62 @@
+"""Child process for the SIGKILL test: pushes and deletes forever, printing what was answered.
+
+Lines on stdout: ``sent put K`` / ``ack put K`` / ``sent del K`` / ``ack del K``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import msgpack
+
+from app.engine.config import TableConfig
+from app.engine.engine import Engine
+from app.engine.items import NewItem
+from app.settings import Settings
+
+
+def value_of(key: str) -> bytes:
+    return msgpack.packb({"key": key, "pad": key.encode() * 50})
+
+
+async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
+    i = 0
+    while True:
+        i += 1
+        keys = [f"w{wid}-{i}-{j}" for j in range(4)]
+        for k in keys:
+            print("sent put", k)
+        await eng.push("t", [NewItem(k, value_of(k), 1.0) for k in keys])
+        for k in keys:
+            print("ack put", k)
+        acked.extend(keys)
+        if i % 3 == 0 and acked:
+            doomed = acked[-7::3]
+            for k in doomed:
+                print("sent del", k)
+            await eng.delete("t", doomed)
+            for k in doomed:
+                print("ack del", k)
+        sys.stdout.flush()
+
+
+async def main(data_dir: str, mode: str) -> None:
+    eng = Engine(Settings(data_dir=Path(data_dir), storage_mode=mode,  # type: ignore[arg-type]
+                          cache_memory_limit_mb=0.2, wal_checkpoint_mb=0.3, io_threads=2))
+    await eng.start()
+    await eng.create_table("t", TableConfig())
+    print("ready", flush=True)
+    acked: list[str] = []
+
+    async def checkpoints() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            await eng.maybe_checkpoint()
+
+    await asyncio.gather(checkpoints(), *(worker(eng, w, acked) for w in range(4)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
