@@ -59,6 +59,7 @@ class TaskProcessor:
         self._s = state
         self._p0_probability = p0_probability
         self._rng = random.Random(seed)
+        self._np_rng = np.random.default_rng(seed)
         self.p0: deque[Op] = deque()
         self.p1: deque[Op] = deque()
         self._wake = asyncio.Event()
@@ -282,13 +283,16 @@ class TaskProcessor:
         max_size = t.config.max_size
         if max_size is None or t.remover is None or len(t.index) <= max_size:
             return
+        excess = min(len(t.index) - max_size, len(t.remover))
+        slots = t.remover.evict(excess, self._np_rng)
+        live = np.asarray([s for s in slots.tolist() if not t.retired[s]], dtype=np.int64)
+        if len(live):
+            t.sampler.remove(live)
         victims: list[str] = []
-        rng = np.random.default_rng()
-        while len(t.index) - len(victims) > max_size and len(t.remover) > 0:
-            slot = int(t.remover.sample(1, rng)[0][0])
+        for slot in slots.tolist():
+            t.retired[slot] = 1
             key = t.keys[slot]
             assert key is not None
-            self._unselect(t, slot)
             victims.append(key)
         await self._delete(t, victims, 0)
 

@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 DEFAULT_TIMEOUT_S = 10.0
+# A value read from RocksDB is populated back into the cache only if it takes at most
+# 1/POPULATE_FRACTION of the cache: bigger ones would only push out a crowd of others.
+POPULATE_FRACTION = 8
 
 
 class Engine:
@@ -347,8 +350,12 @@ class Engine:
                 )
         if t.gate.limited:
             await t.gate.acquire_insert(n, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
-            self._reserve(n, nbytes)
-            t = self._table(table)
+            try:
+                self._reserve(n, nbytes)
+                self._table(table)
+            except BaseException:
+                t.gate.refund_insert(n)
+                raise
         now = time.time()
         keys = [it.key for it in items]
         record = (
@@ -438,8 +445,26 @@ class Engine:
     async def get_many(self, table: str, keys: Sequence[str]) -> list[Item | None]:
         """Items in the order asked, None where missing."""
         t = self._table(table)
+        index, values = t.index, t.values
+        if not t.pending:  # the common case: one vectorised pass over cached items
+            slots = [index.get(k) for k in keys]
+            if None not in slots:
+                vals = [values[s] for s in slots]  # type: ignore[index]
+                if None not in vals:
+                    sl = np.fromiter(slots, dtype=np.int64, count=len(slots))
+                    t.referenced[sl] = 1
+                    return list(
+                        map(
+                            Item,
+                            keys,
+                            vals,
+                            t.priority[sl].tolist(),
+                            t.inserted_at[sl].tolist(),
+                            t.times_sampled[sl].tolist(),
+                        )
+                    )
         out: list[Item | None] = [None] * len(keys)
-        pending, index, values = t.pending, t.index, t.values
+        pending = t.pending
         misses: list[tuple[int, int, str]] = []
         for i, key in enumerate(keys):
             if pending:
@@ -482,8 +507,14 @@ class Engine:
                     value = t.values[slot]
                 else:
                     continue
-            elif writer is not None and writer.running and s.ledger.limit_bytes > 0:
-                writer.submit(PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value), p1=True)
+            elif (
+                writer is not None
+                and writer.running
+                and cache_charge(len(value)) * POPULATE_FRACTION <= s.ledger.limit_bytes
+            ):
+                writer.submit(
+                    PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value), p1=True
+                )
             if sampled is None:
                 out[i] = Item(key, value, meta[0], meta[1], meta[2])
             else:
@@ -521,31 +552,33 @@ class Engine:
         weights = t.sampler.weights(probs, size)
         t.counters.samples += len(slots)
         slot_list = slots.tolist()
-        keys = [t.keys[sl] for sl in slot_list]
+        tkeys, tvalues = t.keys, t.values
+        keys = [tkeys[sl] for sl in slot_list]
         prios = t.priority[slots].tolist()
         times = t.times_sampled[slots].tolist()
         probs_l, weights_l = probs.tolist(), weights.tolist()
-        out: list[Any] = [None] * len(slot_list)
-        misses: list[tuple[int, int, str]] = []
-        for i, slot in enumerate(slot_list):
-            value = t.values[slot] if include_values else None
-            if include_values and value is None:
-                misses.append((i, slot, keys[i]))  # type: ignore[arg-type]
-                continue
-            if value is not None:
-                t.referenced[slot] = 1
-            out[i] = SampledItem(keys[i], value, prios[i], probs_l[i], weights_l[i], times[i])  # type: ignore[arg-type]
-        if misses:
+        if include_values:
+            vals = [tvalues[sl] for sl in slot_list]
+            t.referenced[slots] = 1
+        else:
+            vals = [None] * len(slot_list)
+        out: list[Any] = list(map(SampledItem, keys, vals, prios, probs_l, weights_l, times))
+        if include_values and None in vals:
+            misses = [(i, sl, keys[i]) for i, sl in enumerate(slot_list) if vals[i] is None]
+            for i, _, _ in misses:
+                out[i] = None
             await self._read_misses(
                 t,
-                misses,
+                misses,  # type: ignore[arg-type]
                 out,
                 sampled=lambda i, v: SampledItem(keys[i], v, prios[i], probs_l[i], weights_l[i], times[i]),  # type: ignore[arg-type]
             )
         if exhausted and not t.dropped:
             writer = self._writer()
             self._enqueue_delete(writer, t, exhausted, wait=False)
-        return [x for x in out if x is not None]
+        if include_values and None in out:
+            out = [x for x in out if x is not None]  # deleted while read from RocksDB
+        return out
 
     def _draw(self, t: Table, n: int) -> tuple[Any, Any, list[str]]:
         """Draw ``n`` picks; with ``max_times_sampled``, picks that use an item up retire it.

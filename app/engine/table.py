@@ -62,7 +62,7 @@ class Table:
         self.times_sampled = np.zeros(cap, dtype=np.int64)
         self.size = np.zeros(cap, dtype=np.int64)
         self.version = np.zeros(cap, dtype=np.int64)
-        self.referenced = bytearray()
+        self.referenced = np.zeros(cap, dtype=np.uint8)  # CLOCK bit, set by cache hits
         self.dirty = bytearray()  # value changed since last written to RocksDB
         self.meta_dirty = bytearray()  # metadata changed since last written
         self.on_disk = bytearray()  # a copy of the value is in RocksDB
@@ -92,7 +92,6 @@ class Table:
             self.values.append(None)
             if slot >= len(self.priority):
                 self._grow(max(1024, 2 * len(self.priority)))
-            self.referenced.append(0)
             self.dirty.append(0)
             self.meta_dirty.append(0)
             self.on_disk.append(0)
@@ -101,7 +100,7 @@ class Table:
         return slot
 
     def _grow(self, cap: int) -> None:
-        for name in ("priority", "inserted_at", "times_sampled", "size", "version", "disk_size"):
+        for name in ("priority", "inserted_at", "times_sampled", "size", "version", "disk_size", "referenced"):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: len(old)] = old
@@ -217,7 +216,7 @@ class Table:
             a.nbytes
             for a in (self.priority, self.inserted_at, self.times_sampled, self.size, self.version)
         )
-        lists = 8 * (len(self.keys) + len(self.values)) + 4 * len(self.referenced)
+        lists = 8 * (len(self.keys) + len(self.values)) + 5 * len(self.dirty)
         dict_bytes = 100 * len(self.index)  # dict entry + key string, measured in bench
         sel = self.sampler.index_bytes() + (self.remover.index_bytes() if self.remover else 0)
         return cols + lists + dict_bytes + sel

@@ -41,8 +41,9 @@ class _HeapSelector(Selector):
         fields: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """Adds ``slots`` with their priorities; earlier in the batch wins ties."""
-        self._tree.put(slots, self._sign * np.asarray(priorities, dtype=np.float64),
-                       self._tickets(len(slots)))
+        self._tree.put(
+            slots, self._sign * np.asarray(priorities, dtype=np.float64), self._tickets(len(slots))
+        )
 
     def remove(self, slots: Slots) -> None:
         """Drops ``slots``."""
@@ -50,8 +51,9 @@ class _HeapSelector(Selector):
 
     def update(self, slots: Slots, priorities: Floats) -> None:
         """New priorities; an updated item goes behind others of equal priority."""
-        self._tree.put(slots, self._sign * np.asarray(priorities, dtype=np.float64),
-                       self._tickets(len(slots)))
+        self._tree.put(
+            slots, self._sign * np.asarray(priorities, dtype=np.float64), self._tickets(len(slots))
+        )
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[Slots, Floats]:
         """The best slot, ``n`` times, with probability 1."""

@@ -257,9 +257,7 @@ class RateGate:
     See the module docstring for how a table drives it.
     """
 
-    def __init__(
-        self, limiter: RateLimiter, *, size_fn: Callable[[], int] | None = None
-    ) -> None:
+    def __init__(self, limiter: RateLimiter, *, size_fn: Callable[[], int] | None = None) -> None:
         """Creates a gate with nobody waiting.
 
         Args:
@@ -314,8 +312,7 @@ class RateGate:
                     await self._wait()
         except TimeoutError:
             raise DeadlineExceeded(
-                f"rate limiter ({limiter.kind}) did not allow {n} inserts "
-                f"within {timeout_s:g} s"
+                f"rate limiter ({limiter.kind}) did not allow {n} inserts within {timeout_s:g} s"
             ) from None
         limiter.record_inserts(n)
         self.notify()

@@ -22,9 +22,7 @@ from app.selection.base import Floats, Selector, Slots
 __all__ = ["HighestScoreSampler"]
 
 # Approximate bytes of one heap entry: the tuple, its float, two ints, and the list slot.
-_ENTRY_BYTES = (
-    sys.getsizeof((0.0, 0, 0)) + sys.getsizeof(0.0) + 2 * sys.getsizeof(2**40) + 8
-)
+_ENTRY_BYTES = sys.getsizeof((0.0, 0, 0)) + sys.getsizeof(0.0) + 2 * sys.getsizeof(2**40) + 8
 
 
 def score_of(fields: Mapping[str, Any] | None) -> float:

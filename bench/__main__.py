@@ -1,0 +1,32 @@
+"""``python -m bench [section ...] [--quick]``: run the benchmark sections and print their tables.
+
+Sections: engine (storage and writer), selection (samplers vs TorchRL), http (the
+service vs the framework's ceiling). With no section named, all run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+
+SECTIONS = ("engine", "selection", "http")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="sections to run")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+    args = parser.parse_args(argv)
+    print(f"# rlreplay benchmarks — {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}")
+    for name in args.sections or SECTIONS:
+        module = importlib.import_module(f"bench.{name}")
+        module.main(["--quick"] if args.quick else [])
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
