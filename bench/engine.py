@@ -71,7 +71,9 @@ def rocksdict_baseline(
         t0 = time.perf_counter()
         for start in range(0, len(keys), BATCH):
             wb = WriteBatch(raw_mode=True)
-            for k, v in zip(bkeys[start : start + BATCH], values[start : start + BATCH], strict=True):
+            for k, v in zip(
+                bkeys[start : start + BATCH], values[start : start + BATCH], strict=True
+            ):
                 wb.put(k, v)
             db.write(wb, wo)
         puts.append(len(keys) / (time.perf_counter() - t0))
@@ -87,19 +89,35 @@ def rocksdict_baseline(
     return _rate(puts), _rate(gets)
 
 
+async def _pusher(eng: Engine, items: list[NewItem], first: int, lane: int) -> None:
+    for start in range(first + lane * BATCH, len(items), PUSHERS * BATCH):
+        await eng.push("t", items[start : start + BATCH], wait=True)
+
+
 async def engine_rates(
     mode: str, keys: list[str], values: list[bytes], repeats: int, *, durability: str
 ) -> dict[str, float]:
     """Committed push, cache-hit get, RocksDB-hit get and sample rates for one mode."""
     total = sum(len(v) for v in values)
     out: dict[str, list[float]] = {
-        "push": [], "push4": [], "get_cache": [], "get_disk": [], "sample": []
+        "push": [],
+        "push4": [],
+        "get_cache": [],
+        "get_disk": [],
+        "sample": [],
     }
     for _ in range(repeats):
         data = Path(tempfile.mkdtemp(prefix="bench-engine-"))
         limit_mb = (total * 2 if mode != "disk" else 64 * 2**20) / 2**20
-        eng = Engine(Settings(data_dir=data, storage_mode=mode, durability=durability,  # type: ignore[arg-type]
-                              cache_memory_limit_mb=limit_mb, wal_checkpoint_mb=4096))
+        eng = Engine(
+            Settings(
+                data_dir=data,
+                storage_mode=mode,
+                durability=durability,  # type: ignore[arg-type]
+                cache_memory_limit_mb=limit_mb,
+                wal_checkpoint_mb=4096,
+            )
+        )
         await eng.start()
         await eng.create_table("t", TableConfig())
         items = [NewItem(k, v, 1.0) for k, v in zip(keys, values, strict=True)]
@@ -109,12 +127,8 @@ async def engine_rates(
             await eng.push("t", items[start : min(half, start + BATCH)], wait=True)
         out["push"].append(half / (time.perf_counter() - t0))
 
-        async def pusher(lane: int) -> None:
-            for start in range(half + lane * BATCH, len(items), PUSHERS * BATCH):
-                await eng.push("t", items[start : start + BATCH], wait=True)
-
         t0 = time.perf_counter()
-        await asyncio.gather(*(pusher(lane) for lane in range(PUSHERS)))
+        await asyncio.gather(*(_pusher(eng, items, half, lane) for lane in range(PUSHERS)))
         out["push4"].append((len(items) - half) / (time.perf_counter() - t0))
         if mode != "disk":  # everything is cached: cache-hit gets
             t0 = time.perf_counter()
@@ -128,8 +142,14 @@ async def engine_rates(
         out["sample"].append(n_sampled / (time.perf_counter() - t0))
         await eng.stop()
         if mode != "memory":  # reopen with a tiny cache: every get is a RocksDB hit
-            eng = Engine(Settings(data_dir=data, storage_mode=mode, durability=durability,  # type: ignore[arg-type]
-                                  cache_memory_limit_mb=0.001))
+            eng = Engine(
+                Settings(
+                    data_dir=data,
+                    storage_mode=mode,
+                    durability=durability,  # type: ignore[arg-type]
+                    cache_memory_limit_mb=0.001,
+                )
+            )
             await eng.start()
             order = np.random.default_rng(1).permutation(len(keys))
             shuffled = [keys[i] for i in order]
@@ -149,7 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     repeats = 3 if args.quick else 5
     rows: list[list[Any]] = []
     ratios: list[list[Any]] = []
-    for size, n in ((1024, 50_000 if args.quick else 100_000), (40 * 1024, 3_000 if args.quick else 6_000)):
+    for size, n in (
+        (1024, 50_000 if args.quick else 100_000),
+        (40 * 1024, 3_000 if args.quick else 6_000),
+    ):
         keys = [f"key-{i:08d}" for i in range(n)]
         values = _values(n, size)
         label = f"{size // 1024} KiB"
@@ -162,21 +185,69 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([label, "rocksdict batch, no sync", rput_nowal, nan, nan, nan, nan])
         for mode in ("memory", "disk", "hybrid"):
             r = asyncio.run(engine_rates(mode, keys, values, repeats, durability="wal"))
-            rows.append([label, f"rlreplay {mode} (wal)", r["push"], r["push4"], r["get_cache"],
-                         r["get_disk"], r["sample"]])
+            rows.append(
+                [
+                    label,
+                    f"rlreplay {mode} (wal)",
+                    r["push"],
+                    r["push4"],
+                    r["get_cache"],
+                    r["get_disk"],
+                    r["sample"],
+                ]
+            )
             if mode == "hybrid":
-                ratios.append([label, "committed hybrid push / rocksdict sync batch", r["push"] / rput_sync, 0.5])
-                ratios.append([label, f"same, {PUSHERS} pushers (group commit)", r["push4"] / rput_sync, 0.5])
+                ratios.append(
+                    [
+                        label,
+                        "committed hybrid push / rocksdict sync batch",
+                        r["push"] / rput_sync,
+                        0.5,
+                    ]
+                )
+                ratios.append(
+                    [label, f"same, {PUSHERS} pushers (group commit)", r["push4"] / rput_sync, 0.5]
+                )
                 ratios.append([label, "cache-hit get / dict get", r["get_cache"] / dget, 0.3])
-                ratios.append([label, "RocksDB-hit get / rocksdict multi-get", r["get_disk"] / rget, float("nan")])
+                ratios.append(
+                    [
+                        label,
+                        "RocksDB-hit get / rocksdict multi-get",
+                        r["get_disk"] / rget,
+                        float("nan"),
+                    ]
+                )
         r = asyncio.run(engine_rates("hybrid", keys, values, repeats, durability="none"))
-        rows.append([label, "rlreplay hybrid (none)", r["push"], r["push4"], r["get_cache"],
-                     r["get_disk"], r["sample"]])
-        ratios.append([label, "hybrid push (none) / rocksdict no-sync batch", r["push"] / rput_nowal, float("nan")])
+        rows.append(
+            [
+                label,
+                "rlreplay hybrid (none)",
+                r["push"],
+                r["push4"],
+                r["get_cache"],
+                r["get_disk"],
+                r["sample"],
+            ]
+        )
+        ratios.append(
+            [
+                label,
+                "hybrid push (none) / rocksdict no-sync batch",
+                r["push"] / rput_nowal,
+                float("nan"),
+            ]
+        )
     print_table(
         f"Engine, in process, items/s (median of {repeats}; batches of {BATCH}; push = committed)",
-        ["value", "system", "push", f"push x{PUSHERS}", "get (cache hit)", "get (RocksDB hit)",
-         "sample"],
+        [
+            "value",
+            "system",
+            "push",
+            f"push x{PUSHERS}",
+            "get (cache hit)",
+            "get (RocksDB hit)",
+            "sample",
+        ],
         rows,
     )
     print_table("Engine targets", ["value", "ratio", "measured", "target"], ratios)

@@ -55,7 +55,9 @@ MEMORY_CHECKPOINT = "memory.ckpt"
 class TaskProcessor:
     """Owns the writer task and applies ops in order."""
 
-    def __init__(self, state: EngineState, *, p0_probability: float, seed: int | None = None) -> None:
+    def __init__(
+        self, state: EngineState, *, p0_probability: float, seed: int | None = None
+    ) -> None:
         self._s = state
         self._p0_probability = p0_probability
         self._rng = random.Random(seed)
@@ -148,7 +150,11 @@ class TaskProcessor:
                 await self._wake.wait()
                 since_yield = 0
             s = self._s
-            if s.ledger.over and s.mode == "hybrid" and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR:
+            if (
+                s.ledger.over
+                and s.mode == "hybrid"
+                and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR
+            ):
                 await self._evict()
             if self.p0 and (not self.p1 or self._rng.random() < self._p0_probability):
                 op = self.p0.popleft()
@@ -427,7 +433,8 @@ class TaskProcessor:
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
         if s.store is not None:
             ranges = [
-                (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1)) for tag in (b"v", b"m")
+                (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1))
+                for tag in (b"v", b"m")
             ]
             await s.io.run(s.store.write, (), [b"t" + table.name.encode()], ranges)
 
@@ -482,14 +489,22 @@ class TaskProcessor:
             {"name": t.name, "id": t.tid, "config": t.config.to_wire()} for t in s.tables.values()
         ]
         rows = [
-            (t.tid, key, t.values[slot], float(t.priority[slot]), float(t.inserted_at[slot]),
-             int(t.times_sampled[slot]))
+            (
+                t.tid,
+                key,
+                t.values[slot],
+                float(t.priority[slot]),
+                float(t.inserted_at[slot]),
+                int(t.times_sampled[slot]),
+            )
             for t in s.tables.values()
             for slot, key in enumerate(t.keys)
             if key is not None
         ]
         header = {"lsn": covered, "next_tid": s.next_tid, "tables": tables, "items": len(rows)}
-        await s.io.run(_write_checkpoint_file, s.settings.data_dir / MEMORY_CHECKPOINT, header, rows)
+        await s.io.run(
+            _write_checkpoint_file, s.settings.data_dir / MEMORY_CHECKPOINT, header, rows
+        )
 
 
 def raise_into(op: Op, exc: BaseException) -> None:
@@ -533,4 +548,3 @@ def read_checkpoint_file(path: Path) -> tuple[dict[str, Any], list[tuple[Any, ..
         header = next(unpacker)
         rows = [tuple(row) for row in unpacker]
     return header, rows
-

@@ -67,8 +67,8 @@ class TableConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
-    remover: RemoverSpec = Field(default_factory=RemoverSpec)
+    sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec(type="uniform"))
+    remover: RemoverSpec = Field(default_factory=lambda: RemoverSpec())
     max_size: int | None = Field(None, ge=1)
     max_times_sampled: int = Field(0, ge=0)
     rate_limiter: RateLimiterSpec | None = None

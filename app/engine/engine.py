@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -95,7 +95,9 @@ class Engine:
         st.data_dir.mkdir(parents=True, exist_ok=True)
         tune_allocator()
         io = BlockingIO(threads=st.io_threads)
-        state = EngineState(settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes))
+        state = EngineState(
+            settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes)
+        )
         self._state = state
         processor = TaskProcessor(state, p0_probability=st.p0_probability)
         self._processor = processor
@@ -127,7 +129,10 @@ class Engine:
         self._ready = True
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",
-            st.storage_mode, st.durability, len(state.tables), len(records) if st.durability == "wal" else 0,
+            st.storage_mode,
+            st.durability,
+            len(state.tables),
+            len(records) if st.durability == "wal" else 0,
         )
 
     async def stop(self) -> None:
@@ -159,7 +164,9 @@ class Engine:
         store = state.store
         assert store is not None
 
-        def load() -> tuple[int, int, list[tuple[str, int, dict[str, Any], list[tuple[bytes, bytes]]]]]:
+        def load() -> tuple[
+            int, int, list[tuple[str, int, dict[str, Any], list[tuple[bytes, bytes]]]]
+        ]:
             raw_lsn = store.get(LSN_KEY)
             raw_tid = store.get(NEXT_TID_KEY)
             found = []
@@ -198,11 +205,17 @@ class Engine:
         )
         by_tid: dict[int, list[tuple[Any, ...]]] = {}
         for tid, key, value, prio, ts, sampled in rows:
-            by_tid.setdefault(tid, []).append((key, value, prio, ts, sampled, len(value) + len(key)))
+            by_tid.setdefault(tid, []).append(
+                (key, value, prio, ts, sampled, len(value) + len(key))
+            )
         for spec in header["tables"]:
             table = Table(spec["name"], int(spec["id"]), TableConfig.model_validate(spec["config"]))
             mine = by_tid.get(table.tid, [])
-            fields = [index_fields_of(r[1], table.index_fields) for r in mine] if table.index_fields else []
+            fields = (
+                [index_fields_of(r[1], table.index_fields) for r in mine]
+                if table.index_fields
+                else []
+            )
             _restore_rows(state, table, mine, on_disk=False, fields=fields)
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])
@@ -253,7 +266,10 @@ class Engine:
     def _reserve(self, n: int, nbytes: int) -> None:
         s = self._s
         st = self.settings
-        if s.queued_items + n > st.write_queue_ops or s.queued_bytes + nbytes > st.write_queue_mb * 2**20:
+        if (
+            s.queued_items + n > st.write_queue_ops
+            or s.queued_bytes + nbytes > st.write_queue_mb * 2**20
+        ):
             if n > st.write_queue_ops or nbytes > st.write_queue_mb * 2**20:
                 raise ValidationFailed(
                     f"a batch of {n} items / {nbytes} bytes can never fit the write queue "
@@ -336,7 +352,9 @@ class Engine:
             _check_key(it.key)
             p = it.priority
             if not (p >= 0 and math.isfinite(p)):
-                raise ValidationFailed(f"priority ({p}) of key {it.key!r} must be a finite float >= 0")
+                raise ValidationFailed(
+                    f"priority ({p}) of key {it.key!r} must be a finite float >= 0"
+                )
             nbytes += len(it.value)
         n = len(items)
         self._reserve(n, nbytes)
@@ -368,7 +386,9 @@ class Engine:
         entries = {it.key: (seq, it, now) for it in items}
         t.pending.update(entries)
         t.accept(seq, n)
-        writer.submit(PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now))
+        writer.submit(
+            PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now)
+        )
         await self._committed(seq, fut)
         return n
 
@@ -398,7 +418,9 @@ class Engine:
             t.gate.notify()  # the visible size changed: limiter waiters look again
         return seq, fut
 
-    async def update_priorities(self, table: str, priorities: Mapping[str, float]) -> tuple[int, int]:
+    async def update_priorities(
+        self, table: str, priorities: Mapping[str, float]
+    ) -> tuple[int, int]:
         """Set priorities of existing keys, once applied; returns (updated, missing)."""
         t = self._table(table)
         writer = self._writer()
@@ -418,7 +440,9 @@ class Engine:
         seq = s.next_seq(["pri", table, keys, values] if s.wal is not None else None)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         t.accept(seq, len(keys))
-        writer.submit(PriorityOp(seq, future=fut, weight=len(keys), table=t, keys=keys, priorities=values))
+        writer.submit(
+            PriorityOp(seq, future=fut, weight=len(keys), table=t, keys=keys, priorities=values)
+        )
         await self._committed(seq, fut)
         return len(keys), missing
 
@@ -432,7 +456,10 @@ class Engine:
     async def maybe_checkpoint(self) -> None:
         """Checkpoint when the log has grown past ``wal_checkpoint_mb``."""
         s = self._s
-        if s.wal is not None and s.wal.bytes_since_checkpoint > self.settings.wal_checkpoint_mb * 2**20:
+        if (
+            s.wal is not None
+            and s.wal.bytes_since_checkpoint > self.settings.wal_checkpoint_mb * 2**20
+        ):
             s.wal.bytes_since_checkpoint = 0
             self._writer().submit(CheckpointOp(0, weight=0))
 
@@ -457,7 +484,7 @@ class Engine:
                         map(
                             Item,
                             keys,
-                            vals,
+                            cast("list[bytes]", vals),
                             t.priority[sl].tolist(),
                             t.inserted_at[sl].tolist(),
                             t.times_sampled[sl].tolist(),
@@ -482,8 +509,13 @@ class Engine:
                 misses.append((i, slot, key))
                 continue
             t.referenced[slot] = 1
-            out[i] = Item(key, value, float(t.priority[slot]), float(t.inserted_at[slot]),
-                          int(t.times_sampled[slot]))
+            out[i] = Item(
+                key,
+                value,
+                float(t.priority[slot]),
+                float(t.inserted_at[slot]),
+                int(t.times_sampled[slot]),
+            )
         if misses:
             await self._read_misses(t, misses, out)
         return out
@@ -495,8 +527,12 @@ class Engine:
         s = self._s
         assert s.store is not None
         metas = [
-            (float(t.priority[slot]), float(t.inserted_at[slot]), int(t.times_sampled[slot]),
-             int(t.version[slot]))
+            (
+                float(t.priority[slot]),
+                float(t.inserted_at[slot]),
+                int(t.times_sampled[slot]),
+                int(t.version[slot]),
+            )
             for _, slot, _ in misses
         ]
         found = await s.io.run(s.store.get_many, [value_key(t, key) for _, _, key in misses])
@@ -513,8 +549,10 @@ class Engine:
                 and cache_charge(len(value)) * POPULATE_FRACTION <= s.ledger.limit_bytes
             ):
                 writer.submit(
-                    PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value), p1=True
+                    PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value),
+                    p1=True,
                 )
+            assert value is not None
             if sampled is None:
                 out[i] = Item(key, value, meta[0], meta[1], meta[2])
             else:
@@ -545,7 +583,9 @@ class Engine:
         while len(t.sampler) == 0:
             left = deadline - time.monotonic()
             if left <= 0 or not await t.wait_nonempty(left):
-                raise DeadlineExceeded(f"table {table!r} had no item to sample within {timeout:g} s")
+                raise DeadlineExceeded(
+                    f"table {table!r} had no item to sample within {timeout:g} s"
+                )
             await t.caught_up()
         slots, probs, exhausted = self._draw(t, batch_size)
         size = len(t.sampler) + len(exhausted)
@@ -569,9 +609,16 @@ class Engine:
                 out[i] = None
             await self._read_misses(
                 t,
-                misses,  # type: ignore[arg-type]
+                misses,
                 out,
-                sampled=lambda i, v: SampledItem(keys[i], v, prios[i], probs_l[i], weights_l[i], times[i]),  # type: ignore[arg-type]
+                sampled=lambda i, v: SampledItem(
+                    keys[i],
+                    v,
+                    prios[i],
+                    probs_l[i],
+                    weights_l[i],
+                    times[i],
+                ),
             )
         if exhausted and not t.dropped:
             writer = self._writer()
@@ -643,7 +690,11 @@ class Engine:
 
 
 def _check_key(key: str) -> None:
-    if not isinstance(key, str) or not key or (len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES):
+    if (
+        not isinstance(key, str)
+        or not key
+        or (len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES)
+    ):
         raise ValidationFailed(
             f"key must be a string of 1 to {MAX_KEY_BYTES} bytes of UTF-8"
             + (f", got {len(key.encode())} bytes" if isinstance(key, str) and key else "")

@@ -62,13 +62,15 @@ def meta_bytes(table: Table, slot: int) -> bytes:
         int(table.size[slot]),
     )
     if table.index_fields:
-        return head + msgpack.packb(table.fields.get(slot, {}), use_bin_type=True)
+        extra: bytes = msgpack.packb(table.fields.get(slot, {}), use_bin_type=True)
+        return head + extra
     return head
 
 
 def table_record(table: Table) -> bytes:
     """The RocksDB value describing a table."""
-    return msgpack.packb({"id": table.tid, "config": table.config.to_wire()})
+    record: bytes = msgpack.packb({"id": table.tid, "config": table.config.to_wire()})
+    return record
 
 
 def cache_charge(size: int) -> int:

@@ -21,7 +21,9 @@ from app.selection.base import Selector
 from app.selection.rate_limiters import RateGate, make_rate_limiter
 from app.selection.registry import make_selector
 
-PendingEntry = tuple[int, NewItem | None, float]  # (op seq, the item or None for a delete, inserted_at)
+PendingEntry = tuple[
+    int, NewItem | None, float
+]  # (op seq, the item or None for a delete, inserted_at)
 
 
 @dataclass(slots=True)
@@ -100,7 +102,15 @@ class Table:
         return slot
 
     def _grow(self, cap: int) -> None:
-        for name in ("priority", "inserted_at", "times_sampled", "size", "version", "disk_size", "referenced"):
+        for name in (
+            "priority",
+            "inserted_at",
+            "times_sampled",
+            "size",
+            "version",
+            "disk_size",
+            "referenced",
+        ):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: len(old)] = old

@@ -97,7 +97,7 @@ class WriteAheadLog:
             os.fsync(self._file.fileno())
             self._file.close()
         path = self._folder / _segment_name(self._next_lsn)
-        self._file = open(path, "ab")  # noqa: SIM115 - owned until close()
+        self._file = open(path, "ab")
         self._segments.append((self._next_lsn, path))
         self._segment_last_lsn[path] = self._next_lsn - 1
         fd = os.open(self._folder, os.O_RDONLY)

@@ -26,7 +26,7 @@ class BlockingIO:
         loop = asyncio.get_running_loop()
         if kwargs:
             return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-        return await loop.run_in_executor(self._pool, fn, *args)  # type: ignore[arg-type]
+        return await loop.run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
         """Wait for running calls and stop the threads."""

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rocksdict import (  # type: ignore[import-untyped]
+from rocksdict import (
     BlockBasedOptions,
     Cache,
     Options,
@@ -55,7 +55,7 @@ class RocksStore:
         opts.set_block_based_table_factory(table)
         self._db = Rdict(str(path), opts)
         self._nowal = WriteOptions()
-        self._nowal.disable_wal = True
+        self._nowal.disable_wal = True  # type: ignore[method-assign,assignment]
         self._closed = False
 
     def write(
@@ -83,7 +83,7 @@ class RocksStore:
         """Values in the order asked, None where missing."""
         if not keys:
             return []
-        values: list[bytes | None] = self._db.get(keys)
+        values: list[bytes | None] = self._db.get(keys)  # type: ignore[arg-type,assignment]
         return values
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

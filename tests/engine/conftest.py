@@ -37,8 +37,13 @@ def settings_factory(tmp_path: Path) -> Callable[..., Settings]:
 
 @pytest.fixture(params=["memory", "disk", "hybrid"])
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
-    eng = Engine(make_settings(tmp_path / "data", storage_mode=request.param,
-                               cache_memory_limit_mb=0.05 if request.param == "hybrid" else 64))
+    eng = Engine(
+        make_settings(
+            tmp_path / "data",
+            storage_mode=request.param,
+            cache_memory_limit_mb=0.05 if request.param == "hybrid" else 64,
+        )
+    )
     await eng.start()
     await eng.create_table("t", TableConfig())
     try:

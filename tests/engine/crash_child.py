@@ -43,8 +43,15 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
 
 
 async def main(data_dir: str, mode: str) -> None:
-    eng = Engine(Settings(data_dir=Path(data_dir), storage_mode=mode,  # type: ignore[arg-type]
-                          cache_memory_limit_mb=0.2, wal_checkpoint_mb=0.3, io_threads=2))
+    eng = Engine(
+        Settings(
+            data_dir=Path(data_dir),
+            storage_mode=mode,  # type: ignore[arg-type]
+            cache_memory_limit_mb=0.2,
+            wal_checkpoint_mb=0.3,
+            io_threads=2,
+        )
+    )
     await eng.start()
     await eng.create_table("t", TableConfig())
     print("ready", flush=True)

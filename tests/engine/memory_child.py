@@ -34,8 +34,14 @@ def value_of(i: int) -> bytes:
 
 async def main(data_dir: str) -> None:
     proc = psutil.Process()
-    eng = Engine(Settings(data_dir=Path(data_dir), storage_mode="hybrid",
-                          cache_memory_limit_mb=CACHE_MB, io_threads=2))
+    eng = Engine(
+        Settings(
+            data_dir=Path(data_dir),
+            storage_mode="hybrid",
+            cache_memory_limit_mb=CACHE_MB,
+            io_threads=2,
+        )
+    )
     await eng.start()
     await eng.create_table("t", TableConfig())
     for i in range(64):  # warm the code paths, then measure from here
@@ -63,10 +69,19 @@ async def main(data_dir: str) -> None:
         peak = max(peak, proc.memory_info().rss)
     stats = eng.describe("t")["stats"]
     await eng.stop()
-    print(json.dumps({
-        "items": n, "baseline_rss": baseline, "peak_rss_write": written_peak, "peak_rss": peak,
-        "cache_limit": CACHE_MB * 2**20, "all_intact": ok, "stats": stats,
-    }))
+    print(
+        json.dumps(
+            {
+                "items": n,
+                "baseline_rss": baseline,
+                "peak_rss_write": written_peak,
+                "peak_rss": peak,
+                "cache_limit": CACHE_MB * 2**20,
+                "all_intact": ok,
+                "stats": stats,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -21,12 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("mode", ["hybrid", "disk", "memory"])
 @pytest.mark.parametrize("run_s", [0.4, 1.5])
-async def test_sigkill_loses_nothing_answered(tmp_path: Path, mode: str, run_s: float) -> None:
+def test_sigkill_loses_nothing_answered(tmp_path: Path, mode: str, run_s: float) -> None:
     data_dir = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.engine.crash_child", str(data_dir), mode],
-        cwd=ROOT, stdout=subprocess.PIPE, env=env, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     assert child.stdout is not None
     try:
@@ -49,13 +53,22 @@ async def test_sigkill_loses_nothing_answered(tmp_path: Path, mode: str, run_s: 
     acked_dels = [k for k, s in state.items() if s == "del"]
     assert len(acked_puts) > 50, "the child answered too few pushes to test anything"
 
+    asyncio.run(check_recovered(data_dir, mode, state, acked_puts, acked_dels))
+
+
+async def check_recovered(
+    data_dir: Path, mode: str, state: dict[str, str], acked_puts: list[str], acked_dels: list[str]
+) -> None:
+    """Restart on the same data directory and compare with what the child was answered."""
     eng = Engine(make_settings(data_dir, storage_mode=mode, cache_memory_limit_mb=0.2))
     await eng.start()
     try:
         got = await eng.get_many("t", acked_puts)
         missing = [k for k, g in zip(acked_puts, got, strict=True) if g is None]
         assert not missing, f"{len(missing)} answered pushes lost, e.g. {missing[:5]}"
-        assert all(g is not None and g.value == value_of(k) for k, g in zip(acked_puts, got, strict=True))
+        assert all(
+            g is not None and g.value == value_of(k) for k, g in zip(acked_puts, got, strict=True)
+        )
         back = await eng.get_many("t", acked_dels)
         assert all(g is None for g in back), "an answered delete came back"
         size = eng.describe("t")["stats"]["size"]

@@ -214,7 +214,9 @@ async def test_hybrid_evicts_and_populates(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["memory", "disk", "hybrid"])
 async def test_restart_recovers_everything(tmp_path: Path, mode: str) -> None:
-    settings = make_settings(tmp_path / "d", storage_mode=mode, cache_memory_limit_mb=0.05 if mode == "hybrid" else 64)
+    settings = make_settings(
+        tmp_path / "d", storage_mode=mode, cache_memory_limit_mb=0.05 if mode == "hybrid" else 64
+    )
     eng = Engine(settings)
     await eng.start()
     await eng.create_table("t", TableConfig(sampler=SamplerSpec(type="uniform")))
@@ -227,7 +229,9 @@ async def test_restart_recovers_everything(tmp_path: Path, mode: str) -> None:
     try:
         got = await eng2.get_many("t", [f"k{i}" for i in range(100)])
         assert got[3] is None
-        assert [msgpack.unpackb(g.value) for g in got if g is not None] == [i for i in range(100) if i != 3]
+        assert [msgpack.unpackb(g.value) for g in got if g is not None] == [
+            i for i in range(100) if i != 3
+        ]
         assert got[7] is not None and got[7].priority == 7.0
         assert eng2.describe("t")["stats"]["size"] == 99
     finally:

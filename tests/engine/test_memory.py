@@ -19,8 +19,12 @@ STATED_OVERHEAD_MB = 72
 def test_600mb_through_a_32mb_cache(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tests.engine.memory_child", str(tmp_path / "data")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True, text=True, timeout=300, check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     ).stdout
     r = json.loads(out.strip().splitlines()[-1])
     assert r["all_intact"], "a value did not read back intact"
@@ -28,5 +32,6 @@ def test_600mb_through_a_32mb_cache(tmp_path: Path) -> None:
     assert r["stats"]["bytes_on_disk"] >= 600 * MB
     grown_mb = (r["peak_rss"] - r["baseline_rss"]) / MB
     limit_mb = r["cache_limit"] / MB
-    print(f"baseline {r['baseline_rss'] / MB:.0f} MB, peak +{grown_mb:.0f} MB, cache {limit_mb:.0f} MB")
+    base_mb = r["baseline_rss"] / MB
+    print(f"baseline {base_mb:.0f} MB, peak +{grown_mb:.0f} MB, cache {limit_mb:.0f} MB")
     assert grown_mb <= limit_mb + STATED_OVERHEAD_MB

@@ -27,7 +27,11 @@ VALUES = st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(max_size=600), st
 PRIORITY = st.floats(min_value=0, max_value=10, allow_nan=False)
 
 STEP = st.one_of(
-    st.tuples(st.just("push"), st.lists(st.tuples(KEYS, VALUES, PRIORITY), min_size=1, max_size=5), st.booleans()),
+    st.tuples(
+        st.just("push"),
+        st.lists(st.tuples(KEYS, VALUES, PRIORITY), min_size=1, max_size=5),
+        st.booleans(),
+    ),
     st.tuples(st.just("delete"), st.lists(KEYS, min_size=1, max_size=3), st.booleans()),
     st.tuples(st.just("get"), KEYS),
     st.tuples(st.just("get_many"), st.lists(KEYS, max_size=6)),
