@@ -136,28 +136,33 @@ class WriteAheadLog:
                     continue
             await self._flush_once()
 
-    async def _flush_once(self) -> None:
+    async def _flush_once(self, *, rotate: bool = False) -> None:
+        """Write and fsync the buffer (then rotate, if asked). One flush runs at a time:
+        ``_flushing`` is set before the first await, so every file operation is ordered."""
         loop = asyncio.get_running_loop()
-        self._flushing = loop.create_future()
-        data, upto = bytes(self._buffer), self._buffer_last_lsn
-        self._buffer.clear()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._flushing = fut
+        data, upto = self._buffer, self._buffer_last_lsn
+        self._buffer = bytearray()
         try:
-            await self._io.run(self._write_sync, data, upto)
+            await self._io.run(self._write_sync, data, upto, rotate)
             self._durable_lsn = max(self._durable_lsn, upto)
-            self._flushing.set_result(None)
+            fut.set_result(None)
         except BaseException as exc:
-            self._flushing.set_exception(exc)
-            self._flushing.exception()  # mark retrieved: waiters get it through shield
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: waiters get it through shield
             raise
         finally:
             self._flushing = None
 
-    def _write_sync(self, data: bytes, upto: int) -> None:
+    def _write_sync(self, data: bytes | bytearray, upto: int, rotate: bool = False) -> None:
         if data:
             self._file.write(data)
             self._file.flush()
             os.fdatasync(self._file.fileno())
             self._segment_last_lsn[self._segments[-1][1]] = upto
+        if rotate:
+            self._rotate_sync()
 
     async def sync(self) -> None:
         """Fsync everything appended so far."""
@@ -166,9 +171,10 @@ class WriteAheadLog:
     # -- checkpoints --------------------------------------------------------------------
 
     async def rotate(self) -> None:
-        """Close the current segment (after fsyncing it) and start a new one."""
-        await self.sync()
-        await self._io.run(self._rotate_sync)
+        """Write and fsync what is buffered, close the segment and start a new one."""
+        while self._flushing is not None:
+            await asyncio.shield(self._flushing)
+        await self._flush_once(rotate=True)
 
     async def truncate(self, covered_lsn: int) -> None:
         """Delete the segments whose every record has LSN ≤ ``covered_lsn``."""

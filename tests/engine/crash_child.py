@@ -28,6 +28,7 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
         keys = [f"w{wid}-{i}-{j}" for j in range(4)]
         for k in keys:
             print("sent put", k)
+        sys.stdout.flush()  # "sent" must reach the parent before the op can take effect
         await eng.push("t", [NewItem(k, value_of(k), 1.0) for k in keys])
         for k in keys:
             print("ack put", k)
@@ -36,6 +37,7 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
             doomed = acked[-7::3]
             for k in doomed:
                 print("sent del", k)
+            sys.stdout.flush()
             await eng.delete("t", doomed)
             for k in doomed:
                 print("ack del", k)
