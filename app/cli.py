@@ -1,4 +1,4 @@
-"""The ``rlreplay`` command: ``rlreplay serve`` runs the service, ``rlreplay sidecar`` the GPU sidecar.
+"""The ``rlreplay`` command: ``serve`` runs the service, ``sidecar`` the GPU sidecar.
 
 Every flag of ``serve`` is a field of :class:`app.settings.Settings` and also the environment
 variable ``RLREPLAY_<FIELD>``; a flag given on the command line beats the variable, because
@@ -61,8 +61,11 @@ def _add_setting(group: argparse._ArgumentGroup, name: str, field: FieldInfo) ->
     annotation, optional = _unwrap_optional(field.annotation)
     env = _ENV_PREFIX + name.upper()
     default = field.get_default(call_default_factory=True)
-    shown = "none" if default is None else (json.dumps(default) if isinstance(
-        default, dict | list) else str(default))
+    shown = (
+        "none"
+        if default is None
+        else (json.dumps(default) if isinstance(default, dict | list) else str(default))
+    )
     help_text = f"{field.description or name} [env {env}; default: {shown}]"
     kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
     origin = typing.get_origin(annotation)

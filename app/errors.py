@@ -1,11 +1,11 @@
-"""The service's errors: the shared tree of ``clients.errors`` and the one place mapping it to HTTP.
+"""The service's errors: the tree of ``clients.errors`` and the one place mapping it to HTTP.
 
 The tree itself lives in :mod:`clients.errors` (so the client raises the very classes the
 server does); this module re-exports it and holds what turns an exception into the
 contract's body ``{"error": {"code": ..., "message": ...}}``::
 
     ReplayError (clients.errors)  ──> replay_error_handler      ──> its status and code
-    StarletteHTTPException         ──> http_exception_handler    ──> not_found, method_not_allowed...
+    StarletteHTTPException         ──> http_exception_handler    ──> not_found, method_not_allowed
     RequestValidationError         ──> validation_error_handler  ──> 422 (400 for malformed input)
     anything else                  ──> app.api.middleware.RequestContextMiddleware ──> 500 internal
 

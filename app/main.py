@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from app.api import items, ops, sampling, tables
 from app.api.docs import install_docs
 from app.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
-from app.api.openapi import build_openapi
+from app.api.openapi import build_openapi, summaries_from_docstrings
 from app.engine.config import SamplerSpec, TableConfig
 from app.engine.engine import Engine
 from app.errors import TableExists, install_error_handlers
@@ -48,9 +48,11 @@ def _package_version() -> str:
 
 def default_table_config(settings: Settings) -> TableConfig:
     """The config of the ``default`` table, from the settings."""
-    return TableConfig(
-        sampler=SamplerSpec(type=settings.default_sampler),
-        max_size=settings.default_table_max_size,
+    return TableConfig.model_validate(
+        {
+            "sampler": SamplerSpec(type=settings.default_sampler),
+            "max_size": settings.default_table_max_size,
+        }
     )
 
 
@@ -108,7 +110,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.state.metrics = metrics
     install_error_handlers(app)
     for router in (tables.router, items.router, sampling.router, ops.router):
-        app.include_router(router)
+        app.include_router(summaries_from_docstrings(router))
     install_docs(app)
     openapi: Any = partial(build_openapi, app)
     app.openapi = openapi  # type: ignore[method-assign]

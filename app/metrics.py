@@ -21,7 +21,21 @@ __all__ = ["CONTENT_TYPE", "EngineCollector", "EngineView", "Metrics"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 
 #: Table stats exposed as gauges: stat name -> (metric name, help).
@@ -155,7 +169,13 @@ class Metrics:
         self.registry.register(EngineCollector(engine))
 
     def observe_request(
-        self, *, route: str, method: str, status: int, seconds: float, op: str | None,
+        self,
+        *,
+        route: str,
+        method: str,
+        status: int,
+        seconds: float,
+        op: str | None,
         error_code: str | None,
     ) -> None:
         """Records one answered request."""

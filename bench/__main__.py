@@ -20,8 +20,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="sections to run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     args = parser.parse_args(argv)
-    print(f"# rlreplay benchmarks — {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"# rlreplay benchmarks — {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     for name in args.sections or SECTIONS:
         module = importlib.import_module(f"bench.{name}")
         module.main(["--quick"] if args.quick else [])

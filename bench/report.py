@@ -41,11 +41,13 @@ def fmt(value: Any) -> str:
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A GitHub-markdown table, so the output pastes into the README as is."""
     cells = [[fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
+    ]
     print(f"\n### {title}\n", flush=True)
     print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |",
-              flush=True)
+        print(
+            "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |", flush=True
+        )

@@ -23,6 +23,7 @@ so :func:`torch_tensor_type` looks it up in ``sys.modules``.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ __all__ = [
     "EXT_NDARRAY",
     "BFloat16Array",
     "array_payload",
+    "bfloat16_payload",
     "decode_array",
     "parse_payload",
     "payload_from_parts",
@@ -113,6 +115,7 @@ def torch_tensor_type() -> type[Any] | None:
     return tensor if isinstance(tensor, type) else None
 
 
+@functools.lru_cache(maxsize=256)
 def wire_dtype(dtype: np.dtype[Any]) -> str:
     """The wire dtype string of a NumPy dtype.
 
@@ -185,38 +188,34 @@ def tensor_to_wire(tensor: Any) -> bytes:
     return array_payload(array)
 
 
-def parse_payload(payload: bytes | memoryview) -> tuple[str, list[int], memoryview]:
-    """Validate an ext-1 payload and split it into dtype string, shape and data.
+def parse_payload(payload: bytes | memoryview) -> tuple[str, list[int], bytes]:
+    """Validate an ext-1 payload and split it into dtype string, shape and data bytes.
 
-    The data is a view into ``payload``: nothing is copied. The dtype string is
-    normalised to carry its byte order (``"f4"`` becomes ``"<f4"``).
+    The dtype string is normalised to carry its byte order (``"f4"`` becomes ``"<f4"``).
 
     Raises:
-        ValueError: The payload is not ``[dtype, shape, data]``, the dtype is unknown or not
-            allowed, the shape is not a list of non-negative ints, or the data length does
-            not match ``prod(shape) * itemsize``.
+        ValueError: The payload is not ``[dtype, shape, data]`` with ``data`` a msgpack
+            ``bin``, the dtype is unknown or not allowed, the shape is not a list of
+            non-negative ints, or the data length is not ``prod(shape) * itemsize``.
     """
-    view = memoryview(payload).cast("B")
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
-    unpacker.feed(view)
     try:
-        if unpacker.read_array_header() != 3:
-            raise ValueError("an array payload is [dtype, shape, data]")
-        dtype_str = unpacker.unpack()
-        shape = unpacker.unpack()
-        offset = unpacker.tell()
+        parts = msgpack.unpackb(payload, raw=False, use_list=True)
     except (msgpack.UnpackException, ValueError, TypeError) as exc:
         raise ValueError(f"malformed array payload: {exc}") from exc
+    if not isinstance(parts, list) or len(parts) != 3:
+        raise ValueError("an array payload is [dtype, shape, data]")
+    dtype_str, shape, data = parts
     if not isinstance(dtype_str, str):
         raise ValueError(f"array dtype must be a string, not {type(dtype_str).__name__}")
-    itemsize, dtype_str = _itemsize(dtype_str)
+    dtype_str, itemsize = _dtype_info(dtype_str)[:2]
     if (
         not isinstance(shape, list)
         or len(shape) > _MAX_NDIM
         or not all(type(dim) is int and dim >= 0 for dim in shape)
     ):
         raise ValueError(f"array shape must be a list of non-negative ints, not {shape!r}")
-    data = _bin_at(view, offset)
+    if not isinstance(data, bytes):
+        raise ValueError("array data must be msgpack bin")
     expected = math.prod(shape) * itemsize
     if len(data) != expected:
         raise ValueError(
@@ -225,34 +224,19 @@ def parse_payload(payload: bytes | memoryview) -> tuple[str, list[int], memoryvi
     return dtype_str, shape, data
 
 
-def _itemsize(dtype_str: str) -> tuple[int, str]:
+@functools.lru_cache(maxsize=256)
+def _dtype_info(dtype_str: str) -> tuple[str, int, np.dtype[Any]]:
+    """``(normalised dtype string, itemsize, NumPy dtype)``; cached, as batches repeat dtypes."""
     if dtype_str == BFLOAT16:
-        return 2, BFLOAT16
+        return BFLOAT16, 2, np.dtype("<u2")
     try:
         dtype = np.dtype(dtype_str)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"unknown array dtype {dtype_str!r}") from exc
     try:
-        return dtype.itemsize, wire_dtype(dtype)
+        return wire_dtype(dtype), dtype.itemsize, dtype
     except TypeError as exc:
         raise ValueError(str(exc)) from exc
-
-
-def _bin_at(view: memoryview, offset: int) -> memoryview:
-    """The msgpack ``bin`` value at ``offset``, which must end the payload exactly."""
-    if offset >= len(view):
-        raise ValueError("malformed array payload: data is missing")
-    marker = view[offset]
-    width = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(marker)
-    if width is None:
-        raise ValueError("malformed array payload: data must be msgpack bin")
-    start = offset + 1 + width
-    if start > len(view):
-        raise ValueError("malformed array payload: truncated data header")
-    length = int.from_bytes(view[offset + 1 : start], "big")
-    if start + length != len(view):
-        raise ValueError("malformed array payload: data length does not match the payload")
-    return view[start:]
 
 
 def decode_array(payload: bytes | memoryview) -> np.ndarray[Any, Any] | BFloat16Array:
@@ -264,8 +248,8 @@ def decode_array(payload: bytes | memoryview) -> np.ndarray[Any, Any] | BFloat16
         ValueError: The payload is malformed (see :func:`parse_payload`).
     """
     dtype_str, shape, data = parse_payload(payload)
+    dtype = _dtype_info(dtype_str)[2]
     if dtype_str == BFLOAT16:
-        bits = np.frombuffer(data, dtype="<u2").astype(np.uint16).reshape(shape)
+        bits = np.frombuffer(data, dtype=dtype).astype(np.uint16).reshape(shape)
         return BFloat16Array(bits)
-    flat = np.frombuffer(data, dtype=np.dtype(dtype_str))
-    return flat.reshape(shape).copy()
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()

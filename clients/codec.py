@@ -224,7 +224,7 @@ def _ndarray_parts(value: Any) -> tuple[str, list[int], bytes]:
         raise ValueError('"$ndarray" must be {"dtype", "shape", "data"}')
     payload = payload_from_parts(value["dtype"], value["shape"], _unb64(value["data"]))
     dtype, shape, data = parse_payload(payload)  # validates, normalises the dtype
-    return dtype, shape, bytes(data)
+    return dtype, shape, data
 
 
 def from_jsonable(obj: Any) -> Any:

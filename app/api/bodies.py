@@ -169,6 +169,8 @@ def _bool(value: object, where: str) -> bool:
 
 
 def _int(value: object, where: str, *, low: int, high: int) -> int:
+    if type(value) is float and value.is_integer():  # JSON Schema: 8.0 is an integer
+        value = int(value)
     if type(value) is not int:
         raise BadRequest(f"{where} must be an integer, not {_kind(value)}")
     if not low <= value <= high:
@@ -372,7 +374,7 @@ def parse_table_config(body: bytes, fmt: BodyFormat | None) -> TableConfig:
         ValidationFailed: A value out of range or an unknown field.
     """
     if not body or fmt is None:
-        return TableConfig()
+        return TableConfig.model_validate({})
     obj = _as_map(decode_body(body, fmt), "the body")
     try:
         return TableConfig.model_validate(obj)

@@ -1,5 +1,8 @@
 """Dependencies of the routes, as ``Annotated`` aliases.
 
+They are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in a worker
+thread, a thread hop per dependency per request.
+
 The engine, settings and metrics live on ``app.state`` (put there by
 :func:`app.main.create_app`); routes ask for them with these aliases.
 """
@@ -10,7 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from app.api.encoding import wants_msgpack
+from app.api.encoding import wants_msgpack as _wants_msgpack
 from app.engine.engine import TABLE_NAME, Engine
 from app.metrics import Metrics
 from app.settings import Settings
@@ -29,19 +32,19 @@ __all__ = [
 TABLE_NAME_PATTERN = TABLE_NAME.pattern
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     """The app's engine."""
     engine: Engine = request.app.state.engine
     return engine
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     """The app's settings."""
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     """The app's metrics."""
     metrics: Metrics = request.app.state.metrics
     return metrics
@@ -50,6 +53,13 @@ def get_metrics(request: Request) -> Metrics:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
 AppMetrics = Annotated[Metrics, Depends(get_metrics)]
+
+
+async def wants_msgpack(request: Request) -> bool:
+    """Whether the answer should be msgpack (the ``Accept`` header names it)."""
+    return _wants_msgpack(request)
+
+
 AcceptsMsgpack = Annotated[bool, Depends(wants_msgpack)]
 TableName = Annotated[
     str,

@@ -58,7 +58,9 @@ def body_format(request: Request) -> BodyFormat:
     media_type = content_type.partition(";")[0].strip().lower()
     if media_type in _MSGPACK_TYPES:
         return BodyFormat.MSGPACK
-    if media_type == JSON or (media_type.startswith("application/") and media_type.endswith("+json")):
+    if media_type == JSON or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
         return BodyFormat.JSON
     shown = media_type or "no Content-Type"
     raise UnsupportedMediaType(

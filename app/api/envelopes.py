@@ -59,6 +59,19 @@ _SAMPLED_TAIL, _SAMPLED_NAMES = _tail(
 )
 
 
+def _str(text: str) -> bytes:
+    """A msgpack str, packed here: ``msgpack.packb`` builds a Packer (and its buffer) per call."""
+    data = text.encode("utf-8")
+    n = len(data)
+    if n < 32:
+        return bytes((0xA0 | n,)) + data
+    if n < 0x100:
+        return b"\xd9" + bytes((n,)) + data
+    if n < 0x10000:
+        return b"\xda" + n.to_bytes(2, "big") + data
+    return b"\xdb" + n.to_bytes(4, "big") + data
+
+
 def _array_header(n: int) -> bytes:
     if n < 16:
         return bytes((0x90 | n,))
@@ -71,7 +84,7 @@ def _item_parts(item: Item, out: list[bytes]) -> None:
     p, i, t = _ITEM_NAMES
     out += (
         _ITEM_HEAD,
-        msgpack.packb(item.key),
+        _str(item.key),
         _VALUE,
         item.value,
         _ITEM_TAIL.pack(p, item.priority, i, item.inserted_at, t, item.times_sampled),
@@ -103,12 +116,11 @@ def sample_msgpack(items: Sequence[SampledItem]) -> bytes:
     """
     out = [_ITEMS_MAP, _array_header(len(items))]
     p, pr, w, t = _SAMPLED_NAMES
-    pack = msgpack.packb
     tail = _SAMPLED_TAIL.pack
     for s in items:
         out += (
             _SAMPLED_HEAD,
-            pack(s.key),
+            _str(s.key),
             _VALUE,
             _NIL if s.value is None else s.value,
             tail(p, s.priority, pr, s.probability, w, s.weight, t, s.times_sampled),

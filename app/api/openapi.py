@@ -11,9 +11,9 @@ import inspect
 from collections import defaultdict
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -28,13 +28,25 @@ from app.errors import (
     ValidationFailed,
 )
 
-__all__ = ["BODY_ERRORS", "V1_ERRORS", "answers", "build_openapi", "request_body"]
+__all__ = [
+    "BODY_ERRORS",
+    "V1_ERRORS",
+    "answers",
+    "build_openapi",
+    "request_body",
+    "summaries_from_docstrings",
+]
 
 _REF = "#/components/schemas/{model}"
 _BODY_TYPES = ("application/json", "application/msgpack", "application/x-msgpack")
 
 #: Errors every ``/v1`` route may answer.
-V1_ERRORS: tuple[type[ReplayError], ...] = (Unauthorized, ValidationFailed, Unavailable, ReplayError)
+V1_ERRORS: tuple[type[ReplayError], ...] = (
+    Unauthorized,
+    ValidationFailed,
+    Unavailable,
+    ReplayError,
+)
 #: Errors of every route that reads a body.
 BODY_ERRORS: tuple[type[ReplayError], ...] = (
     BadRequest,
@@ -48,9 +60,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def request_body(
-    model: type[BaseModel], *, example: Any, required: bool = True
-) -> dict[str, Any]:
+def request_body(model: type[BaseModel], *, example: Any, required: bool = True) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON or msgpack body shaped like ``model``.
 
     Args:
@@ -109,21 +119,28 @@ def answers(
     return out
 
 
-def _summaries_from_docstrings(app: FastAPI) -> None:
-    """A route's summary is its docstring's first line, its description the rest."""
-    for route in app.routes:
+def summaries_from_docstrings(router: APIRouter) -> APIRouter:
+    """Sets each route's summary to its docstring's first line, its description to the rest.
+
+    Args:
+        router: The router, before it is included in the app.
+
+    Returns:
+        The same router.
+    """
+    for route in router.routes:
         if isinstance(route, APIRoute) and route.summary is None:
             doc = inspect.getdoc(route.endpoint) or ""
             first, _, rest = doc.partition("\n")
-            route.summary = first.strip() or None
+            route.summary = first.strip().rstrip(".") or None
             route.description = rest.strip() or first.strip()
+    return router
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The app's OpenAPI schema, built once, with the request models in its components."""
     if app.openapi_schema:
         return app.openapi_schema
-    _summaries_from_docstrings(app)
     schema = get_openapi(
         title=app.title,
         version=app.version,

@@ -16,7 +16,6 @@ __all__ = ["router"]
 router = APIRouter(tags=["operations"])
 
 
-
 @router.get("/healthz", response_model=None, responses=answers({200: (Health, "Alive.")}))
 async def healthz(msgpack_out: AcceptsMsgpack) -> Response:
     """Liveness: the process answers."""

@@ -15,8 +15,8 @@ from app.engine.config import TableConfig
 from app.engine.items import MAX_KEY_BYTES
 
 __all__ = [
-    "Accepted",
     "REQUEST_MODELS",
+    "Accepted",
     "DeleteRequest",
     "ErrorBody",
     "Health",
@@ -33,12 +33,6 @@ __all__ = [
     "TableList",
 ]
 
-_KEY = {
-    "min_length": 1,
-    "max_length": MAX_KEY_BYTES,
-    "description": "1 to 512 bytes of UTF-8.",
-    "examples": ["episode-17/step-3"],
-}
 #: An item key: 1 to 512 bytes of UTF-8 (the schema can only bound characters).
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_BYTES)]
 #: A priority: a finite number >= 0.
@@ -46,11 +40,11 @@ Priority = Annotated[float, Field(ge=0)]
 
 _VALUE_DOC = (
     "Any msgpack value. In msgpack bodies arrays are extension type 1 "
-    "(`[dtype, shape, data]`); in JSON, bytes are `{\"$bytes\": base64}` and arrays "
-    "`{\"$ndarray\": {\"dtype\", \"shape\", \"data\": base64}}`. A stored value with no JSON "
-    "form comes back over JSON as `{\"$msgpack\": base64}`."
+    '(`[dtype, shape, data]`); in JSON, bytes are `{"$bytes": base64}` and arrays '
+    '`{"$ndarray": {"dtype", "shape", "data": base64}}`. A stored value with no JSON '
+    'form comes back over JSON as `{"$msgpack": base64}`.'
 )
-_VALUE_EXAMPLE = {"obs": [0.1, 0.2, 0.3], "action": 1, "reward": 1.0}
+_VALUE_EXAMPLE: dict[str, Any] = {"obs": [0.1, 0.2, 0.3], "action": 1, "reward": 1.0}
 
 
 class _Strict(BaseModel):
@@ -73,7 +67,12 @@ class ErrorBody(BaseModel):
 class ItemIn(_Strict):
     """One item to push; pushing an existing key replaces its value and priority."""
 
-    key: str = Field(**_KEY)  # type: ignore[arg-type]
+    key: str = Field(
+        min_length=1,
+        max_length=MAX_KEY_BYTES,
+        description="1 to 512 bytes of UTF-8.",
+        examples=["episode-17/step-3"],
+    )
     value: Any = Field(description=_VALUE_DOC, examples=[_VALUE_EXAMPLE])
     priority: float = Field(1.0, ge=0, description="Finite, >= 0.", examples=[2.0])
 
@@ -88,7 +87,10 @@ class PushRequest(_Strict):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"items": [{"key": "r1", "value": _VALUE_EXAMPLE, "priority": 2.0}], "wait": False}
+                {
+                    "items": [{"key": "r1", "value": {"obs": [0.1, 0.2], "reward": 1.0}}],
+                    "wait": False,
+                }
             ]
         },
     )

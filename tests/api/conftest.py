@@ -75,13 +75,23 @@ def start_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) 
     data_dir = workdir / "data"
     log_path = workdir / "server.log"
     cmd = [
-        sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port),
-        "--data-dir", str(data_dir), *flags,
+        sys.executable,
+        "-m",
+        "app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        *flags,
     ]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLREPLAY_")}
     full_env.update(env or {})
     with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        process = subprocess.Popen(
+            cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env
+        )
     server = LiveServer(f"http://127.0.0.1:{port}", process, log_path, data_dir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -129,6 +139,11 @@ def live_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A live server with two API keys, in memory mode."""
     with running_server(
         tmp_path_factory.mktemp("keys"),
-        "--storage-mode", "memory", "--api-key", "key-one", "--api-key", "key-two",
+        "--storage-mode",
+        "memory",
+        "--api-key",
+        "key-one",
+        "--api-key",
+        "key-two",
     ) as server:
         yield server

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from replay_fake import FakeServer
 
 from clients import ReplayClient
+from tests.clients.replay_fake import FakeServer
 
 
 @pytest.fixture

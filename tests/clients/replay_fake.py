@@ -58,15 +58,13 @@ class FakeServer:
                 if name in self.tables:
                     if self.tables[name] != body:
                         return error(request, 409, "table_exists")
-                    return answer(request, 200, {"name": name, **body})
+                    return answer(request, 200, self._describe(name))
                 self.tables[name], self.items[name] = body, {}
-                return answer(request, 201, {"name": name, **body})
+                return answer(request, 201, self._describe(name))
             if name not in self.tables:
                 return error(request, 404, "table_not_found")
             if method == "GET":
-                return answer(
-                    request, 200, {"name": name, **self.tables[name], "size": len(self.items[name])}
-                )
+                return answer(request, 200, self._describe(name))
             if method == "DELETE":
                 del self.tables[name], self.items[name]
                 return answer(request, 204)
@@ -120,6 +118,10 @@ class FakeServer:
             missing = len(body["priorities"]) - len(updated)
             return answer(request, 200, {"updated": len(updated), "missing": missing})
         return error(request, 404, "not_found")
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        stats = {"size": len(self.items[name])}
+        return {"name": name, "config": self.tables[name], "stats": stats}
 
     @staticmethod
     def _render(item: dict[str, Any]) -> dict[str, Any]:

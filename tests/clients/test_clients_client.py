@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -9,21 +10,22 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from replay_fake import FakeServer, answer
 
 from clients import ReplayClient, TableExists, TableNotFound, ValidationFailed
 from clients.codec import to_jsonable, unpackb
+from tests.clients.replay_fake import FakeServer, answer
 
 
 async def test_tables_lifecycle(client: ReplayClient) -> None:
     created = await client.create_table("t", max_size=10)
-    assert created["sampler"] == {"type": "prioritized", "exponent": 0.6}
-    assert created["max_size"] == 10 and "remover" not in created
+    config = created["config"]
+    assert config["sampler"] == {"type": "prioritized", "exponent": 0.6}
+    assert config["max_size"] == 10 and "remover" not in config
     await client.create_table("t", max_size=10)  # same config: fine
     with pytest.raises(TableExists):
         await client.create_table("t", max_size=11)
     assert [t["name"] for t in await client.list_tables()] == ["t"]
-    assert (await client.describe_table("t"))["size"] == 0
+    assert (await client.describe_table("t"))["stats"]["size"] == 0
     await client.drop_table("t")
     with pytest.raises(TableNotFound):
         await client.describe_table("t")
@@ -176,3 +178,21 @@ def test_constructor_validates_eagerly() -> None:
         ReplayClient(timeout_s=0)
     with pytest.raises(ValueError, match="retries"):
         ReplayClient(retries=-1)
+
+
+async def test_no_more_than_max_connections_requests_are_in_flight() -> None:
+    in_flight = most = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.005)
+        in_flight -= 1
+        return answer(request, 200, {"items": []})
+
+    async with ReplayClient(
+        "http://x", max_connections=3, transport=httpx.MockTransport(handler)
+    ) as rb:
+        await asyncio.gather(*(rb.sample("t", 1) for _ in range(20)))
+    assert most == 3

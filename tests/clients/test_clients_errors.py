@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from replay_fake import error
 
 import clients
 from clients import ReplayClient, ReplayError
 from clients import errors as errors_module
+from tests.clients.replay_fake import error
 
 CASES = [
     (400, "bad_request", clients.BadRequest),

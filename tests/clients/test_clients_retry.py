@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from replay_fake import answer, error
 
 from clients import Overloaded, ReplayClient, Unavailable, ValidationFailed
 from clients.retry import RetryPolicy, parse_retry_after
+from tests.clients.replay_fake import answer, error
 
 Call = Callable[[ReplayClient], Awaitable[Any]]
 

@@ -7,9 +7,9 @@ from contextlib import aclosing
 
 import httpx
 import pytest
-from replay_fake import answer, error
 
 from clients import DeadlineExceeded, ReplayClient
+from tests.clients.replay_fake import answer, error
 
 
 class Recorder:
@@ -45,6 +45,16 @@ class Recorder:
         return answer(request, 200, {"items": [{"key": f"k{number}"}]})
 
 
+async def settle(recorder: Recorder, started: int) -> None:
+    """Wait (at most 2 s) until ``started`` requests have started and all have finished."""
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if recorder.in_flight == 0 and recorder.started >= started:
+            await asyncio.sleep(0.02)  # room for any request beyond those to start
+            return
+    raise AssertionError(f"{recorder.started} started, {recorder.in_flight} in flight")
+
+
 def client_for(recorder: Recorder) -> ReplayClient:
     return ReplayClient("http://x", transport=httpx.MockTransport(recorder))
 
@@ -57,8 +67,7 @@ async def test_prefetch_requests_are_in_flight_while_the_consumer_works(prefetch
         async with aclosing(rb.stream("t", batch_size=1, prefetch=prefetch)) as batches:
             async for batch in batches:
                 seen.append(batch[0]["key"])
-                await asyncio.sleep(0.02)  # a slow trainer step: all requests finish meanwhile
-                assert recorder.in_flight == 0
+                await settle(recorder, len(seen) + prefetch)  # a slow trainer step
                 assert recorder.started == len(seen) + prefetch
                 if len(seen) == 10:
                     break

@@ -1,0 +1,317 @@
+"""HTTP throughput of ``rlreplay serve`` next to the framework's ceiling, measured in one run.
+
+* push: ``POST /v1/tables/bench/items`` with 64 items of 4 KiB each (msgpack); the keys
+  cycle over 16 bodies x 64 keys, so after the first round pushes replace items.
+* sample: ``POST /v1/tables/default/sample`` of 256 items of 4 KiB (msgpack answer, ~1 MiB),
+  from a table preloaded with 4096 items.
+
+The ceiling is a trivial FastAPI app served by the same uvicorn configuration, whose
+endpoints parse the same bodies (the push body fully unpacked) and answer the same number of
+bytes with no replay work. The load generator is ``wrk`` (a separate C process, keep-alive
+connections, a Lua script for the POST bodies); it must be installed (``apt-get install wrk``).
+
+Run: ``python -m bench.http [--duration 5] [--repeats 3] [--connections 16]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import msgpack
+
+from bench.report import print_table
+
+ITEM_BYTES = 4096
+PUSH_ITEMS = 64
+SAMPLE_ITEMS = 256
+PUSH_BODIES = 16
+PRELOAD = 4096
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready")
+
+
+def _push_body(n: int) -> bytes:
+    value = msgpack.packb({"obs": os.urandom(ITEM_BYTES - 16)})
+    return msgpack.packb(
+        {
+            "items": [
+                {"key": f"b{n}/{i}", "value": value, "priority": 1.0} for i in range(PUSH_ITEMS)
+            ]
+        }
+    )
+
+
+SAMPLE_BODY = msgpack.packb({"batch_size": SAMPLE_ITEMS})
+
+
+def ceiling_app() -> object:
+    """The framework's ceiling: same bodies parsed, same-size answers, no replay work."""
+    from fastapi import FastAPI, Request, Response
+
+    app = FastAPI()
+    value = msgpack.packb({"obs": os.urandom(ITEM_BYTES - 16)})
+    item = {
+        "key": "k" * 8,
+        "value": value,
+        "priority": 1.0,
+        "probability": 0.1,
+        "weight": 1.0,
+        "times_sampled": 1,
+    }
+    sample_answer = msgpack.packb({"items": [item] * SAMPLE_ITEMS})
+    push_answer = msgpack.packb({"accepted": PUSH_ITEMS})
+
+    @app.post("/push")
+    async def push(request: Request) -> Response:
+        body = msgpack.unpackb(await request.body())
+        assert len(body["items"]) == PUSH_ITEMS
+        return Response(push_answer, status_code=202, media_type="application/msgpack")
+
+    @app.post("/sample")
+    async def sample(request: Request) -> Response:
+        body = msgpack.unpackb(await request.body())
+        assert body["batch_size"] == SAMPLE_ITEMS
+        return Response(sample_answer, media_type="application/msgpack")
+
+    @app.get("/readyz")
+    async def ready() -> Response:
+        return Response(b"{}", media_type="application/json")
+
+    return app
+
+
+def serve_ceiling(port: int) -> None:
+    """Serves :func:`ceiling_app` with the uvicorn configuration of ``rlreplay serve``."""
+    import uvicorn
+
+    uvicorn.run(  # the options of app.cli's uvicorn.Config
+        ceiling_app(),
+        host="127.0.0.1",
+        port=port,
+        loop="auto",
+        http="auto",
+        ws="none",
+        lifespan="on",
+        workers=1,
+        access_log=False,
+        log_level="warning",
+        server_header=False,
+    )
+
+
+_LUA = """
+local bodies = {}
+local n = 0
+function init(args)
+  local count = tonumber(args[1])
+  for i = 0, count - 1 do
+    local f = assert(io.open(args[2] .. "/body" .. i .. ".bin", "rb"))
+    bodies[i] = f:read("*all")
+    f:close()
+  end
+  n = count
+end
+local i = 0
+function request()
+  i = (i + 1) % n
+  return wrk.format("POST", nil, {["Content-Type"] = "application/msgpack",
+                                   ["Accept"] = "application/msgpack"}, bodies[i])
+end
+"""
+
+
+def _wrk(
+    url: str, bodies: list[bytes], *, duration: float, connections: int, workdir: Path
+) -> tuple[float, int]:
+    """Runs wrk against ``url`` with ``bodies`` in turn; (requests/s, non-2xx answers)."""
+    for i, body in enumerate(bodies):
+        (workdir / f"body{i}.bin").write_bytes(body)
+    script = workdir / "post.lua"
+    script.write_text(_LUA)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(duration))}s",
+            "-s",
+            str(script),
+            url,
+            "--",
+            str(len(bodies)),
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=duration + 60,
+    ).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return rate, int(bad.group(1)) if bad else 0
+
+
+def _median_rate(
+    url: str, bodies: list[bytes], items: int, args: argparse.Namespace, workdir: Path
+) -> tuple[float, int]:
+    rates, bad = [], 0
+    for _ in range(args.repeats):
+        rate, errors = _wrk(
+            url, bodies, duration=args.duration, connections=args.connections, workdir=workdir
+        )
+        rates.append(rate * items)
+        bad += errors
+    return statistics.median(rates), bad
+
+
+def _start(cmd: list[str], url: str, ready: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    _wait_ready(url, ready, proc)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measures push and sample throughput of the server and of the ceiling; prints a table."""
+    parser = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--repeats", type=int, default=3, help="wrk runs per figure (median)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
+    parser.add_argument("--modes", default="memory,hybrid", help="storage modes to measure")
+    parser.add_argument("--log-level", default="info", help="the server's log level")
+    args = parser.parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("bench.http: wrk is not installed (apt-get install -y wrk); skipped")
+        return
+    push_bodies = [_push_body(n) for n in range(PUSH_BODIES)]
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = _start(
+            [sys.executable, "-c", f"from bench.http import serve_ceiling; serve_ceiling({port})"],
+            url,
+            "/readyz",
+            workdir / "ceiling.log",
+        )
+        try:
+            ceiling_push, _ = _median_rate(url + "/push", push_bodies, PUSH_ITEMS, args, workdir)
+            ceiling_sample, _ = _median_rate(
+                url + "/sample", [SAMPLE_BODY], SAMPLE_ITEMS, args, workdir
+            )
+        finally:
+            _stop(proc)
+        rows.append(["ceiling (trivial FastAPI)", ceiling_push, 1.0, ceiling_sample, 1.0, 0])
+        for mode in args.modes.split(","):
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            data = workdir / f"data-{mode}"
+            proc = _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    str(data),
+                    "--storage-mode",
+                    mode,
+                    "--log-level",
+                    args.log_level,
+                    "--cache-memory-limit-mb",
+                    "2048",
+                ],
+                url,
+                "/readyz",
+                workdir / f"server-{mode}.log",
+            )
+            try:
+                with httpx.Client(base_url=url, timeout=60) as c:
+                    c.put("/v1/tables/bench", json={"max_size": 50_000}).raise_for_status()
+                    for n in range(PRELOAD // PUSH_ITEMS):
+                        r = c.post(
+                            "/v1/tables/default/items",
+                            content=_push_body(1000 + n),
+                            headers={"content-type": "application/msgpack"},
+                        )
+                        r.raise_for_status()
+                push, bad_push = _median_rate(
+                    url + "/v1/tables/bench/items", push_bodies, PUSH_ITEMS, args, workdir
+                )
+                sample, bad_sample = _median_rate(
+                    url + "/v1/tables/default/sample", [SAMPLE_BODY], SAMPLE_ITEMS, args, workdir
+                )
+            finally:
+                _stop(proc)
+            rows.append(
+                [
+                    f"rlreplay serve --storage-mode {mode}",
+                    push,
+                    push / ceiling_push,
+                    sample,
+                    sample / ceiling_sample,
+                    bad_push + bad_sample,
+                ]
+            )
+    print_table(
+        f"HTTP throughput: push {PUSH_ITEMS} x 4 KiB, sample {SAMPLE_ITEMS} x 4 KiB (msgpack); "
+        f"load: wrk, 1 thread, {args.connections} keep-alive connections, "
+        f"median of {args.repeats} x {args.duration:g} s; durability wal; {os.cpu_count()} CPUs",
+        [
+            "server",
+            "pushed items/s",
+            "push vs ceiling",
+            "sampled items/s",
+            "sample vs ceiling",
+            "non-2xx",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The ``rlreplay`` command line: flags, environment variables and their precedence."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import build_parser, main, settings_from_args
+from app.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse(*argv: str) -> Settings:
+    return settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_every_setting_has_a_flag() -> None:
+    help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    for name in Settings.model_fields:
+        flag = "--" + name.replace("_", "-")
+        assert flag in help_text, flag
+        assert f"RLREPLAY_{name.upper()}" in help_text.replace("\n", "").replace(" ", "")
+    for flag in (
+        "--host",
+        "--port",
+        "--data-dir",
+        "--storage-mode",
+        "--cache-memory-limit-mb",
+        "--durability",
+        "--backup-url",
+        "--backup-interval-s",
+        "--backup-keep",
+        "--restore",
+        "--max-request-mb",
+        "--api-key",
+    ):
+        assert flag in help_text
+
+
+def test_flags_beat_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLREPLAY_PORT", "9001")
+    monkeypatch.setenv("RLREPLAY_STORAGE_MODE", "disk")
+    monkeypatch.setenv("RLREPLAY_BACKUP_URL", "memory://env")
+    s = parse("--port", "9002")
+    assert s.port == 9002  # the flag
+    assert s.storage_mode == "disk"  # the variable
+    assert s.backup_url == "memory://env"
+    assert parse().port == 9001
+
+
+def test_flag_types() -> None:
+    s = parse(
+        "--api-key",
+        "a",
+        "--api-key",
+        "b",
+        "--no-default-table",
+        "--default-table-max-size",
+        "10",
+        "--backup-storage-options",
+        '{"anon": true}',
+        "--max-request-mb",
+        "0.5",
+        "--data-dir",
+        "/tmp/x",
+        "--backup-url",
+        "none",
+    )
+    assert s.api_key == ["a", "b"]
+    assert s.default_table is False
+    assert s.default_table_max_size == 10
+    assert s.backup_storage_options == {"anon": True}
+    assert s.max_request_mb == 0.5
+    assert s.data_dir == Path("/tmp/x")
+    assert s.backup_url is None
+
+
+def test_invalid_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", "99999"])
+    assert exc.value.code == 2
+    assert "--port" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--storage-mode", "floppy"])
+    assert exc.value.code == 2
+
+
+def test_sidecar_is_not_implemented_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sidecar", "--server", "http://x", "--table", "t"])
+    assert exc.value.code == 2
+    assert "not implemented" in capsys.readouterr().err
+
+
+def test_help_of_the_console_script_and_python_m_app() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "--storage-mode" in out and "RLREPLAY_" in out
+    out = subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "serve" in out and "sidecar" in out

@@ -1,0 +1,1 @@
+"""Tests of the client package: codec, client, retries, stream, live server."""
