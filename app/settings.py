@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 StorageMode = Literal["memory", "disk", "hybrid"]
 Durability = Literal["wal", "none"]
@@ -55,7 +56,7 @@ class Settings(BaseSettings):
     )
     restore: str = Field("none", description="latest, none or a snapshot id, loaded on start.")
     max_request_mb: float = Field(64, gt=0, description="Largest request body accepted.")
-    api_key: list[str] = Field(
+    api_key: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys; when set, /v1 needs one."
     )
     default_table: bool = Field(True, description="Create the table 'default' at start-up.")
@@ -72,7 +73,10 @@ class Settings(BaseSettings):
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return [k for k in value.replace(",", " ").split() if k]
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [k for k in text.replace(",", " ").split() if k]
         return value
 
     @property

@@ -41,6 +41,7 @@ from app.engine.state import (
     value_key,
 )
 from app.engine.table import Table
+from app.storage.allocator import release_free_memory
 from app.storage.rocks import LSN_KEY, NEXT_TID_KEY, table_prefix
 from clients.errors import TableExists, TableNotFound, Unavailable
 
@@ -50,6 +51,7 @@ EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
 EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
 YIELD_EVERY = 64  # ops applied between yields to the event loop
 MEMORY_CHECKPOINT = "memory.ckpt"
+TRIM_EVERY_BYTES = 16 * 2**20  # evicted bytes between returns of free heap memory to the OS
 
 
 class TaskProcessor:
@@ -68,6 +70,7 @@ class TaskProcessor:
         self._task: asyncio.Task[None] | None = None
         self._evict_queued = False
         self._disk_deletes: list[bytes] = []
+        self._evicted_since_trim = 0
         self.failure: BaseException | None = None
         self.applied_ops = 0
         self.last_apply_lag_s = 0.0
@@ -390,10 +393,12 @@ class TaskProcessor:
             if t.meta_dirty[slot] or t.dirty[slot]:
                 puts.append((meta_key(t, key), meta_bytes(t, slot)))
         await s.io.run(s.store.write, puts, self._take_disk_deletes())
+        evicted = 0
         for t, slot in victims:  # only now: readers find the value in RocksDB from here on
             if t.dropped or t.keys[slot] is None or t.values[slot] is None:
                 continue
             size = int(t.size[slot])
+            evicted += size
             if t.dirty[slot] or not t.on_disk[slot]:
                 t.bytes_on_disk += size - int(t.disk_size[slot])
                 t.disk_size[slot] = size
@@ -402,6 +407,10 @@ class TaskProcessor:
             t.dirty[slot] = t.meta_dirty[slot] = 0
             t.bytes_in_cache -= size
             t.counters.evictions_to_disk += 1
+        self._evicted_since_trim += evicted
+        if self._evicted_since_trim >= max(TRIM_EVERY_BYTES, s.ledger.limit_bytes // 2):
+            self._evicted_since_trim = 0
+            await s.io.run(release_free_memory)
 
     async def _create(self, op: CreateTableOp) -> None:
         s = self._s

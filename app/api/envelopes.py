@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import numpy as np
 
-from app.engine.items import Item, SampledItem
+from app.engine.items import Item, SampleBatch
 from clients.codec import msgpack_to_jsonable
 
 __all__ = [
@@ -109,22 +110,52 @@ def items_msgpack(items: Sequence[Item | None]) -> bytes:
     return b"".join(out)
 
 
-def sample_msgpack(items: Sequence[SampledItem]) -> bytes:
+#: The fixed tail of a sampled item, one row per pick, filled by numpy for a whole batch.
+_SAMPLED_ROW = np.dtype(
+    [
+        field
+        for i, (name, code) in enumerate(zip(_SAMPLED_NAMES, "dddQ", strict=True))
+        for field in ((f"n{i}", f"S{len(name)}"), (f"v{i}", ">f8" if code == "d" else ">u8"))
+    ]
+)
+#: ``_SAMPLED_HEAD`` + the fixstr header of a key of ``n`` < 32 bytes, by ``n``.
+_SAMPLED_HEADS = [_SAMPLED_HEAD + bytes((0xA0 | n,)) for n in range(32)]
+
+
+def _sampled_tails(batch: SampleBatch) -> tuple[memoryview, int]:
+    rows = np.empty(len(batch), dtype=_SAMPLED_ROW)
+    for i, name in enumerate(_SAMPLED_NAMES):
+        rows[f"n{i}"] = name
+    rows["v0"] = batch.priorities
+    rows["v1"] = batch.probabilities
+    rows["v2"] = batch.weights
+    rows["v3"] = batch.times_sampled
+    return memoryview(rows.tobytes()), _SAMPLED_ROW.itemsize
+
+
+def sample_msgpack(batch: SampleBatch) -> bytes:
     """``{"items": [{"key", "value", "priority", "probability", "weight", "times_sampled"}]}``.
 
-    ``value`` is nil when the sample was asked without values.
+    The numeric tails of all picks are packed by numpy at once; per pick only the key is
+    encoded, and the stored value is spliced in. ``value`` is nil when asked without values.
     """
-    out = [_ITEMS_MAP, _array_header(len(items))]
-    p, pr, w, t = _SAMPLED_NAMES
-    tail = _SAMPLED_TAIL.pack
-    for s in items:
-        out += (
-            _SAMPLED_HEAD,
-            _str(s.key),
-            _VALUE,
-            _NIL if s.value is None else s.value,
-            tail(p, s.priority, pr, s.probability, w, s.weight, t, s.times_sampled),
-        )
+    tails, width = _sampled_tails(batch)
+    out = [_ITEMS_MAP, _array_header(len(batch))]
+    append = out.append
+    heads = _SAMPLED_HEADS
+    pos = 0
+    for key, value in zip(batch.keys, batch.values, strict=True):
+        kb = key.encode()
+        if len(kb) < 32:
+            append(heads[len(kb)])
+            append(kb)
+        else:
+            append(_SAMPLED_HEAD)
+            append(_str(key))
+        append(_VALUE)
+        append(_NIL if value is None else value)
+        append(tails[pos : pos + width])
+        pos += width
     return b"".join(out)
 
 
@@ -154,8 +185,9 @@ def items_json(items: Sequence[Item | None]) -> dict[str, Any]:
     return {"items": [None if item is None else item_json(item) for item in items]}
 
 
-def sample_json(items: Sequence[SampledItem]) -> dict[str, Any]:
+def sample_json(batch: SampleBatch) -> dict[str, Any]:
     """A sample's answer as a JSON-able dict."""
+    items = batch.items()
     return {
         "items": [
             {

@@ -46,7 +46,7 @@ async def sample(
     """
     body, fmt = await read_body(request)
     params = parse_sample(body, fmt)
-    items = await engine.sample(
+    items = await engine.sample_batch(
         table,
         params.batch_size,
         timeout_s=params.timeout_ms / 1000,

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 
 from app.engine.config import TableConfig
-from app.engine.items import MAX_KEY_BYTES, Item, NewItem, SampledItem
+from app.engine.items import MAX_KEY_BYTES, Item, NewItem, SampleBatch, SampledItem
 from app.engine.ops import (
     CheckpointOp,
     CreateTableOp,
@@ -521,7 +521,7 @@ class Engine:
         return out
 
     async def _read_misses(
-        self, t: Table, misses: list[tuple[int, int, str]], out: list[Any], sampled: Any = None
+        self, t: Table, misses: list[tuple[int, int, str]], out: list[Any]
     ) -> None:
         """Fill ``out[i]`` for values not in the cache, from RocksDB; schedules populates."""
         s = self._s
@@ -553,10 +553,7 @@ class Engine:
                     p1=True,
                 )
             assert value is not None
-            if sampled is None:
-                out[i] = Item(key, value, meta[0], meta[1], meta[2])
-            else:
-                out[i] = sampled(i, value)
+            out[i] = Item(key, value, meta[0], meta[1], meta[2])
 
     async def sample(
         self,
@@ -566,6 +563,20 @@ class Engine:
         timeout_s: float | None = None,
         include_values: bool = True,
     ) -> list[SampledItem]:
+        """Like :meth:`sample_batch`, as a list of :class:`SampledItem`."""
+        batch = await self.sample_batch(
+            table, batch_size, timeout_s=timeout_s, include_values=include_values
+        )
+        return batch.items()
+
+    async def sample_batch(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_s: float | None = None,
+        include_values: bool = True,
+    ) -> SampleBatch:
         """``batch_size`` draws from the table's sampler, after its pending ops are applied.
 
         A table with no items makes the call wait up to ``timeout_s`` for one (as Reverb's
@@ -589,43 +600,43 @@ class Engine:
             await t.caught_up()
         slots, probs, exhausted = self._draw(t, batch_size)
         size = len(t.sampler) + len(exhausted)
-        weights = t.sampler.weights(probs, size)
         t.counters.samples += len(slots)
         slot_list = slots.tolist()
         tkeys, tvalues = t.keys, t.values
-        keys = [tkeys[sl] for sl in slot_list]
-        prios = t.priority[slots].tolist()
-        times = t.times_sampled[slots].tolist()
-        probs_l, weights_l = probs.tolist(), weights.tolist()
+        batch = SampleBatch(
+            keys=[tkeys[sl] for sl in slot_list],  # type: ignore[misc]
+            values=[tvalues[sl] for sl in slot_list] if include_values else [None] * len(slot_list),
+            priorities=t.priority[slots],
+            probabilities=probs,
+            weights=t.sampler.weights(probs, size),
+            times_sampled=t.times_sampled[slots],
+        )
         if include_values:
-            vals = [tvalues[sl] for sl in slot_list]
             t.referenced[slots] = 1
-        else:
-            vals = [None] * len(slot_list)
-        out: list[Any] = list(map(SampledItem, keys, vals, prios, probs_l, weights_l, times))
-        if include_values and None in vals:
-            misses = [(i, sl, keys[i]) for i, sl in enumerate(slot_list) if vals[i] is None]
-            for i, _, _ in misses:
-                out[i] = None
-            await self._read_misses(
-                t,
-                misses,
-                out,
-                sampled=lambda i, v: SampledItem(
-                    keys[i],
-                    v,
-                    prios[i],
-                    probs_l[i],
-                    weights_l[i],
-                    times[i],
-                ),
-            )
+            if None in batch.values:
+                await self._fill_sampled_misses(t, slot_list, batch)
         if exhausted and not t.dropped:
-            writer = self._writer()
-            self._enqueue_delete(writer, t, exhausted, wait=False)
-        if include_values and None in out:
-            out = [x for x in out if x is not None]  # deleted while read from RocksDB
-        return out
+            self._enqueue_delete(self._writer(), t, exhausted, wait=False)
+        return batch
+
+    async def _fill_sampled_misses(self, t: Table, slot_list: list[int], batch: SampleBatch) -> None:
+        """Read the values of picks not in the cache; drop picks deleted meanwhile."""
+        values = batch.values
+        misses = [(i, sl, batch.keys[i]) for i, sl in enumerate(slot_list) if values[i] is None]
+        found: list[Any] = [None] * len(values)
+        await self._read_misses(t, misses, found)
+        for i, _, _ in misses:
+            item = found[i]
+            values[i] = None if item is None else item.value
+        if None in values:  # deleted while read from RocksDB: leave those picks out
+            keep = [i for i, v in enumerate(values) if v is not None]
+            idx = np.asarray(keep, dtype=np.int64)
+            batch.keys = [batch.keys[i] for i in keep]
+            batch.values = [values[i] for i in keep]
+            batch.priorities = batch.priorities[idx]
+            batch.probabilities = batch.probabilities[idx]
+            batch.weights = batch.weights[idx]
+            batch.times_sampled = batch.times_sampled[idx]
 
     def _draw(self, t: Table, n: int) -> tuple[Any, Any, list[str]]:
         """Draw ``n`` picks; with ``max_times_sampled``, picks that use an item up retire it.
@@ -638,7 +649,7 @@ class Engine:
         if mts == 0:
             slots, probs = t.sampler.sample(n, rng)
             np.add.at(t.times_sampled, slots, 1)
-            _mark_meta_dirty(t, slots)
+            t.meta_dirty[slots] = 1
             return slots, probs, []
         got_slots: list[int] = []
         got_probs: list[float] = []
@@ -699,12 +710,6 @@ def _check_key(key: str) -> None:
             f"key must be a string of 1 to {MAX_KEY_BYTES} bytes of UTF-8"
             + (f", got {len(key.encode())} bytes" if isinstance(key, str) and key else "")
         )
-
-
-def _mark_meta_dirty(t: Table, slots: Any) -> None:
-    md = t.meta_dirty
-    for slot in set(slots.tolist()):
-        md[slot] = 1
 
 
 def _restore_rows(

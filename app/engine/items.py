@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 MAX_KEY_BYTES = 512
 
 
@@ -41,3 +44,35 @@ class SampledItem:
     probability: float
     weight: float
     times_sampled: int
+
+
+@dataclass(slots=True)
+class SampleBatch:
+    """A sample as columns, the form the HTTP layer encodes without per-item objects.
+
+    ``values[i]`` is None when the sample was taken without values.
+    """
+
+    keys: list[str]
+    values: list[bytes | None]
+    priorities: npt.NDArray[np.float64]
+    probabilities: npt.NDArray[np.float64]
+    weights: npt.NDArray[np.float64]
+    times_sampled: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def items(self) -> list[SampledItem]:
+        """The picks as :class:`SampledItem` objects."""
+        return list(
+            map(
+                SampledItem,
+                self.keys,
+                self.values,
+                self.priorities.tolist(),
+                self.probabilities.tolist(),
+                self.weights.tolist(),
+                self.times_sampled.tolist(),
+            )
+        )

@@ -66,7 +66,7 @@ class Table:
         self.version = np.zeros(cap, dtype=np.int64)
         self.referenced = np.zeros(cap, dtype=np.uint8)  # CLOCK bit, set by cache hits
         self.dirty = bytearray()  # value changed since last written to RocksDB
-        self.meta_dirty = bytearray()  # metadata changed since last written
+        self.meta_dirty = np.zeros(cap, dtype=np.uint8)  # metadata changed since last written
         self.on_disk = bytearray()  # a copy of the value is in RocksDB
         self.retired = bytearray()  # taken out of selection by its last allowed sample
         self.disk_size = np.zeros(cap, dtype=np.int64)
@@ -95,7 +95,6 @@ class Table:
             if slot >= len(self.priority):
                 self._grow(max(1024, 2 * len(self.priority)))
             self.dirty.append(0)
-            self.meta_dirty.append(0)
             self.on_disk.append(0)
             self.retired.append(0)
         self.index[key] = slot
@@ -110,6 +109,7 @@ class Table:
             "version",
             "disk_size",
             "referenced",
+            "meta_dirty",
         ):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)

@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MB = 2**20
 # Resident memory the engine may use above the cache limit while values stream through it:
 # RocksDB's memtables (2 x 8 MB) and block cache (8 MB), the log buffer, the index, and
-# allocator slack. Measured at 45-50 MB on the CI machines (see README); 72 MB leaves room.
-STATED_OVERHEAD_MB = 72
+# glibc heap slack (see app/storage/allocator.py). Measured at 60-75 MB above the cache
+# limit on the 2-core CI machines (see README); the test allows 100 MB.
+STATED_OVERHEAD_MB = 100
 
 
 def test_600mb_through_a_32mb_cache(tmp_path: Path) -> None:
