@@ -22,12 +22,21 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
-	$(BIN)/python -m bench
+# TorchRL's prioritized sampler needs its C++ extension, built for torch 2.14 in torchrl
+# 0.14: the baseline runs in a venv of its own (bench/torchrl_baseline.py says why).
+TORCHRL_VENV ?= .venv-torchrl
+
+$(TORCHRL_VENV)/bin/python:
+	$(PYTHON) -m venv $(TORCHRL_VENV)
+	$(TORCHRL_VENV)/bin/pip install -q torch==2.14.1 torchrl==0.14.1 numpy
+
+bench: $(STAMP) $(TORCHRL_VENV)/bin/python
+	@command -v wrk >/dev/null || echo "note: the HTTP section needs wrk (apt-get install wrk)"
+	RLREPLAY_TORCHRL_PYTHON=$(TORCHRL_VENV)/bin/python $(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check app workers gpu clients tests bench
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache data
+	rm -rf $(VENV) $(TORCHRL_VENV) .pytest_cache data

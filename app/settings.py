@@ -48,13 +48,15 @@ class Settings(BaseSettings):
         0.8, ge=0, le=1, description="Chance the writer takes p0 (push/delete) over p1 work."
     )
     io_threads: int = Field(4, gt=0, description="Threads for blocking RocksDB and file I/O.")
-    backup_url: str | None = Field(None, description="fsspec URL for snapshots.")
+    backup_url: str | None = Field(
+        None, description="fsspec URL for snapshots (not implemented yet)."
+    )
     backup_interval_s: float = Field(180, gt=0, description="Seconds between snapshots.")
     backup_keep: int = Field(5, gt=0, description="Snapshots kept at the backup URL.")
     backup_storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec storage options as JSON."
     )
-    restore: str = Field("none", description="latest, none or a snapshot id, loaded on start.")
+    restore: str = Field("none", description="latest, none or a snapshot id (not implemented yet).")
     max_request_mb: float = Field(64, gt=0, description="Largest request body accepted.")
     api_key: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys; when set, /v1 needs one."
@@ -65,7 +67,9 @@ class Settings(BaseSettings):
     )
     default_sampler: str = Field("uniform", description="Sampler type of the 'default' table.")
     changes_keep: int = Field(
-        1_000_000, gt=0, description="Change events kept for the GPU sidecar's feed."
+        1_000_000,
+        gt=0,
+        description="Change events kept for the GPU sidecar's feed (not implemented yet).",
     )
     log_level: str = Field("info", description="Logging level.")
 

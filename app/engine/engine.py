@@ -93,6 +93,8 @@ class Engine:
         """Recover tables from the data directory, replay the log, start the writer."""
         st = self.settings
         st.data_dir.mkdir(parents=True, exist_ok=True)
+        if st.backup_url or st.restore != "none":
+            log.warning("snapshots to --backup-url and --restore are not implemented yet; ignored")
         tune_allocator()
         io = BlockingIO(threads=st.io_threads)
         state = EngineState(

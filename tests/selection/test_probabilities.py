@@ -101,9 +101,10 @@ def test_ptime_restarts_after_emptying() -> None:
     assert probs[0] in (pytest.approx(1 / 3), pytest.approx(2 / 3))
 
 
-def test_sum_tree_total_and_search_match_cumulative_sums() -> None:
+@pytest.mark.parametrize("jump_nodes", [1, 4, 4096])
+def test_sum_tree_total_and_search_match_cumulative_sums(jump_nodes: int) -> None:
     rng = np.random.default_rng(16)
-    tree = SumTree(capacity=16)
+    tree = SumTree(capacity=16, jump_nodes=jump_nodes)
     masses = np.zeros(1000)
     for _ in range(50):  # many small and large batched updates, growing as it goes
         k = int(rng.integers(1, 200))
@@ -122,12 +123,13 @@ def test_sum_tree_total_and_search_match_cumulative_sums() -> None:
     np.testing.assert_array_equal(found[clear], truth[clear])
 
 
-def test_sum_tree_never_lands_on_zero_at_the_top_edge() -> None:
+@pytest.mark.parametrize("jump_nodes", [1, 2, 4096])
+def test_sum_tree_never_lands_on_zero_at_the_top_edge(jump_nodes: int) -> None:
     # Targets just below the total, where rounding in ``total - left`` can overshoot the
     # right subtree's sum and an unguarded walk would end on an empty leaf after the last.
     rng = np.random.default_rng(17)
     for _ in range(5000):
-        tree = SumTree(capacity=16)
+        tree = SumTree(capacity=16, jump_nodes=jump_nodes)
         k = int(rng.integers(2, 9))
         masses = rng.random(k) * rng.choice([1.0, 1e-3, 1e3], size=k)
         tree.set(np.arange(k), masses)
