@@ -606,7 +606,7 @@ class Engine:
         slot_list = slots.tolist()
         tkeys, tvalues = t.keys, t.values
         batch = SampleBatch(
-            keys=[tkeys[sl] for sl in slot_list],  # type: ignore[misc]
+            keys=cast("list[str]", [tkeys[sl] for sl in slot_list]),
             values=[tvalues[sl] for sl in slot_list] if include_values else [None] * len(slot_list),
             priorities=t.priority[slots],
             probabilities=probs,
