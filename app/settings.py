@@ -72,6 +72,9 @@ class Settings(BaseSettings):
         description="Change events kept for the GPU sidecar's feed (not implemented yet).",
     )
     log_level: str = Field("info", description="Logging level.")
+    seed: int | None = Field(
+        None, ge=0, description="Seed of the samplers' and removers' random draws (none: fresh)."
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod

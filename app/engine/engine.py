@@ -77,7 +77,7 @@ class Engine:
         self.settings = settings
         self._state: EngineState | None = None
         self._processor: TaskProcessor | None = None
-        self._rng = np.random.default_rng()
+        self._rng = np.random.default_rng(settings.seed)
         self._ready = False
         self._stopping = False
         self._recovered_records = 0
@@ -101,7 +101,7 @@ class Engine:
             settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes)
         )
         self._state = state
-        processor = TaskProcessor(state, p0_probability=st.p0_probability)
+        processor = TaskProcessor(state, p0_probability=st.p0_probability, seed=st.seed)
         self._processor = processor
         covered = 0
         if st.storage_mode != "memory":
