@@ -621,7 +621,9 @@ class Engine:
             self._enqueue_delete(self._writer(), t, exhausted, wait=False)
         return batch
 
-    async def _fill_sampled_misses(self, t: Table, slot_list: list[int], batch: SampleBatch) -> None:
+    async def _fill_sampled_misses(
+        self, t: Table, slot_list: list[int], batch: SampleBatch
+    ) -> None:
         """Read the values of picks not in the cache; drop picks deleted meanwhile."""
         values = batch.values
         misses = [(i, sl, batch.keys[i]) for i, sl in enumerate(slot_list) if values[i] is None]
