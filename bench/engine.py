@@ -133,7 +133,7 @@ async def engine_rates(
         if mode != "disk":  # everything is cached: cache-hit gets
             t0 = time.perf_counter()
             for start in range(0, len(keys), BATCH):
-                await eng.get_many("t", keys[start : start + BATCH])
+                await eng.get_batch("t", keys[start : start + BATCH])
             out["get_cache"].append(len(keys) / (time.perf_counter() - t0))
         t0 = time.perf_counter()
         n_sampled = 0
@@ -155,7 +155,7 @@ async def engine_rates(
             shuffled = [keys[i] for i in order]
             t0 = time.perf_counter()
             for start in range(0, len(keys), BATCH):
-                await eng.get_many("t", shuffled[start : start + BATCH])
+                await eng.get_batch("t", shuffled[start : start + BATCH])
             out["get_disk"].append(len(keys) / (time.perf_counter() - t0))
             await eng.stop()
         shutil.rmtree(data, ignore_errors=True)

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 
 from app.engine.config import TableConfig
-from app.engine.items import MAX_KEY_BYTES, Item, NewItem, SampleBatch, SampledItem
+from app.engine.items import MAX_KEY_BYTES, Item, ItemBatch, NewItem, SampleBatch, SampledItem
 from app.engine.ops import (
     CheckpointOp,
     CreateTableOp,
@@ -473,24 +473,21 @@ class Engine:
 
     async def get_many(self, table: str, keys: Sequence[str]) -> list[Item | None]:
         """Items in the order asked, None where missing."""
+        return (await self.get_batch(table, keys)).items()
+
+    async def get_batch(self, table: str, keys: Sequence[str]) -> ItemBatch:
+        """Items in the order asked, as columns (``values[i]`` None where missing)."""
         t = self._table(table)
         index, values = t.index, t.values
         if not t.pending:  # the common case: one vectorised pass over cached items
-            slots = [index.get(k) for k in keys]
+            slots = list(map(index.get, keys))
             if None not in slots:
-                vals = [values[s] for s in slots]  # type: ignore[index]
+                vals = list(map(values.__getitem__, slots))  # type: ignore[arg-type]
                 if None not in vals:
-                    sl = np.fromiter(slots, dtype=np.int64, count=len(slots))
+                    sl = np.array(slots, dtype=np.int64)
                     t.referenced[sl] = 1
-                    return list(
-                        map(
-                            Item,
-                            keys,
-                            cast("list[bytes]", vals),
-                            t.priority[sl].tolist(),
-                            t.inserted_at[sl].tolist(),
-                            t.times_sampled[sl].tolist(),
-                        )
+                    return ItemBatch(
+                        keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
                     )
         out: list[Item | None] = [None] * len(keys)
         pending = t.pending
@@ -520,7 +517,7 @@ class Engine:
             )
         if misses:
             await self._read_misses(t, misses, out)
-        return out
+        return ItemBatch.of(keys, out)
 
     async def _read_misses(
         self, t: Table, misses: list[tuple[int, int, str]], out: list[Any]

@@ -6,6 +6,7 @@ and these are built per item on every hot path. Treat them as read-only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,46 @@ class SampledItem:
     probability: float
     weight: float
     times_sampled: int
+
+
+@dataclass(slots=True)
+class ItemBatch:
+    """Items read in one call, as columns; ``values[i]`` is None where the key is missing
+    (and the numeric columns hold 0 there)."""
+
+    keys: Sequence[str]
+    values: list[bytes | None]
+    priorities: npt.NDArray[np.float64]
+    inserted_at: npt.NDArray[np.float64]
+    times_sampled: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def items(self) -> list[Item | None]:
+        """The items as :class:`Item` objects, None where missing."""
+        return [
+            None if v is None else Item(k, v, p, t, n)
+            for k, v, p, t, n in zip(
+                self.keys,
+                self.values,
+                self.priorities.tolist(),
+                self.inserted_at.tolist(),
+                self.times_sampled.tolist(),
+                strict=True,
+            )
+        ]
+
+    @classmethod
+    def of(cls, keys: Sequence[str], items: list[Item | None]) -> ItemBatch:
+        """Columns of ``items`` (None where missing) asked for as ``keys``."""
+        return cls(
+            keys,
+            [None if it is None else it.value for it in items],
+            np.array([0.0 if it is None else it.priority for it in items], dtype=np.float64),
+            np.array([0.0 if it is None else it.inserted_at for it in items], dtype=np.float64),
+            np.array([0 if it is None else it.times_sampled for it in items], dtype=np.int64),
+        )
 
 
 @dataclass(slots=True)
