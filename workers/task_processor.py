@@ -71,6 +71,8 @@ class TaskProcessor:
         self._evict_queued = False
         self._disk_deletes: list[bytes] = []
         self._evicted_since_trim = 0
+        self._checkpoint_queued = False
+        self._checkpoint_bytes = int(state.settings.wal_checkpoint_mb * 2**20)
         self.failure: BaseException | None = None
         self.applied_ops = 0
         self.last_apply_lag_s = 0.0
@@ -174,6 +176,14 @@ class TaskProcessor:
             if op.future is not None and not op.future.done():
                 op.future.set_result(None)
             self.applied_ops += 1
+            wal = s.wal
+            if (
+                wal is not None
+                and not self._checkpoint_queued
+                and wal.bytes_since_checkpoint > self._checkpoint_bytes
+            ):
+                self._checkpoint_queued = True
+                self.submit(CheckpointOp(0, weight=0))
             since_yield += 1
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
@@ -198,6 +208,7 @@ class TaskProcessor:
             self._evict_queued = False
             await self._evict()
         elif isinstance(op, CheckpointOp):
+            self._checkpoint_queued = False
             await self.checkpoint()
         elif isinstance(op, CreateTableOp):
             await self._create(op)

@@ -455,16 +455,6 @@ class Engine:
         writer.submit(CheckpointOp(0, future=fut, weight=0))
         await fut
 
-    async def maybe_checkpoint(self) -> None:
-        """Checkpoint when the log has grown past ``wal_checkpoint_mb``."""
-        s = self._s
-        if (
-            s.wal is not None
-            and s.wal.bytes_since_checkpoint > self.settings.wal_checkpoint_mb * 2**20
-        ):
-            s.wal.bytes_since_checkpoint = 0
-            self._writer().submit(CheckpointOp(0, weight=0))
-
     # -- reads ----------------------------------------------------------------------------
 
     async def get(self, table: str, key: str) -> Item | None:

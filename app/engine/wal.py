@@ -172,6 +172,7 @@ class WriteAheadLog:
 
     async def rotate(self) -> None:
         """Write and fsync what is buffered, close the segment and start a new one."""
+        self.bytes_since_checkpoint = 0
         while self._flushing is not None:
             await asyncio.shield(self._flushing)
         await self._flush_once(rotate=True)
@@ -187,7 +188,6 @@ class WriteAheadLog:
             self._segments.remove(item)
             self._segment_last_lsn.pop(item[1], None)
         await self._io.run(self._unlink_sync, [p for _, p in doomed])
-        self.bytes_since_checkpoint = 0
 
     @staticmethod
     def _unlink_sync(paths: list[Path]) -> None:

@@ -236,3 +236,26 @@ async def test_restart_recovers_everything(tmp_path: Path, mode: str) -> None:
         assert eng2.describe("t")["stats"]["size"] == 99
     finally:
         await eng2.stop()
+
+
+@pytest.mark.parametrize("mode", ["memory", "hybrid"])
+async def test_log_stays_bounded_by_checkpoints(tmp_path: Path, mode: str) -> None:
+    eng = Engine(make_settings(tmp_path / "d", storage_mode=mode, wal_checkpoint_mb=0.5))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        for i in range(200):  # 200 x 16 KB = 3.2 MB through a log checkpointed every 0.5 MB
+            await eng.push("t", [item(f"k{i % 50}", b"x" * 16_000)], wait=True)
+        await eng.push("t", [item("last")], wait=True)
+        assert eng.storage_stats()["wal_bytes"] < 2 * 2**20
+        assert eng.describe("t")["stats"]["size"] == 51
+    finally:
+        await eng.stop()
+    eng = Engine(make_settings(tmp_path / "d", storage_mode=mode))
+    await eng.start()
+    try:
+        got = await eng.get("t", "k7")
+        assert got is not None and msgpack.unpackb(got.value) == b"x" * 16_000
+        assert eng.describe("t")["stats"]["size"] == 51
+    finally:
+        await eng.stop()
