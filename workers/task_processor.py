@@ -314,6 +314,8 @@ class TaskProcessor:
             key = t.keys[slot]
             assert key is not None
             victims.append(key)
+            if key not in t.pending:  # a pending op decides what readers see of it
+                t.visible -= 1
         await self._delete(t, victims, 0)
 
     async def trim_all(self) -> None:

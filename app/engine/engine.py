@@ -126,6 +126,7 @@ class Engine:
             if records:
                 await processor.checkpoint()
         for table in state.tables.values():
+            table.visible = len(table.index)
             table.applied(state.seq, 0)
         processor.start()
         self._ready = True
@@ -386,6 +387,7 @@ class Engine:
         seq = s.next_seq(record)
         fut = asyncio.get_running_loop().create_future() if wait else None
         entries = {it.key: (seq, it, now) for it in items}
+        t.visible += sum(1 for key in entries if not t.contains(key))
         t.pending.update(entries)
         t.accept(seq, n)
         writer.submit(
@@ -413,7 +415,9 @@ class Engine:
         s = self._s
         seq = s.next_seq(["del", t.name, keys] if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait else None
-        t.pending.update({k: (seq, None, 0.0) for k in keys})
+        doomed = {k: (seq, None, 0.0) for k in keys}
+        t.visible -= sum(1 for key in doomed if t.contains(key))
+        t.pending.update(doomed)
         t.accept(seq, len(keys))
         writer.submit(DeleteOp(seq, future=fut, weight=len(keys), table=t, keys=keys))
         if t.gate.limited:

@@ -76,6 +76,8 @@ class Table:
 
         self.pending: dict[str, PendingEntry] = {}
         self.pending_ops = 0  # item ops accepted and not applied
+        # What visible_size() answers, kept up to date as ops are accepted (O(1) to read).
+        self.visible = 0
         self.accepted_seq = 0
         self.applied_seq = 0
         self._barriers: list[tuple[int, asyncio.Future[None]]] = []
@@ -184,14 +186,7 @@ class Table:
 
     def visible_size(self) -> int:
         """Items a reader sees now: the applied ones with the pending ops merged in."""
-        n = len(self.index)
-        for key, (_, item, _ts) in self.pending.items():
-            present = key in self.index
-            if item is None and present:
-                n -= 1
-            elif item is not None and not present:
-                n += 1
-        return n
+        return self.visible
 
     def contains(self, key: str) -> bool:
         """Whether a reader sees ``key`` now."""

@@ -113,6 +113,11 @@ async def test_max_size_removes_oldest_with_fifo_remover(tmp_path: Path) -> None
             await eng.push("c", [item(f"k{i}")], wait=True)
         got = await eng.get_many("c", [f"k{i}" for i in range(6)])
         assert [g is not None for g in got] == [False, False, False, True, True, True]
+        assert eng.describe("c")["stats"]["size"] == 3
+        await eng.push("c", [item("k3"), item("k9")])  # a replace and a new key, not yet applied
+        assert eng.describe("c")["stats"]["size"] == 4
+        await eng.flush()
+        assert eng.describe("c")["stats"]["size"] == 3
     finally:
         await eng.stop()
 
