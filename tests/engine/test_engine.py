@@ -114,10 +114,10 @@ async def test_max_size_removes_oldest_with_fifo_remover(tmp_path: Path) -> None
         got = await eng.get_many("c", [f"k{i}" for i in range(6)])
         assert [g is not None for g in got] == [False, False, False, True, True, True]
         assert eng.describe("c")["stats"]["size"] == 3
-        await eng.push("c", [item("k3"), item("k9")])  # a replace and a new key, not yet applied
-        assert eng.describe("c")["stats"]["size"] == 4
-        await eng.flush()
+        await eng.push("c", [item("k3"), item("k9")], wait=True)  # k3 replaced: now the newest
         assert eng.describe("c")["stats"]["size"] == 3
+        got = await eng.get_many("c", ["k3", "k4", "k5", "k9"])
+        assert [g is not None for g in got] == [True, False, True, True]
     finally:
         await eng.stop()
 
