@@ -8,7 +8,7 @@ per-table figures and queue depths are read from the engine at scrape time by
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -138,8 +138,23 @@ class EngineCollector(Collector):
             )
 
 
+_M = TypeVar("_M", Counter, Histogram)
+
+
+def _child(cache: dict[tuple[str, ...], _M], metric: _M, *labels: str) -> _M:
+    """``metric.labels(*labels)``, looked up in ``cache`` first."""
+    child = cache.get(labels)
+    if child is None:
+        child = cache[labels] = metric.labels(*labels)
+    return child
+
+
 class Metrics:
-    """The metrics of one app: request latency, ops and items by kind, engine figures."""
+    """The metrics of one app: request latency, ops and items by kind, engine figures.
+
+    The labelled children are looked up once per label set and kept in plain dicts:
+    ``labels()`` takes a lock and builds a key on every call, which per request adds up.
+    """
 
     def __init__(self) -> None:
         """Creates a fresh registry with the request metrics in it."""
@@ -163,6 +178,9 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self._latency: dict[tuple[str, ...], Histogram] = {}
+        self._ops: dict[tuple[str, ...], Counter] = {}
+        self._items: dict[tuple[str, ...], Counter] = {}
 
     def watch_engine(self, engine: EngineView) -> None:
         """Adds the per-table and queue figures of ``engine`` to the registry."""
@@ -179,14 +197,16 @@ class Metrics:
         error_code: str | None,
     ) -> None:
         """Records one answered request."""
-        self.request_seconds.labels(route, method, str(status)).observe(seconds)
+        code = str(status)
+        _child(self._latency, self.request_seconds, route, method, code).observe(seconds)
         if op is not None:
-            self.ops.labels(op, error_code or ("ok" if status < 400 else str(status))).inc()
+            outcome = error_code or ("ok" if status < 400 else code)
+            _child(self._ops, self.ops, op, outcome).inc()
 
     def count_items(self, kind: str, n: int) -> None:
         """Adds ``n`` items handled by an op of ``kind`` (push, sample, get...)."""
         if n:
-            self.items.labels(kind).inc(n)
+            _child(self._items, self.items, kind).inc(n)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of the registry."""

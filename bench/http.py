@@ -64,13 +64,14 @@ def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes]) -> None:
 
 def _push_body(n: int) -> bytes:
     value = msgpack.packb({"obs": os.urandom(ITEM_BYTES - 16)})
-    return msgpack.packb(
+    body: bytes = msgpack.packb(
         {
             "items": [
                 {"key": f"b{n}/{i}", "value": value, "priority": 1.0} for i in range(PUSH_ITEMS)
             ]
         }
     )
+    return body
 
 
 SAMPLE_BODY = msgpack.packb({"batch_size": SAMPLE_ITEMS})
@@ -240,13 +241,24 @@ def main(argv: list[str] | None = None) -> None:
             workdir / "ceiling.log",
         )
         try:
-            ceiling_push, _ = _median_rate(url + "/push", push_bodies, PUSH_ITEMS, args, workdir)
-            ceiling_sample, _ = _median_rate(
+            ceiling_push, bad_ceiling_push = _median_rate(
+                url + "/push", push_bodies, PUSH_ITEMS, args, workdir
+            )
+            ceiling_sample, bad_ceiling_sample = _median_rate(
                 url + "/sample", [SAMPLE_BODY], SAMPLE_ITEMS, args, workdir
             )
         finally:
             _stop(proc)
-        rows.append(["ceiling (trivial FastAPI)", ceiling_push, 1.0, ceiling_sample, 1.0, 0])
+        rows.append(
+            [
+                "ceiling (trivial FastAPI)",
+                ceiling_push,
+                1.0,
+                ceiling_sample,
+                1.0,
+                bad_ceiling_push + bad_ceiling_sample,
+            ]
+        )
         for mode in args.modes.split(","):
             port = _free_port()
             url = f"http://127.0.0.1:{port}"

@@ -15,6 +15,7 @@ sliced out as the raw bytes the client sent: it is stored as is, never decoded.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,9 @@ DEFAULT_TIMEOUT_MS = 10_000
 MAX_TIMEOUT_MS = 600_000
 
 _DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, RecursionError)
+#: A key of at most this many ASCII characters is within the 512-byte limit.
+_ASCII_KEY_CHARS = MAX_KEY_BYTES
+_MAX_FLOAT = sys.float_info.max
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,37 +269,56 @@ def _map_header(unpacker: msgpack.Unpacker, what: str) -> int:
 
 
 def _msgpack_items(unpacker: msgpack.Unpacker, body: bytes) -> list[NewItem]:
+    """The items of a msgpack push body, each ``value`` the raw bytes sent.
+
+    This loop runs per pushed item, so its common case is kept cheap: the unpacker's methods
+    are bound once, and a key that is short ASCII and a priority that is a finite float >= 0
+    are accepted as they are; anything else goes to :func:`check_key` and
+    :func:`check_priority`, which normalise it or raise with the item's position.
+    """
     try:
         count: int = unpacker.read_array_header()
     except ValueError as exc:
         raise BadRequest("items must be a list") from exc
+    read_map_header, unpack, skip, tell = (
+        unpacker.read_map_header,
+        unpacker.unpack,
+        unpacker.skip,
+        unpacker.tell,
+    )
     items = []
     for i in range(count):
-        where = f"items[{i}]"
-        n_fields = _map_header(unpacker, where)
+        try:
+            n_fields: int = read_map_header()
+        except ValueError as exc:
+            raise BadRequest(f"items[{i}] must be a map") from exc
         key: object = None
         value: bytes | None = None
         priority: object = 1.0
         for _ in range(n_fields):
-            name = unpacker.unpack()
+            name = unpack()
             if name == "key":
-                key = unpacker.unpack()
+                key = unpack()
             elif name == "value":
-                start = unpacker.tell()
-                unpacker.skip()
-                value = body[start : unpacker.tell()]
+                start = tell()
+                skip()
+                value = body[start : tell()]
             elif name == "priority":
-                priority = unpacker.unpack()
+                priority = unpack()
             else:
-                raise ValidationFailed(f"unknown field(s) in {where}: {name}")
+                raise ValidationFailed(f"unknown field(s) in items[{i}]: {name}")
         if key is None or value is None:
             missing = [f for f, v in (("key", key), ("value", value)) if v is None]
-            raise ValidationFailed(f"missing field(s) in {where}: {', '.join(missing)}")
+            raise ValidationFailed(f"missing field(s) in items[{i}]: {', '.join(missing)}")
         items.append(
             NewItem(
-                check_key(key, f"{where}.key"),
+                key
+                if type(key) is str and 0 < len(key) <= _ASCII_KEY_CHARS and key.isascii()
+                else check_key(key, f"items[{i}].key"),
                 value,
-                check_priority(priority, f"{where}.priority"),
+                priority
+                if type(priority) is float and 0.0 <= priority <= _MAX_FLOAT
+                else check_priority(priority, f"items[{i}].priority"),
             )
         )
     return items

@@ -1,10 +1,14 @@
-"""Dependencies of the routes, as ``Annotated`` aliases.
-
-They are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in a worker
-thread, a thread hop per dependency per request.
+"""Dependencies of the routes, as ``Annotated`` aliases, and the accessors behind them.
 
 The engine, settings and metrics live on ``app.state`` (put there by
-:func:`app.main.create_app`); routes ask for them with these aliases.
+:func:`app.main.create_app`). Routes ask for them with these aliases, except the hot data
+routes (push, sample, reads, deletes: :mod:`app.api.items`, :mod:`app.api.sampling`), which
+take the ``Request`` and call :func:`engine_of`, :func:`metrics_of` and
+:func:`app.api.encoding.wants_msgpack` themselves: FastAPI's resolver costs several
+microseconds per ``Depends`` per request, a tenth of a small request's whole time.
+
+The dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in a
+worker thread, a thread hop per dependency per request.
 """
 
 from __future__ import annotations
@@ -26,16 +30,29 @@ __all__ = [
     "EngineDep",
     "ItemKey",
     "TableName",
+    "engine_of",
+    "metrics_of",
 ]
 
 #: Table names: 1 to 128 letters, digits, ``_``, ``-`` and ``.``, starting with a letter or digit.
 TABLE_NAME_PATTERN = TABLE_NAME.pattern
 
 
-async def get_engine(request: Request) -> Engine:
-    """The app's engine."""
+def engine_of(request: Request) -> Engine:
+    """The engine of the request's app."""
     engine: Engine = request.app.state.engine
     return engine
+
+
+def metrics_of(request: Request) -> Metrics:
+    """The metrics of the request's app."""
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+async def get_engine(request: Request) -> Engine:
+    """The app's engine."""
+    return engine_of(request)
 
 
 async def get_settings(request: Request) -> Settings:
@@ -46,8 +63,7 @@ async def get_settings(request: Request) -> Settings:
 
 async def get_metrics(request: Request) -> Metrics:
     """The app's metrics."""
-    metrics: Metrics = request.app.state.metrics
-    return metrics
+    return metrics_of(request)
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]

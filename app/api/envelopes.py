@@ -140,7 +140,7 @@ def sample_msgpack(batch: SampleBatch) -> bytes:
     encoded, and the stored value is spliced in. ``value`` is nil when asked without values.
     """
     tails, width = _sampled_tails(batch)
-    out = [_ITEMS_MAP, _array_header(len(batch))]
+    out: list[bytes | memoryview] = [_ITEMS_MAP, _array_header(len(batch))]
     append = out.append
     heads = _SAMPLED_HEADS
     pos = 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app.api.bodies import check_key, parse_delete, parse_keys, parse_priorities, parse_push
-from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep, ItemKey, TableName
-from app.api.encoding import JSON, MSGPACK, dump_json, encode, read_body
+from app.api.deps import ItemKey, TableName, engine_of, metrics_of
+from app.api.encoding import JSON, MSGPACK, dump_json, encode, read_body, wants_msgpack
 from app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
 from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from app.api.schemas import (
@@ -63,13 +63,7 @@ _PUSH_EXAMPLE = {
         *V1_ERRORS,
     ),
 )
-async def push_items(
-    request: Request,
-    table: TableName,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def push_items(request: Request, table: TableName) -> Response:
     """Push items (an existing key is replaced).
 
     Answers 202 `{"accepted": n}` as soon as the items are accepted (every later get,
@@ -79,11 +73,11 @@ async def push_items(
     """
     body, fmt = await read_body(request)
     push = parse_push(body, fmt)
-    n = await engine.push(table, push.items, wait=push.wait)
-    metrics.count_items("push", n)
+    n = await engine_of(request).push(table, push.items, wait=push.wait)
+    metrics_of(request).count_items("push", n)
     if push.wait:
-        return encode({"committed": n}, msgpack_body=msgpack_out)
-    return encode({"accepted": n}, msgpack_body=msgpack_out, status_code=202)
+        return encode({"committed": n}, msgpack_body=wants_msgpack(request))
+    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)
 
 
 @router.post(
@@ -97,19 +91,13 @@ async def push_items(
         *V1_ERRORS,
     ),
 )
-async def batch_get_items(
-    request: Request,
-    table: TableName,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def batch_get_items(request: Request, table: TableName) -> Response:
     """Read many items at once, in the order asked (null where missing)."""
     body, fmt = await read_body(request)
     keys = parse_keys(body, fmt).keys
-    items = await engine.get_many(table, keys)
-    metrics.count_items("get", len(keys))
-    if msgpack_out:
+    items = await engine_of(request).get_many(table, keys)
+    metrics_of(request).count_items("get", len(keys))
+    if wants_msgpack(request):
         return Response(items_msgpack(items), media_type=MSGPACK)
     return Response(dump_json(items_json(items)), media_type=JSON)
 
@@ -130,21 +118,15 @@ async def batch_get_items(
         *V1_ERRORS,
     ),
 )
-async def batch_delete_items(
-    request: Request,
-    table: TableName,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def batch_delete_items(request: Request, table: TableName) -> Response:
     """Delete many items at once (missing keys are no error)."""
     body, fmt = await read_body(request)
     delete = parse_delete(body, fmt)
-    n = await engine.delete(table, delete.keys, wait=delete.wait)
-    metrics.count_items("delete", n)
+    n = await engine_of(request).delete(table, delete.keys, wait=delete.wait)
+    metrics_of(request).count_items("delete", n)
     if delete.wait:
-        return encode({"committed": n}, msgpack_body=msgpack_out)
-    return encode({"accepted": n}, msgpack_body=msgpack_out, status_code=202)
+        return encode({"committed": n}, msgpack_body=wants_msgpack(request))
+    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)
 
 
 @router.get(
@@ -152,19 +134,13 @@ async def batch_delete_items(
     response_model=None,
     responses=answers({200: (ItemOut, "The item.")}, TableNotFound, ItemNotFound, *V1_ERRORS),
 )
-async def get_item(
-    table: TableName,
-    key: ItemKey,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def get_item(request: Request, table: TableName, key: ItemKey) -> Response:
     """Read one item."""
-    item = await engine.get(table, check_key(key))
+    item = await engine_of(request).get(table, check_key(key))
     if item is None:
         raise ItemNotFound(f"no item with key {key!r} in table {table!r}")
-    metrics.count_items("get", 1)
-    if msgpack_out:
+    metrics_of(request).count_items("get", 1)
+    if wants_msgpack(request):
         return Response(item_msgpack(item), media_type=MSGPACK)
     return Response(dump_json(item_json(item)), media_type=JSON)
 
@@ -180,17 +156,11 @@ async def get_item(
         *V1_ERRORS,
     ),
 )
-async def delete_item(
-    table: TableName,
-    key: ItemKey,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def delete_item(request: Request, table: TableName, key: ItemKey) -> Response:
     """Delete one item (a missing key is no error)."""
-    n = await engine.delete(table, [check_key(key)])
-    metrics.count_items("delete", n)
-    return encode({"accepted": n}, msgpack_body=msgpack_out, status_code=202)
+    n = await engine_of(request).delete(table, [check_key(key)])
+    metrics_of(request).count_items("delete", n)
+    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)
 
 
 @router.post(
@@ -205,16 +175,10 @@ async def delete_item(
         *V1_ERRORS,
     ),
 )
-async def update_priorities(
-    request: Request,
-    table: TableName,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def update_priorities(request: Request, table: TableName) -> Response:
     """Update the priorities of items."""
     body, fmt = await read_body(request)
     priorities = parse_priorities(body, fmt).priorities
-    updated, missing = await engine.update_priorities(table, priorities)
-    metrics.count_items("priorities", updated)
-    return encode({"updated": updated, "missing": missing}, msgpack_body=msgpack_out)
+    updated, missing = await engine_of(request).update_priorities(table, priorities)
+    metrics_of(request).count_items("priorities", updated)
+    return encode({"updated": updated, "missing": missing}, msgpack_body=wants_msgpack(request))

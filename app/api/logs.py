@@ -20,26 +20,44 @@ ACCESS_LOGGER = "rlreplay.access"
 _RESERVED = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
 )
+#: One encoder for every line: ``json.dumps`` with options builds a new one per call.
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object: ``ts``, ``level``, ``logger``, ``msg``, extras."""
+    """Formats a record as one JSON object: ``ts``, ``level``, ``logger``, ``msg``, extras.
+
+    It runs for every request (the access log), so the ``ts`` text of the current second is
+    kept and only the milliseconds are formatted per line.
+    """
+
+    def __init__(self) -> None:
+        """A formatter with no timestamp formatted yet."""
+        super().__init__()
+        self._second = -1
+        self._second_text = ""
+
+    def _timestamp(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
+        return f"{self._second_text}.{int(record.msecs):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         """Renders ``record`` (and its traceback, if any) as a single JSON line."""
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": self._timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
+            if key not in _RESERVED and key[0] != "_":
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return _ENCODER.encode(entry)
 
 
 def configure_logging(level: str = "info") -> None:

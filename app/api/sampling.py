@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app.api.bodies import parse_sample
-from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep, TableName
-from app.api.encoding import JSON, MSGPACK, dump_json, read_body
+from app.api.deps import TableName, engine_of, metrics_of
+from app.api.encoding import JSON, MSGPACK, dump_json, read_body, wants_msgpack
 from app.api.envelopes import sample_json, sample_msgpack
 from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from app.api.schemas import SampleRequest, SampleResponse
@@ -31,13 +31,7 @@ router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
         *V1_ERRORS,
     ),
 )
-async def sample(
-    request: Request,
-    table: TableName,
-    engine: EngineDep,
-    metrics: AppMetrics,
-    msgpack_out: AcceptsMsgpack,
-) -> Response:
+async def sample(request: Request, table: TableName) -> Response:
     """Sample a batch of items with the table's sampler.
 
     Waits up to `timeout_ms` (default 10000) for the table's rate limiter, then answers 504
@@ -46,13 +40,13 @@ async def sample(
     """
     body, fmt = await read_body(request)
     params = parse_sample(body, fmt)
-    items = await engine.sample_batch(
+    items = await engine_of(request).sample_batch(
         table,
         params.batch_size,
         timeout_s=params.timeout_ms / 1000,
         include_values=params.include_values,
     )
-    metrics.count_items("sample", len(items))
-    if msgpack_out:
+    metrics_of(request).count_items("sample", len(items))
+    if wants_msgpack(request):
         return Response(sample_msgpack(items), media_type=MSGPACK)
     return Response(dump_json(sample_json(items)), media_type=JSON)
