@@ -42,6 +42,7 @@ from app.engine.state import (
 )
 from app.engine.table import Table
 from app.storage.allocator import release_free_memory
+from app.storage.cache import ENTRY_OVERHEAD
 from app.storage.rocks import LSN_KEY, NEXT_TID_KEY, table_prefix
 from clients.errors import TableExists, TableNotFound, Unavailable
 
@@ -225,58 +226,69 @@ class TaskProcessor:
         if len({it.key for it in items}) != len(items):
             items = list({it.key: it for it in items}.values())
         mode, ts = s.mode, op.inserted_at
-        new_slots: list[int] = []
-        fields: list[dict[str, Any]] | None = [] if t.index_fields else None
-        disk_puts: list[tuple[bytes, bytes]] = []
-        pending = t.pending
-        for it in items:
-            key = it.key
-            slot = t.index.get(key)
+        index, values, retired, pending = t.index, t.values, t.retired, t.pending
+        slot_list: list[int] = []
+        replaced: list[int] = []  # slots of replaced keys still in selection
+        for it in items:  # pass 1: slots, and what a replaced item leaves behind
+            slot = index.get(it.key)
             if slot is None:
-                slot = t.alloc_slot(key)
+                slot = t.alloc_slot(it.key)
             else:
-                self._unselect(t, slot)
-                if t.values[slot] is not None:
+                if not retired[slot]:
+                    replaced.append(slot)
+                if values[slot] is not None:
                     s.ledger.discard(t, slot)
                     t.bytes_in_cache -= int(t.size[slot])
-            size = len(it.value) + len(key)
-            t.priority[slot] = it.priority
-            t.inserted_at[slot] = ts
-            t.times_sampled[slot] = 0
-            t.size[slot] = size
-            t.version[slot] += 1
-            t.retired[slot] = 0
-            t.meta_dirty[slot] = 1
-            t.referenced[slot] = 0
-            if mode == "disk":
-                t.values[slot] = None
-                disk_puts.append((value_key(t, key), it.value))
-                disk_puts.append((meta_key(t, key), meta_bytes(t, slot)))
+            slot_list.append(slot)
+            entry = pending.get(it.key)
+            if entry is not None and entry[0] == op.seq:
+                del pending[it.key]
+        slots = np.array(slot_list, dtype=np.int64)
+        if replaced:
+            gone = np.array(replaced, dtype=np.int64)
+            t.sampler.remove(gone)
+            if t.remover is not None:
+                t.remover.remove(gone)
+        sizes = np.fromiter((len(it.value) + len(it.key) for it in items), np.int64, len(items))
+        prios = np.fromiter((it.priority for it in items), np.float64, len(items))
+        t.priority[slots] = prios
+        t.inserted_at[slots] = ts
+        t.times_sampled[slots] = 0
+        t.size[slots] = sizes
+        t.version[slots] += 1
+        t.referenced[slots] = 0
+        t.order[slots] = np.arange(t.next_order, t.next_order + len(slots))
+        t.next_order += len(slots)
+        fields: list[dict[str, Any]] | None = None
+        if t.index_fields:
+            fields = [index_fields_of(it.value, t.index_fields) for it in items]
+            t.fields.update(zip(slot_list, fields, strict=True))
+        if mode == "disk":
+            t.meta_dirty[slots] = 0
+            disk_puts: list[tuple[bytes, bytes]] = []
+            for it, slot, size in zip(items, slot_list, sizes.tolist(), strict=True):
+                retired[slot] = 0
+                values[slot] = None
+                t.on_disk[slot] = 1
+                t.dirty[slot] = 0
                 t.bytes_on_disk += size - int(t.disk_size[slot])
                 t.disk_size[slot] = size
-                t.on_disk[slot] = 1
-                t.dirty[slot] = t.meta_dirty[slot] = 0
-            else:
-                t.values[slot] = it.value
-                t.dirty[slot] = 1
-                s.ledger.add(t, slot, cache_charge(size))
-                t.bytes_in_cache += size
-            new_slots.append(slot)
-            if fields is not None:
-                found = index_fields_of(it.value, t.index_fields)
-                t.fields[slot] = found
-                fields.append(found)
-            entry = pending.get(key)
-            if entry is not None and entry[0] == op.seq:
-                del pending[key]
-        if new_slots:
-            slots = np.asarray(new_slots, dtype=np.int64)
-            prios = t.priority[slots]
-            times = np.full(len(slots), ts)
-            t.sampler.insert(slots, prios, times, fields)
-            if t.remover is not None:
-                t.remover.insert(slots, prios, times, fields)
-        if disk_puts:
+                disk_puts.append((value_key(t, it.key), it.value))
+                disk_puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
+        else:
+            t.meta_dirty[slots] = 1
+            dirty, add = t.dirty, s.ledger.add
+            for it, slot, size in zip(items, slot_list, sizes.tolist(), strict=True):
+                retired[slot] = 0
+                values[slot] = it.value
+                dirty[slot] = 1
+                add(t, slot, size + ENTRY_OVERHEAD)
+            t.bytes_in_cache += int(sizes.sum())
+        times = np.full(len(slots), ts)
+        t.sampler.insert(slots, prios, times, fields)
+        if t.remover is not None:
+            t.remover.insert(slots, prios, times, fields)
+        if mode == "disk":
             assert s.store is not None
             await s.io.run(s.store.write, disk_puts, self._take_disk_deletes())
         t.counters.inserts += len(items)
@@ -518,6 +530,7 @@ class TaskProcessor:
                 float(t.priority[slot]),
                 float(t.inserted_at[slot]),
                 int(t.times_sampled[slot]),
+                int(t.order[slot]),
             )
             for t in s.tables.values()
             for slot, key in enumerate(t.keys)

@@ -192,8 +192,8 @@ class Engine:
             rows = []
             fields: list[dict[str, Any]] = []
             for raw_key, raw_meta in metas:
-                prio, ts, sampled, size = META.unpack_from(raw_meta)
-                rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size))
+                prio, ts, sampled, size, order = META.unpack_from(raw_meta)
+                rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size, order))
                 if table.index_fields:
                     extra = raw_meta[META.size :]
                     fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
@@ -207,9 +207,9 @@ class Engine:
             read_checkpoint_file, self.settings.data_dir / MEMORY_CHECKPOINT
         )
         by_tid: dict[int, list[tuple[Any, ...]]] = {}
-        for tid, key, value, prio, ts, sampled in rows:
+        for tid, key, value, prio, ts, sampled, order in rows:
             by_tid.setdefault(tid, []).append(
-                (key, value, prio, ts, sampled, len(value) + len(key))
+                (key, value, prio, ts, sampled, len(value) + len(key), order)
             )
         for spec in header["tables"]:
             table = Table(spec["name"], int(spec["id"]), TableConfig.model_validate(spec["config"]))
@@ -715,13 +715,19 @@ def _restore_rows(
     on_disk: bool,
     fields: list[dict[str, Any]],
 ) -> None:
-    """Load recovered items (key, value or None, priority, inserted_at, times_sampled, size)."""
+    """Load recovered items (key, value or None, priority, inserted_at, times_sampled, size,
+    order), handing them to the selectors in their original insertion order."""
     if not rows:
         return
+    by_order = sorted(range(len(rows)), key=lambda i: rows[i][6])
+    rows = [rows[i] for i in by_order]
+    if fields:
+        fields = [fields[i] for i in by_order]
     slots = np.empty(len(rows), dtype=np.int64)
-    for i, (key, value, prio, ts, sampled, size) in enumerate(rows):
+    for i, (key, value, prio, ts, sampled, size, order) in enumerate(rows):
         slot = table.alloc_slot(key)
         slots[i] = slot
+        table.order[slot] = order
         table.priority[slot] = prio
         table.inserted_at[slot] = ts
         table.times_sampled[slot] = sampled
@@ -736,6 +742,7 @@ def _restore_rows(
             table.dirty[slot] = 1
             state.ledger.add(table, slot, cache_charge(size))
             table.bytes_in_cache += size
+    table.next_order = int(table.order[slots].max()) + 1
     given = fields if table.index_fields else None
     if given is not None:
         table.fields.update(zip(slots.tolist(), given, strict=True))

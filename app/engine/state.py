@@ -60,6 +60,7 @@ def meta_bytes(table: Table, slot: int) -> bytes:
         float(table.inserted_at[slot]),
         int(table.times_sampled[slot]),
         int(table.size[slot]),
+        int(table.order[slot]),
     )
     if table.index_fields:
         extra: bytes = msgpack.packb(table.fields.get(slot, {}), use_bin_type=True)

@@ -70,6 +70,8 @@ class Table:
         self.on_disk = bytearray()  # a copy of the value is in RocksDB
         self.retired = bytearray()  # taken out of selection by its last allowed sample
         self.disk_size = np.zeros(cap, dtype=np.int64)
+        self.order = np.zeros(cap, dtype=np.int64)  # insertion order, kept across restarts
+        self.next_order = 0
         self.fields: dict[int, dict[str, Any]] = {}  # slot → indexed fields (plugin samplers)
         self.bytes_in_cache = 0
         self.bytes_on_disk = 0
@@ -112,6 +114,7 @@ class Table:
             "disk_size",
             "referenced",
             "meta_dirty",
+            "order",
         ):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)

@@ -3,7 +3,8 @@
 Layout (every key starts with a one-byte tag):
 
 - ``t<name>``            → msgpack ``{"id": tid, "config": {...}}`` of a table
-- ``m<tid:4><key>``      → item metadata ``<d d I I`` (priority, inserted_at, times_sampled, size)
+- ``m<tid:4><key>``      → item metadata ``<d d I I Q`` (priority, inserted_at, times_sampled,
+  size, insertion order), then the msgpack of its indexed fields for plugin samplers
 - ``v<tid:4><key>``      → the item's value (msgpack bytes as pushed)
 - ``\\x00lsn``            → the last log sequence number the store covers (8 bytes)
 - ``\\x00next_tid``       → the next table id to hand out
@@ -27,7 +28,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-META = struct.Struct("<ddII")
+META = struct.Struct("<ddIIQ")
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 

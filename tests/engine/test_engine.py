@@ -264,3 +264,45 @@ async def test_log_stays_bounded_by_checkpoints(tmp_path: Path, mode: str) -> No
         assert eng.describe("t")["stats"]["size"] == 51
     finally:
         await eng.stop()
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk", "hybrid"])
+async def test_plugin_index_fields_survive_restart(tmp_path: Path, mode: str) -> None:
+    limit = 1.0 if mode == "memory" else 0.01  # hybrid: most items evicted to RocksDB
+    settings = make_settings(tmp_path / "d", storage_mode=mode, cache_memory_limit_mb=limit)
+    eng = Engine(settings)
+    await eng.start()
+    await eng.create_table("s", TableConfig(sampler=SamplerSpec(type="score")))
+    await eng.push("s", [item(f"k{i}", {"score": float(i % 7), "pad": "x" * 500}) for i in range(30)])
+    await eng.push("s", [item("k3", {"score": 100.0})])  # a replace re-ranks the item
+    await eng.stop()
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        assert [b.key for b in await eng.sample("s", 2)] == ["k3", "k3"]
+        await eng.delete("s", ["k3"])
+        assert (await eng.sample("s", 1))[0].key == "k6"  # the first of the score-6 items
+    finally:
+        await eng.stop()
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk", "hybrid"])
+async def test_fifo_order_survives_restart(tmp_path: Path, mode: str) -> None:
+    limit = 1.0 if mode == "memory" else 0.01
+    settings = make_settings(tmp_path / "d", storage_mode=mode, cache_memory_limit_mb=limit)
+    config = TableConfig(sampler=SamplerSpec(type="fifo"), max_times_sampled=1)
+    keys = [f"z{9 - i}" for i in range(10)]  # inserted in the reverse of their key order
+    eng = Engine(settings)
+    await eng.start()
+    await eng.create_table("q", config)
+    await eng.push("q", [item(k, "v" * 300) for k in keys[:6]])
+    for k in keys[6:]:
+        await eng.push("q", [item(k, "v" * 300)])
+    await eng.flush()  # everything in RocksDB (or the memory checkpoint), none in the log
+    await eng.stop()
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        assert [b.key for b in await eng.sample("q", 10)] == keys
+    finally:
+        await eng.stop()
