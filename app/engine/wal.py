@@ -28,6 +28,7 @@ from app.storage.blocking import BlockingIO
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("<II")
+_IOV_MAX = 1024  # buffers per writev call (Linux's IOV_MAX)
 SEGMENT_SUFFIX = ".log"
 
 
@@ -42,12 +43,12 @@ class WriteAheadLog:
         self._folder = folder
         self._io = io
         self._group_commit_s = group_commit_s
-        self._buffer = bytearray()
+        self._buffer: list[bytes] = []  # payloads appended, not yet written (framed on write)
         self._buffer_last_lsn = 0
         self._durable_lsn = 0
         self._next_lsn = 1
         self._flushing: asyncio.Future[None] | None = None
-        self._file: Any = None
+        self._fd: int | None = None
         self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
         self._segment_last_lsn: dict[Path, int] = {}
         self.bytes_since_checkpoint = 0
@@ -92,12 +93,11 @@ class WriteAheadLog:
         self._rotate_sync()
 
     def _rotate_sync(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
         path = self._folder / _segment_name(self._next_lsn)
-        self._file = open(path, "ab")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._segments.append((self._next_lsn, path))
         self._segment_last_lsn[path] = self._next_lsn - 1
         fd = os.open(self._folder, os.O_RDONLY)
@@ -118,8 +118,7 @@ class WriteAheadLog:
         lsn = self._next_lsn
         self._next_lsn += 1
         payload = msgpack.packb([lsn, *body], use_bin_type=True)
-        self._buffer += FRAME.pack(len(payload), zlib.crc32(payload))
-        self._buffer += payload
+        self._buffer.append(payload)
         self._buffer_last_lsn = lsn
         self.bytes_since_checkpoint += len(payload) + FRAME.size
         return lsn
@@ -143,7 +142,7 @@ class WriteAheadLog:
         fut: asyncio.Future[None] = loop.create_future()
         self._flushing = fut
         data, upto = self._buffer, self._buffer_last_lsn
-        self._buffer = bytearray()
+        self._buffer = []
         try:
             await self._io.run(self._write_sync, data, upto, rotate)
             self._durable_lsn = max(self._durable_lsn, upto)
@@ -155,11 +154,17 @@ class WriteAheadLog:
         finally:
             self._flushing = None
 
-    def _write_sync(self, data: bytes | bytearray, upto: int, rotate: bool = False) -> None:
-        if data:
-            self._file.write(data)
-            self._file.flush()
-            os.fdatasync(self._file.fileno())
+    def _write_sync(self, payloads: list[bytes], upto: int, rotate: bool = False) -> None:
+        """Frame (length, CRC32: computed here, off the event loop), write, fdatasync."""
+        if payloads:
+            assert self._fd is not None
+            parts: list[bytes] = []
+            for payload in payloads:
+                parts.append(FRAME.pack(len(payload), zlib.crc32(payload)))
+                parts.append(payload)
+            for first in range(0, len(parts), _IOV_MAX):
+                _write_all(self._fd, parts[first : first + _IOV_MAX])
+            os.fdatasync(self._fd)
             self._segment_last_lsn[self._segments[-1][1]] = upto
         if rotate:
             self._rotate_sync()
@@ -206,11 +211,20 @@ class WriteAheadLog:
 
     def close(self) -> None:
         """Flush the buffer, fsync and close (blocking); idempotent."""
-        if self._file is not None:
+        if self._fd is not None:
             if self._buffer:
-                self._write_sync(bytes(self._buffer), self._buffer_last_lsn)
-                self._buffer.clear()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+                self._write_sync(self._buffer, self._buffer_last_lsn)
+                self._buffer = []
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _write_all(fd: int, parts: list[bytes]) -> None:
+    """``writev`` all of ``parts``, going on after a short write."""
+    remaining = sum(len(p) for p in parts)
+    written = os.writev(fd, parts)
+    while written < remaining:
+        remaining -= written
+        parts = [b"".join(parts)[-remaining:]]
+        written = os.writev(fd, parts)

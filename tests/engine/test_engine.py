@@ -273,7 +273,9 @@ async def test_plugin_index_fields_survive_restart(tmp_path: Path, mode: str) ->
     eng = Engine(settings)
     await eng.start()
     await eng.create_table("s", TableConfig(sampler=SamplerSpec(type="score")))
-    await eng.push("s", [item(f"k{i}", {"score": float(i % 7), "pad": "x" * 500}) for i in range(30)])
+    await eng.push(
+        "s", [item(f"k{i}", {"score": float(i % 7), "pad": "x" * 500}) for i in range(30)]
+    )
     await eng.push("s", [item("k3", {"score": 100.0})])  # a replace re-ranks the item
     await eng.stop()
     eng = Engine(settings)
