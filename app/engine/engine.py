@@ -597,8 +597,10 @@ class Engine:
         slot_list = slots.tolist()
         tkeys, tvalues = t.keys, t.values
         batch = SampleBatch(
-            keys=cast("list[str]", [tkeys[sl] for sl in slot_list]),
-            values=[tvalues[sl] for sl in slot_list] if include_values else [None] * len(slot_list),
+            keys=cast("list[str]", list(map(tkeys.__getitem__, slot_list))),
+            values=list(map(tvalues.__getitem__, slot_list))
+            if include_values
+            else [None] * len(slot_list),
             priorities=t.priority[slots],
             probabilities=probs,
             weights=t.sampler.weights(probs, size),
