@@ -216,13 +216,49 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+_STREAM = """
+import asyncio, sys, time
+from clients import ReplayClient
+
+async def main(url, seconds):
+    async with ReplayClient(url) as rb:
+        got, started = 0, time.perf_counter()
+        async for batch in rb.stream("default", batch_size=%d, prefetch=4):
+            got += len(batch)
+            if time.perf_counter() - started > seconds:
+                break
+        print(got / (time.perf_counter() - started))
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+def _stream_rate(url: str, args: argparse.Namespace) -> float:
+    """Items/s that ``ReplayClient.stream`` (prefetch 4) takes from ``url``, in its own process."""
+    rates = []
+    for _ in range(args.repeats):
+        out = subprocess.run(
+            [sys.executable, "-c", _STREAM % SAMPLE_ITEMS, url, str(args.duration)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=args.duration + 60,
+        ).stdout
+        rates.append(float(out.strip().splitlines()[-1]))
+    return statistics.median(rates)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measures push and sample throughput of the server and of the ceiling; prints a table."""
     parser = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--repeats", type=int, default=3, help="wrk runs per figure (median)")
     parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
-    parser.add_argument("--modes", default="memory,hybrid", help="storage modes to measure")
+    parser.add_argument(
+        "--modes",
+        default="memory,hybrid,hybrid:none",
+        help="storage modes to measure, each optionally :durability",
+    )
     parser.add_argument("--log-level", default="info", help="the server's log level")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -256,10 +292,14 @@ def main(argv: list[str] | None = None) -> None:
                 1.0,
                 ceiling_sample,
                 1.0,
+                float("nan"),
+                float("nan"),
                 bad_ceiling_push + bad_ceiling_sample,
             ]
         )
-        for mode in args.modes.split(","):
+        for spec in args.modes.split(","):
+            mode, _, durability = spec.partition(":")
+            durability = durability or "wal"
             port = _free_port()
             url = f"http://127.0.0.1:{port}"
             data = workdir / f"data-{mode}"
@@ -276,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
                     str(data),
                     "--storage-mode",
                     mode,
+                    "--durability",
+                    durability,
                     "--log-level",
                     args.log_level,
                     "--cache-memory-limit-mb",
@@ -283,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
                 ],
                 url,
                 "/readyz",
-                workdir / f"server-{mode}.log",
+                workdir / f"server-{mode}-{durability}.log",
             )
             try:
                 with httpx.Client(base_url=url, timeout=60) as c:
@@ -301,28 +343,34 @@ def main(argv: list[str] | None = None) -> None:
                 sample, bad_sample = _median_rate(
                     url + "/v1/tables/default/sample", [SAMPLE_BODY], SAMPLE_ITEMS, args, workdir
                 )
+                stream = _stream_rate(url, args)
             finally:
                 _stop(proc)
             rows.append(
                 [
-                    f"rlreplay serve --storage-mode {mode}",
+                    f"rlreplay {mode}, durability {durability}",
                     push,
                     push / ceiling_push,
                     sample,
                     sample / ceiling_sample,
+                    stream,
+                    stream / sample,
                     bad_push + bad_sample,
                 ]
             )
     print_table(
         f"HTTP throughput: push {PUSH_ITEMS} x 4 KiB, sample {SAMPLE_ITEMS} x 4 KiB (msgpack); "
         f"load: wrk, 1 thread, {args.connections} keep-alive connections, "
-        f"median of {args.repeats} x {args.duration:g} s; durability wal; {os.cpu_count()} CPUs",
+        f"median of {args.repeats} x {args.duration:g} s; {os.cpu_count()} CPUs; stream = "
+        "ReplayClient.stream(prefetch=4) in a separate process",
         [
             "server",
             "pushed items/s",
             "push vs ceiling",
             "sampled items/s",
             "sample vs ceiling",
+            "stream() items/s",
+            "stream / sample",
             "non-2xx",
         ],
         rows,
