@@ -17,9 +17,12 @@ SECTIONS = ("engine", "selection", "http")
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="sections to run")
+    parser.add_argument("sections", nargs="*", help=f"sections to run: {', '.join(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     args = parser.parse_args(argv)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     print(
         f"# rlreplay benchmarks — {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}"
