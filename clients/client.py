@@ -1,7 +1,10 @@
 """The async Python client of the replay service, on httpx with msgpack on the wire.
 
 One :class:`ReplayClient` holds one ``httpx.AsyncClient`` and its connection pool; share it
-between the tasks of a process rather than opening one per task. Every call speaks msgpack
+between the tasks of a process rather than opening one per task. For ``http://`` servers the
+pool is :class:`~clients.transport.LeanTransport`, a small HTTP/1.1 transport on asyncio
+streams that takes large answers at a fraction of httpcore's CPU; ``https://`` servers use
+httpx's own transport. Every call speaks msgpack
 both ways, so NumPy arrays and torch tensors in item values travel as arrays and come back
 as NumPy arrays, bit-exactly (see :mod:`clients.codec`). Errors the server answers with are
 raised as the classes of :mod:`clients.errors`; a server that cannot be reached after the
@@ -23,6 +26,7 @@ import httpx
 from clients.codec import from_jsonable, packb, unpackb
 from clients.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
 from clients.retry import RetryPolicy, parse_retry_after
+from clients.transport import LeanTransport
 
 __all__ = ["Item", "ReplayClient"]
 
@@ -33,16 +37,23 @@ MSGPACK: Final = "application/msgpack"
 _USER_AGENT: Final = "rlreplay-client/0.1"
 _SERVER_SAMPLE_TIMEOUT_S: Final = 10.0  # the contract's default timeout_ms
 _SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
+_KEEPALIVE_EXPIRY_S: Final = 30.0
+_URL_CACHE_SIZE: Final = 256
+
+# Tells LeanTransport that the request may be sent again on a fresh connection when a pooled
+# one turns out to have been closed by the server (see clients.transport).
+_IDEMPOTENT: Final = {"idempotent": True}
 
 # Failures where the request provably never reached the server.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
-# httpcore (1.0.x) reads a response body in 64 KiB pieces, each one a trip through h11 and
-# anyio costing ~60 us of Python: a 1 MiB sample answer took 2 ms of client CPU, and
-# stream() could not keep up with the server. Reading up to 1 MiB at a time made stream()
-# ~1.5x faster (bench/http.py). It is a class attribute of httpcore's HTTP/1.1 connection,
-# so it applies to every httpx client in the process; the only cost is a larger read buffer.
+# On the httpx default transport (https:// URLs, or lean_transport=False), httpcore (1.0.x)
+# reads a response body in 64 KiB pieces, each one a trip through h11 and anyio costing
+# ~60 us of Python: a 1 MiB sample answer took 2 ms of client CPU. Reading up to 1 MiB at a
+# time made stream() ~1.5x faster there (bench/http.py). It is a class attribute of
+# httpcore's HTTP/1.1 connection, so it applies to every httpx client in the process; the
+# only cost is a larger read buffer. The lean transport (clients.transport) does not need it.
 _READ_BYTES = 1 << 20
 
 
@@ -80,15 +91,21 @@ class ReplayClient:
             sample's read timeout is stretched past its ``timeout_ms``.
         max_connections: Requests in flight at most, and connections the pool opens at
             most; all of them are kept alive, so that concurrent calls reuse connections
-            instead of reconnecting. Further calls wait in the client. More is not faster:
-            httpcore's pool (1.0.x) spends CPU in proportion to its connections on every
-            request, and in proportion to connections times queued requests when requests
-            queue in it, so 64 connections sample ~3x slower than 16 on a local server.
+            instead of reconnecting. Further calls wait in the client. More is not faster
+            on httpx's transport: httpcore's pool (1.0.x) spends CPU in proportion to its
+            connections on every request, and in proportion to connections times queued
+            requests when requests queue in it, so 64 connections sample ~3x slower than 16
+            on a local server.
         retries: Retries after a failed first attempt (see :mod:`clients.retry`).
         backoff_s: The first retry's backoff bound in seconds; it doubles per retry.
         max_backoff_s: The cap on one backoff wait.
         transport: An httpx transport to use instead of the network (``httpx.MockTransport``,
             ``httpx.ASGITransport``); tests and in-process servers use it.
+        lean_transport: With no ``transport`` and an ``http://`` ``base_url``, talk to the
+            server through :class:`~clients.transport.LeanTransport` (the default): stream()
+            and large answers cost the client far less CPU than on httpx's default
+            transport (httpcore). False uses httpx's default transport, as ``https://`` URLs
+            always do. Either way the errors, timeouts and retries are the same.
     """
 
     def __init__(
@@ -102,6 +119,7 @@ class ReplayClient:
         backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        lean_transport: bool = True,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
@@ -111,7 +129,14 @@ class ReplayClient:
             retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
         )
         self._timeout_s = timeout_s
-        _widen_httpcore_reads()
+        if transport is None and lean_transport and httpx.URL(base_url).scheme == "http":
+            transport = LeanTransport(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+            )
+        elif transport is None:
+            _widen_httpcore_reads()
         # Calls beyond max_connections wait here, in O(1), rather than in httpcore's pool
         # queue, whose bookkeeping costs O(connections x queued requests) per event.
         self._slots = asyncio.Semaphore(max_connections)
@@ -125,12 +150,16 @@ class ReplayClient:
             limits=httpx.Limits(
                 max_connections=max_connections,
                 max_keepalive_connections=max_connections,
-                keepalive_expiry=30.0,
+                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
             ),
             http1=True,
             http2=False,
             transport=transport,
         )
+
+        # Absolute URLs of the paths called, so that httpx does not parse and merge the base
+        # URL on every request (~30 us each); cleared when full (item paths vary by key).
+        self._urls: dict[str, httpx.URL] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -399,6 +428,17 @@ class ReplayClient:
     def _table(name: str, rest: str = "") -> str:
         return "/v1/tables/" + _segment(name, "table name") + rest
 
+    def _url(self, path: str) -> httpx.URL:
+        """``path`` under the base URL, as httpx would merge it (cached)."""
+        url = self._urls.get(path)
+        if url is None:
+            if len(self._urls) >= _URL_CACHE_SIZE:
+                self._urls.clear()
+            base = self._http.base_url
+            raw_path = base.raw_path + path.lstrip("/").encode("ascii")
+            url = self._urls[path] = base.copy_with(raw_path=raw_path)
+        return url
+
     @staticmethod
     def _as_dict(answer: Any) -> dict[str, Any]:
         if not isinstance(answer, dict):
@@ -428,7 +468,12 @@ class ReplayClient:
             try:
                 async with self._slots:
                     response = await self._http.request(
-                        method, path, content=content, headers=headers, timeout=timeout
+                        method,
+                        self._url(path),
+                        content=content,
+                        headers=headers,
+                        timeout=timeout,
+                        extensions=_IDEMPOTENT if idempotent else None,
                     )
             except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
                 raise  # a bad URL or request: retrying cannot help
