@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -136,10 +137,17 @@ class TaskProcessor:
         """Enqueue an op (never blocks; the caller has checked the queue bound)."""
         if self._task is None or self._task.done():
             raise Unavailable("the writer is not running")
+        op.queued_at = time.monotonic()
         (self.p1 if p1 else self.p0).append(op)
         self._s.queued_items += op.weight
         self._s.queued_bytes += op.nbytes
         self._wake.set()
+
+    @property
+    def lag_s(self) -> float:
+        """Seconds the oldest queued op has waited (0 when both queues are empty)."""
+        waiting = [q[0].queued_at for q in (self.p0, self.p1) if q]
+        return time.monotonic() - min(waiting) if waiting else 0.0
 
     def oldest_queued_seq(self) -> int | None:
         """Sequence number of the oldest logged op still waiting in p0."""

@@ -684,6 +684,11 @@ class Engine:
             "bytes": s.queued_bytes if s else 0,
         }
 
+    @property
+    def writer_lag_s(self) -> float:
+        """Seconds the oldest op not yet applied by the writer has waited."""
+        return self._processor.lag_s if self._processor is not None else 0.0
+
     def storage_stats(self) -> dict[str, Any]:
         """Engine-wide figures for metrics: cache bytes and limit, log bytes, applied ops."""
         s = self._s

@@ -27,6 +27,7 @@ class Op:
     future: asyncio.Future[None] | None = field(default=None, kw_only=True)
     weight: int = field(default=1, kw_only=True)  # item ops it counts for in the queue bound
     nbytes: int = field(default=0, kw_only=True)  # value bytes it holds in the queue bound
+    queued_at: float = field(default=0.0, kw_only=True)  # time.monotonic() when enqueued
 
 
 @dataclass(slots=True, eq=False)

@@ -308,3 +308,12 @@ async def test_fifo_order_survives_restart(tmp_path: Path, mode: str) -> None:
         assert [b.key for b in await eng.sample("q", 10)] == keys
     finally:
         await eng.stop()
+
+
+async def test_writer_lag_is_the_age_of_the_oldest_queued_op(engine: Engine) -> None:
+    assert engine.writer_lag_s == 0.0
+    await engine.push("t", [item("a")], wait=False)
+    lag = engine.writer_lag_s  # the op may still be queued, never older than this test
+    assert 0.0 <= lag < 5.0
+    await engine.flush()
+    assert engine.writer_lag_s == 0.0
