@@ -260,7 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         help="storage modes to measure, each optionally :durability",
     )
     parser.add_argument("--log-level", default="info", help="the server's log level")
+    parser.add_argument("--quick", action="store_true", help="2 runs of 2 s per figure")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.repeats = 2.0, 2
     if shutil.which("wrk") is None:
         print("bench.http: wrk is not installed (apt-get install -y wrk); skipped")
         return

@@ -59,12 +59,15 @@ class PrioritizedSampler(Selector):
 
     def _masses(self, priorities: Floats) -> Floats:
         priorities = np.asarray(priorities, dtype=np.float64)
-        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+        if len(priorities) and not (priorities.min() >= 0 and np.isfinite(priorities.sum())):
             bad = priorities[~(np.isfinite(priorities) & (priorities >= 0))][0]
             raise ValueError(f"priority ({bad!r}) must be finite and >= 0")
         with np.errstate(over="ignore"):
-            masses = np.where(priorities > 0, priorities**self._exponent, 0.0)
-        if not np.all(np.isfinite(masses)):
+            if self._exponent > 0:  # 0 ** alpha is already 0
+                masses = priorities**self._exponent
+            else:  # alpha = 0: every item alike, but a priority-0 item is still never drawn
+                masses = np.where(priorities > 0, 1.0, 0.0)
+        if not np.isfinite(masses.sum()):
             raise ValueError(f"priority ** exponent overflows for exponent ({self._exponent!r})")
         return masses
 
