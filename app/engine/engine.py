@@ -330,11 +330,6 @@ class Engine:
         """``{"name", "config", "stats"}`` of a table; TableNotFound when missing."""
         return self._table(name).describe()
 
-    def table_warnings(self, name: str) -> list[str]:
-        """Why a table's configuration may never make progress (empty when fine)."""
-        t = self._table(name)
-        return t.gate.problems(t.config.max_size, t.config.max_times_sampled)
-
     # -- writes ---------------------------------------------------------------------------
 
     async def push(

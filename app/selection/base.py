@@ -31,8 +31,10 @@ class Selector(ABC):
         name: the ``type`` in a table config.
         index_fields: value fields the engine extracts on insert and passes in ``fields``.
         deterministic: True when ``sample`` always names the same item for the same state
-            (FIFO, LIFO, heaps); the table then draws one at a time when picks change state.
-        weighted: True when the sampler returns importance weights other than 1.0.
+            (FIFO, LIFO, heaps). Descriptive: the table's draw loop treats both kinds alike
+            (with ``max_times_sampled`` it re-draws once a pick retires an item).
+        weighted: True when ``weights`` returns importance weights other than 1.0
+            (descriptive, like ``deterministic``).
     """
 
     name: ClassVar[str] = ""
