@@ -1,8 +1,8 @@
 """The service's errors: the tree of ``clients.errors`` and the one place mapping it to HTTP.
 
 The tree itself lives in :mod:`clients.errors` (so the client raises the very classes the
-server does); this module re-exports it and holds what turns an exception into the
-contract's body ``{"error": {"code": ..., "message": ...}}``::
+server does, and the server imports them from there); this module holds what turns an
+exception into the contract's body ``{"error": {"code": ..., "message": ...}}``::
 
     ReplayError (clients.errors)  ──> replay_error_handler      ──> its status and code
     StarletteHTTPException         ──> http_exception_handler    ──> not_found, method_not_allowed
@@ -26,17 +26,11 @@ from starlette.responses import Response
 
 from clients.errors import (
     BadRequest,
-    DeadlineExceeded,
-    Gone,
-    ItemNotFound,
     MethodNotAllowed,
     NotFound,
     Overloaded,
     PayloadTooLarge,
     ReplayError,
-    StorageFull,
-    TableExists,
-    TableNotFound,
     Unauthorized,
     Unavailable,
     UnsupportedMediaType,
@@ -44,22 +38,6 @@ from clients.errors import (
 )
 
 __all__ = [
-    "BadRequest",
-    "DeadlineExceeded",
-    "Gone",
-    "ItemNotFound",
-    "MethodNotAllowed",
-    "NotFound",
-    "Overloaded",
-    "PayloadTooLarge",
-    "ReplayError",
-    "StorageFull",
-    "TableExists",
-    "TableNotFound",
-    "Unauthorized",
-    "Unavailable",
-    "UnsupportedMediaType",
-    "ValidationFailed",
     "error_response",
     "install_error_handlers",
     "wants_msgpack_header",

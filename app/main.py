@@ -17,9 +17,10 @@ from app.api.middleware import RequestContextMiddleware
 from app.api.openapi import build_openapi, summaries_from_docstrings
 from app.engine.config import SamplerSpec, TableConfig
 from app.engine.engine import Engine
-from app.errors import TableExists, install_error_handlers
+from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.settings import Settings
+from clients.errors import TableExists
 
 __all__ = ["DEFAULT_TABLE", "create_app"]
 

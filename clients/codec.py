@@ -240,8 +240,18 @@ def from_jsonable(obj: Any) -> Any:
         ValueError: A tag is malformed (bad base64, inconsistent array) or a ``$map`` key
             is unhashable.
     """
+    return _untag(obj, decode_array)
+
+
+def _wire_array(payload: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(EXT_NDARRAY, payload)
+
+
+def _untag(obj: Any, array: Callable[[bytes], Any]) -> Any:
+    """The JSON form with its tags replaced: ``$bytes`` by bytes, ``$map`` by a map, and
+    ``$ndarray`` by ``array(payload)`` (a NumPy array, or the msgpack extension as is)."""
     if isinstance(obj, list):
-        return [from_jsonable(item) for item in obj]
+        return [_untag(item, array) for item in obj]
     if not isinstance(obj, dict):
         return obj
     tag = _tag(obj)
@@ -249,33 +259,13 @@ def from_jsonable(obj: Any) -> Any:
         return _unb64(obj[_BYTES])
     if tag == _NDARRAY:
         dtype, shape, data = _ndarray_parts(obj[_NDARRAY])
-        return decode_array(payload_from_parts(dtype, shape, data))
+        return array(payload_from_parts(dtype, shape, data))
     if tag == _MAP:
         try:
-            return {from_jsonable(k): from_jsonable(v) for k, v in _pairs(obj[_MAP])}
+            return {_untag(k, array): _untag(v, array) for k, v in _pairs(obj[_MAP])}
         except TypeError as exc:
             raise ValueError(f"unhashable map key: {exc}") from exc
-    return {key: from_jsonable(value) for key, value in obj.items()}
-
-
-def _jsonable_to_wire(obj: Any) -> Any:
-    """The JSON form with tags replaced by msgpack-ready values (no NumPy arrays built)."""
-    if isinstance(obj, list):
-        return [_jsonable_to_wire(item) for item in obj]
-    if not isinstance(obj, dict):
-        return obj
-    tag = _tag(obj)
-    if tag == _BYTES:
-        return _unb64(obj[_BYTES])
-    if tag == _NDARRAY:
-        dtype, shape, data = _ndarray_parts(obj[_NDARRAY])
-        return msgpack.ExtType(EXT_NDARRAY, payload_from_parts(dtype, shape, data))
-    if tag == _MAP:
-        try:
-            return {_jsonable_to_wire(k): _jsonable_to_wire(v) for k, v in _pairs(obj[_MAP])}
-        except TypeError as exc:
-            raise ValueError(f"unhashable map key: {exc}") from exc
-    return {key: _jsonable_to_wire(value) for key, value in obj.items()}
+    return {key: _untag(value, array) for key, value in obj.items()}
 
 
 def jsonable_to_msgpack(obj: Any) -> bytes:
@@ -289,7 +279,7 @@ def jsonable_to_msgpack(obj: Any) -> bytes:
         TypeError: ``obj`` holds something that is not JSON.
     """
     try:
-        packed: bytes = msgpack.packb(_jsonable_to_wire(obj), use_bin_type=True, datetime=False)
+        packed: bytes = msgpack.packb(_untag(obj, _wire_array), use_bin_type=True, datetime=False)
     except OverflowError as exc:
         raise ValueError(f"cannot encode: {exc}") from exc
     return packed

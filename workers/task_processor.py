@@ -500,53 +500,52 @@ class TaskProcessor:
             await wal.truncate(covered)
 
     async def _flush_dirty(self, covered: int) -> None:
+        """Write every changed value and metadata record, then flush RocksDB's memtables.
+
+        Only the changed slots are visited (found with numpy), and their flags are cleared
+        before the write: a sample that changes a slot meanwhile marks it again.
+        """
         s = self._s
         assert s.store is not None
         puts: list[tuple[bytes, bytes]] = []
-        flushed: list[tuple[Table, int]] = []
         for t in s.tables.values():
-            for slot, key in enumerate(t.keys):
-                if key is None or not (t.dirty[slot] or t.meta_dirty[slot]):
+            n = len(t.keys)
+            dirty = np.frombuffer(t.dirty, dtype=np.uint8, count=n)
+            for slot in np.flatnonzero(dirty | t.meta_dirty[:n]).tolist():
+                key = t.keys[slot]
+                if key is None:
                     continue
                 if t.dirty[slot]:
                     value = t.values[slot]
                     assert value is not None
                     puts.append((value_key(t, key), value))
+                    size = int(t.size[slot])
+                    t.bytes_on_disk += size - int(t.disk_size[slot])
+                    t.disk_size[slot] = size
+                    t.on_disk[slot] = 1
+                    t.dirty[slot] = 0
                 puts.append((meta_key(t, key), meta_bytes(t, slot)))
-                flushed.append((t, slot))
+                t.meta_dirty[slot] = 0
         puts.append((LSN_KEY, covered.to_bytes(8, "big")))
         await s.io.run(s.store.write, puts, self._take_disk_deletes())
         await s.io.run(s.store.flush)
-        for t, slot in flushed:
-            if t.dirty[slot]:
-                size = int(t.size[slot])
-                t.bytes_on_disk += size - int(t.disk_size[slot])
-                t.disk_size[slot] = size
-                t.on_disk[slot] = 1
-            t.dirty[slot] = t.meta_dirty[slot] = 0
 
     async def _write_memory_checkpoint(self, covered: int) -> None:
+        """Write every table to the snapshot file, off the event loop (the writer waits)."""
         s = self._s
-        tables = [
-            {"name": t.name, "id": t.tid, "config": t.config.to_wire()} for t in s.tables.values()
-        ]
-        rows = [
-            (
-                t.tid,
-                key,
-                t.values[slot],
-                float(t.priority[slot]),
-                float(t.inserted_at[slot]),
-                int(t.times_sampled[slot]),
-                int(t.order[slot]),
-            )
-            for t in s.tables.values()
-            for slot, key in enumerate(t.keys)
-            if key is not None
-        ]
-        header = {"lsn": covered, "next_tid": s.next_tid, "tables": tables, "items": len(rows)}
+        header = {
+            "lsn": covered,
+            "next_tid": s.next_tid,
+            "tables": [
+                {"name": t.name, "id": t.tid, "config": t.config.to_wire()}
+                for t in s.tables.values()
+            ],
+        }
         await s.io.run(
-            _write_checkpoint_file, s.settings.data_dir / MEMORY_CHECKPOINT, header, rows
+            _write_checkpoint_file,
+            s.settings.data_dir / MEMORY_CHECKPOINT,
+            header,
+            list(s.tables.values()),
         )
 
 
@@ -567,13 +566,25 @@ def index_fields_of(value: bytes, names: frozenset[str]) -> dict[str, Any]:
     return {name: decoded[name] for name in names if name in decoded}
 
 
-def _write_checkpoint_file(path: Path, header: dict[str, Any], rows: list[tuple[Any, ...]]) -> None:
+def _write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Table]) -> None:
+    """Write the snapshot (in the I/O thread: the writer, the only mutator, waits for it)."""
     tmp = path.with_suffix(".tmp")
     packer = msgpack.Packer(use_bin_type=True)
     with open(tmp, "wb") as f:
         f.write(packer.pack(header))
-        for row in rows:
-            f.write(packer.pack(row))
+        for t in tables:
+            for slot, key in enumerate(t.keys):
+                if key is not None:
+                    row = (
+                        t.tid,
+                        key,
+                        t.values[slot],
+                        float(t.priority[slot]),
+                        float(t.inserted_at[slot]),
+                        int(t.times_sampled[slot]),
+                        int(t.order[slot]),
+                    )
+                    f.write(packer.pack(row))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

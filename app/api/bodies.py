@@ -26,8 +26,8 @@ from pydantic import ValidationError
 from app.api.encoding import BodyFormat, decode_body
 from app.engine.config import TableConfig
 from app.engine.items import MAX_KEY_BYTES, NewItem
-from app.errors import BadRequest, ValidationFailed
 from clients.codec import jsonable_to_msgpack
+from clients.errors import BadRequest, ValidationFailed
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",

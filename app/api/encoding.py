@@ -16,7 +16,8 @@ import msgpack
 from fastapi import Request
 from starlette.responses import Response
 
-from app.errors import BadRequest, UnsupportedMediaType, wants_msgpack_header
+from app.errors import wants_msgpack_header
+from clients.errors import BadRequest, UnsupportedMediaType
 
 __all__ = [
     "JSON",

@@ -24,13 +24,7 @@ from app.api.schemas import (
     PushCommitted,
     PushRequest,
 )
-from app.errors import (
-    DeadlineExceeded,
-    ItemNotFound,
-    Overloaded,
-    StorageFull,
-    TableNotFound,
-)
+from clients.errors import DeadlineExceeded, ItemNotFound, Overloaded, StorageFull, TableNotFound
 
 __all__ = ["router"]
 
@@ -75,9 +69,7 @@ async def push_items(request: Request, table: TableName) -> Response:
     push = parse_push(body, fmt)
     n = await engine_of(request).push(table, push.items, wait=push.wait)
     metrics_of(request).count_items("push", n)
-    if push.wait:
-        return encode({"committed": n}, msgpack_body=wants_msgpack(request))
-    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)
+    return _accepted(request, n, committed=push.wait)
 
 
 @router.post(
@@ -124,9 +116,7 @@ async def batch_delete_items(request: Request, table: TableName) -> Response:
     delete = parse_delete(body, fmt)
     n = await engine_of(request).delete(table, delete.keys, wait=delete.wait)
     metrics_of(request).count_items("delete", n)
-    if delete.wait:
-        return encode({"committed": n}, msgpack_body=wants_msgpack(request))
-    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)
+    return _accepted(request, n, committed=delete.wait)
 
 
 @router.get(
@@ -182,3 +172,10 @@ async def update_priorities(request: Request, table: TableName) -> Response:
     updated, missing = await engine_of(request).update_priorities(table, priorities)
     metrics_of(request).count_items("priorities", updated)
     return encode({"updated": updated, "missing": missing}, msgpack_body=wants_msgpack(request))
+
+
+def _accepted(request: Request, n: int, *, committed: bool) -> Response:
+    """202 ``{"accepted": n}``, or 200 ``{"committed": n}`` once the writer applied them."""
+    if committed:
+        return encode({"committed": n}, msgpack_body=wants_msgpack(request))
+    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)

@@ -26,15 +26,9 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.logs import ACCESS_LOGGER
-from app.errors import (
-    BadRequest,
-    PayloadTooLarge,
-    ReplayError,
-    Unauthorized,
-    error_response,
-    wants_msgpack_header,
-)
+from app.errors import error_response, wants_msgpack_header
 from app.metrics import Metrics
+from clients.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
 
 __all__ = ["RequestContextMiddleware"]
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from app.api.schemas import REQUEST_MODELS, ErrorBody
-from app.errors import (
+from clients.errors import (
     BadRequest,
     PayloadTooLarge,
     ReplayError,

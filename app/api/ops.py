@@ -8,8 +8,8 @@ from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep
 from app.api.encoding import encode
 from app.api.openapi import answers
 from app.api.schemas import Health
-from app.errors import Unavailable
 from app.metrics import CONTENT_TYPE
+from clients.errors import Unavailable
 
 __all__ = ["router"]
 

@@ -10,7 +10,7 @@ from app.api.encoding import JSON, MSGPACK, dump_json, read_body, wants_msgpack
 from app.api.envelopes import sample_json, sample_msgpack
 from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from app.api.schemas import SampleRequest, SampleResponse
-from app.errors import DeadlineExceeded, TableNotFound
+from clients.errors import DeadlineExceeded, TableNotFound
 
 __all__ = ["router"]
 

@@ -10,7 +10,7 @@ from app.api.encoding import body_format, encode
 from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from app.api.schemas import TableInfo, TableList
 from app.engine.config import TableConfig
-from app.errors import TableExists, TableNotFound
+from clients.errors import TableExists, TableNotFound
 
 __all__ = ["router"]
 
