@@ -276,13 +276,17 @@ async def test_connection_the_server_closed_while_idle_is_not_reused() -> None:
         assert server.accepted == 2
 
 
-def close_when_reused(body: bytes = b"ok", extra: bytes = b"") -> tuple[Reply, list[int]]:
+def close_when_reused(
+    body: bytes = b"ok", extra: bytes = b""
+) -> tuple[Reply, list[asyncio.StreamWriter]]:
     """Answers the first request of a connection; closes unanswered on the second."""
-    served: list[int] = []
+    # The writers themselves are kept: keyed by id(), a closed connection's writer could be
+    # collected and its id reused by the next connection, which then looked "reused".
+    served: list[asyncio.StreamWriter] = []
 
     async def reply(method: str, path: str, writer: asyncio.StreamWriter) -> bool:
-        count = sum(1 for w in served if w == id(writer))
-        served.append(id(writer))
+        count = sum(1 for w in served if w is writer)
+        served.append(writer)
         if count:
             return False  # the close crossed the request: nothing answered
         writer.write(answer(body, extra=extra))
