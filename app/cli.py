@@ -138,10 +138,12 @@ def _serve(settings: Settings) -> int:
 
     from app.api.logs import configure_logging
     from app.main import create_app
+    from app.storage.allocator import tune_gc
 
     configure_logging(settings.log_level)
+    tune_gc()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, tune_gc_after_start=True),
         host=settings.host,
         port=settings.port,
         loop="auto",

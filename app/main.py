@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from app.api import items, ops, sampling, tables
 from app.api.docs import install_docs
+from app.api.hot import HotRoutes, ReplayApp
 from app.api.middleware import RequestContextMiddleware
 from app.api.openapi import build_openapi, summaries_from_docstrings
 from app.engine.config import SamplerSpec, TableConfig
@@ -20,6 +21,7 @@ from app.engine.engine import Engine
 from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.settings import Settings
+from app.storage.allocator import tune_gc
 from clients.errors import TableExists
 
 __all__ = ["DEFAULT_TABLE", "create_app"]
@@ -76,7 +78,13 @@ async def _create_default_table(engine: Engine, settings: Settings) -> None:
         )
 
 
-def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    hot_routes: bool = True,
+    tune_gc_after_start: bool = False,
+) -> FastAPI:
     """Builds the service's app.
 
     The app's lifespan starts the engine (recovery included), creates the ``default``
@@ -87,6 +95,11 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         settings: The service's settings.
         engine: The engine to serve; a new one built from ``settings`` when None (tests
             pass their own).
+        hot_routes: Serve the data routes through :mod:`app.api.hot` (the fast path);
+            False sends every request through FastAPI (tests compare the two).
+        tune_gc_after_start: Freeze the objects alive once the engine started and raise the
+            collector's threshold (:func:`app.storage.allocator.tune_gc`); ``rlreplay
+            serve`` does, as the process is the service's own.
 
     Returns:
         The ASGI app.
@@ -101,11 +114,13 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         try:
             if settings.default_table:
                 await _create_default_table(the_engine, settings)
+            if tune_gc_after_start:
+                tune_gc(freeze=True)
             yield
         finally:
             await the_engine.stop()
 
-    app = FastAPI(
+    app = ReplayApp(
         title="rlreplay",
         version=_package_version(),
         description=_DESCRIPTION,
@@ -128,10 +143,13 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     install_docs(app)
     openapi: Any = partial(build_openapi, app)
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(
-        RequestContextMiddleware,
-        metrics=metrics,
-        max_body_bytes=int(settings.max_request_mb * 1024 * 1024),
-        api_keys=settings.api_key,
-    )
+    context: dict[str, Any] = {
+        "metrics": metrics,
+        "max_body_bytes": int(settings.max_request_mb * 1024 * 1024),
+        "api_keys": settings.api_key,
+    }
+    app.add_middleware(RequestContextMiddleware, **context)
+    if hot_routes:
+        hot = HotRoutes(the_engine, metrics)
+        app.serve_hot_routes(hot, RequestContextMiddleware(hot, **context))
     return app

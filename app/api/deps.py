@@ -13,10 +13,12 @@ worker thread, a thread hop per dependency per request.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Request, Response
 
+from app.api.encoding import BodyFormat, Reply, read_body
 from app.api.encoding import wants_msgpack as _wants_msgpack
 from app.engine.engine import TABLE_NAME, Engine
 from app.metrics import Metrics
@@ -27,11 +29,13 @@ __all__ = [
     "AcceptsMsgpack",
     "AppMetrics",
     "AppSettings",
+    "BodyHandler",
     "EngineDep",
     "ItemKey",
     "TableName",
     "engine_of",
     "metrics_of",
+    "serve_body",
 ]
 
 #: Table names: 1 to 128 letters, digits, ``_``, ``-`` and ``.``, starting with a letter or digit.
@@ -48,6 +52,21 @@ def metrics_of(request: Request) -> Metrics:
     """The metrics of the request's app."""
     metrics: Metrics = request.app.state.metrics
     return metrics
+
+
+#: A data route's work from the raw body on: ``(engine, metrics, table, body, body format,
+#: msgpack answer?) -> Reply``. FastAPI's routes run it through :func:`serve_body`, the hot
+#: path (:mod:`app.api.hot`) straight from the ASGI scope.
+BodyHandler = Callable[[Engine, Metrics, str, bytes, BodyFormat, bool], Awaitable[Reply]]
+
+
+async def serve_body(request: Request, table: str, handler: BodyHandler) -> Response:
+    """Runs ``handler`` on the request's body (its format checked first) and answers."""
+    body, fmt = await read_body(request)
+    reply = await handler(
+        engine_of(request), metrics_of(request), table, body, fmt, _wants_msgpack(request)
+    )
+    return reply.response()
 
 
 async def get_engine(request: Request) -> Engine:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -23,10 +24,13 @@ __all__ = [
     "JSON",
     "MSGPACK",
     "BodyFormat",
+    "Reply",
     "body_format",
     "decode_body",
     "dump_json",
     "encode",
+    "encode_reply",
+    "format_of",
     "read_body",
     "wants_msgpack",
 ]
@@ -44,10 +48,15 @@ class BodyFormat(enum.Enum):
 
 
 def body_format(request: Request) -> BodyFormat:
-    """The format named by the request's ``Content-Type``; 415 for anything else.
+    """The format named by the request's ``Content-Type``; 415 for anything else."""
+    return format_of(request.headers.get("content-type", ""))
+
+
+def format_of(content_type: str) -> BodyFormat:
+    """The format named by a ``Content-Type`` value; 415 for anything else.
 
     Args:
-        request: The request.
+        content_type: The header's value ("" when missing).
 
     Returns:
         JSON or msgpack.
@@ -55,7 +64,6 @@ def body_format(request: Request) -> BodyFormat:
     Raises:
         UnsupportedMediaType: The content type is neither (or missing).
     """
-    content_type = request.headers.get("content-type", "")
     media_type = content_type.partition(";")[0].strip().lower()
     if media_type in _MSGPACK_TYPES:
         return BodyFormat.MSGPACK
@@ -106,6 +114,30 @@ def decode_body(body: bytes, fmt: BodyFormat) -> Any:
 def dump_json(data: Any) -> bytes:
     """Compact JSON bytes (no NaN or infinity: they are not JSON)."""
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A finished answer: status, encoded body and media type.
+
+    The data routes build a ``Reply`` from the request's raw body, so the same code serves
+    them through FastAPI (:meth:`response`) and through :mod:`app.api.hot`.
+    """
+
+    body: bytes
+    media_type: str
+    status: int = 200
+
+    def response(self) -> Response:
+        """The answer as a Starlette response."""
+        return Response(self.body, status_code=self.status, media_type=self.media_type)
+
+
+def encode_reply(data: Any, *, msgpack_body: bool, status: int = 200) -> Reply:
+    """A :class:`Reply` carrying plain ``data`` as msgpack or JSON."""
+    if msgpack_body:
+        return Reply(msgpack.packb(data), MSGPACK, status)
+    return Reply(dump_json(data), JSON, status)
 
 
 def encode(

@@ -9,8 +9,17 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app.api.bodies import check_key, parse_delete, parse_keys, parse_priorities, parse_push
-from app.api.deps import ItemKey, TableName, engine_of, metrics_of
-from app.api.encoding import JSON, MSGPACK, dump_json, encode, read_body, wants_msgpack
+from app.api.deps import ItemKey, TableName, engine_of, metrics_of, serve_body
+from app.api.encoding import (
+    JSON,
+    MSGPACK,
+    BodyFormat,
+    Reply,
+    dump_json,
+    encode,
+    encode_reply,
+    wants_msgpack,
+)
 from app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
 from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from app.api.schemas import (
@@ -24,9 +33,17 @@ from app.api.schemas import (
     PushCommitted,
     PushRequest,
 )
+from app.engine.engine import Engine
+from app.metrics import Metrics
 from clients.errors import DeadlineExceeded, ItemNotFound, Overloaded, StorageFull, TableNotFound
 
-__all__ = ["router"]
+__all__ = [
+    "batch_delete_reply",
+    "batch_get_reply",
+    "priorities_reply",
+    "push_reply",
+    "router",
+]
 
 router = APIRouter(prefix="/v1/tables/{table}", tags=["items"])
 
@@ -65,11 +82,17 @@ async def push_items(request: Request, table: TableName) -> Response:
     writer applied them. A full write queue is 503 `overloaded` with `Retry-After`;
     nothing is accepted then.
     """
-    body, fmt = await read_body(request)
+    return await serve_body(request, table, push_reply)
+
+
+async def push_reply(
+    engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
+) -> Reply:
+    """The work of :func:`push_items` (a :data:`~app.api.deps.BodyHandler`)."""
     push = parse_push(body, fmt)
-    n = await engine_of(request).push(table, push.items, wait=push.wait)
-    metrics_of(request).count_items("push", n)
-    return _accepted(request, n, committed=push.wait)
+    n = await engine.push(table, push.items, wait=push.wait)
+    metrics.count_items("push", n)
+    return _accepted(n, committed=push.wait, as_msgpack=as_msgpack)
 
 
 @router.post(
@@ -85,13 +108,19 @@ async def push_items(request: Request, table: TableName) -> Response:
 )
 async def batch_get_items(request: Request, table: TableName) -> Response:
     """Read many items at once, in the order asked (null where missing)."""
-    body, fmt = await read_body(request)
+    return await serve_body(request, table, batch_get_reply)
+
+
+async def batch_get_reply(
+    engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
+) -> Reply:
+    """The work of :func:`batch_get_items` (a :data:`~app.api.deps.BodyHandler`)."""
     keys = parse_keys(body, fmt).keys
-    items = await engine_of(request).get_many(table, keys)
-    metrics_of(request).count_items("get", len(keys))
-    if wants_msgpack(request):
-        return Response(items_msgpack(items), media_type=MSGPACK)
-    return Response(dump_json(items_json(items)), media_type=JSON)
+    items = await engine.get_many(table, keys)
+    metrics.count_items("get", len(keys))
+    if as_msgpack:
+        return Reply(items_msgpack(items), MSGPACK)
+    return Reply(dump_json(items_json(items)), JSON)
 
 
 @router.post(
@@ -112,11 +141,17 @@ async def batch_get_items(request: Request, table: TableName) -> Response:
 )
 async def batch_delete_items(request: Request, table: TableName) -> Response:
     """Delete many items at once (missing keys are no error)."""
-    body, fmt = await read_body(request)
+    return await serve_body(request, table, batch_delete_reply)
+
+
+async def batch_delete_reply(
+    engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
+) -> Reply:
+    """The work of :func:`batch_delete_items` (a :data:`~app.api.deps.BodyHandler`)."""
     delete = parse_delete(body, fmt)
-    n = await engine_of(request).delete(table, delete.keys, wait=delete.wait)
-    metrics_of(request).count_items("delete", n)
-    return _accepted(request, n, committed=delete.wait)
+    n = await engine.delete(table, delete.keys, wait=delete.wait)
+    metrics.count_items("delete", n)
+    return _accepted(n, committed=delete.wait, as_msgpack=as_msgpack)
 
 
 @router.get(
@@ -167,15 +202,21 @@ async def delete_item(request: Request, table: TableName, key: ItemKey) -> Respo
 )
 async def update_priorities(request: Request, table: TableName) -> Response:
     """Update the priorities of items."""
-    body, fmt = await read_body(request)
+    return await serve_body(request, table, priorities_reply)
+
+
+async def priorities_reply(
+    engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
+) -> Reply:
+    """The work of :func:`update_priorities` (a :data:`~app.api.deps.BodyHandler`)."""
     priorities = parse_priorities(body, fmt).priorities
-    updated, missing = await engine_of(request).update_priorities(table, priorities)
-    metrics_of(request).count_items("priorities", updated)
-    return encode({"updated": updated, "missing": missing}, msgpack_body=wants_msgpack(request))
+    updated, missing = await engine.update_priorities(table, priorities)
+    metrics.count_items("priorities", updated)
+    return encode_reply({"updated": updated, "missing": missing}, msgpack_body=as_msgpack)
 
 
-def _accepted(request: Request, n: int, *, committed: bool) -> Response:
+def _accepted(n: int, *, committed: bool, as_msgpack: bool) -> Reply:
     """202 ``{"accepted": n}``, or 200 ``{"committed": n}`` once the writer applied them."""
     if committed:
-        return encode({"committed": n}, msgpack_body=wants_msgpack(request))
-    return encode({"accepted": n}, msgpack_body=wants_msgpack(request), status_code=202)
+        return encode_reply({"committed": n}, msgpack_body=as_msgpack)
+    return encode_reply({"accepted": n}, msgpack_body=as_msgpack, status=202)

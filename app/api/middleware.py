@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.logs import ACCESS_LOGGER
+from app.api.logs import ACCESS_LOGGER, access_log
 from app.errors import error_response, wants_msgpack_header
 from app.metrics import Metrics
 from clients.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
@@ -220,16 +220,18 @@ class RequestContextMiddleware:
         )
         if _access.isEnabledFor(logging.INFO):
             client = scope.get("client")
-            _access.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "route": template,
-                    "status": status,
-                    "error_code": error_code,
-                    "duration_ms": round(seconds * 1000, 3),
-                    "client": f"{client[0]}:{client[1]}" if client else None,
-                },
-            )
+            fields = {
+                "request_id": request_id,
+                "method": scope["method"],
+                "path": scope["path"],
+                "route": template,
+                "status": status,
+                "error_code": error_code,
+                "duration_ms": round(seconds * 1000, 3),
+                "client": f"{client[0]}:{client[1]}" if client else None,
+            }
+            batched = access_log()
+            if batched is not None:
+                batched.request(**fields)
+            else:
+                _access.info("request", extra=fields)

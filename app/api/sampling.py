@@ -5,14 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app.api.bodies import parse_sample
-from app.api.deps import TableName, engine_of, metrics_of
-from app.api.encoding import JSON, MSGPACK, dump_json, read_body, wants_msgpack
+from app.api.deps import TableName, serve_body
+from app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json
 from app.api.envelopes import sample_json, sample_msgpack
 from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from app.api.schemas import SampleRequest, SampleResponse
+from app.engine.engine import Engine
+from app.metrics import Metrics
 from clients.errors import DeadlineExceeded, TableNotFound
 
-__all__ = ["router"]
+__all__ = ["router", "sample_reply"]
 
 router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
 
@@ -38,15 +40,21 @@ async def sample(request: Request, table: TableName) -> Response:
     `deadline_exceeded`. Each pick carries its `probability` in one draw and its importance
     `weight` (1.0 but for the prioritized sampler).
     """
-    body, fmt = await read_body(request)
+    return await serve_body(request, table, sample_reply)
+
+
+async def sample_reply(
+    engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
+) -> Reply:
+    """The work of :func:`sample` (a :data:`~app.api.deps.BodyHandler`)."""
     params = parse_sample(body, fmt)
-    items = await engine_of(request).sample_batch(
+    items = await engine.sample_batch(
         table,
         params.batch_size,
         timeout_s=params.timeout_ms / 1000,
         include_values=params.include_values,
     )
-    metrics_of(request).count_items("sample", len(items))
-    if wants_msgpack(request):
-        return Response(sample_msgpack(items), media_type=MSGPACK)
-    return Response(dump_json(sample_json(items)), media_type=JSON)
+    metrics.count_items("sample", len(items))
+    if as_msgpack:
+        return Reply(sample_msgpack(items), MSGPACK)
+    return Reply(dump_json(sample_json(items)), JSON)
