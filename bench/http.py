@@ -10,6 +10,12 @@ endpoints parse the same bodies (the push body fully unpacked) and answer the sa
 bytes with no replay work. The load generator is ``wrk`` (a separate C process, keep-alive
 connections, a Lua script for the POST bodies); it must be installed (``apt-get install wrk``).
 
+The ceiling stays up for the whole run, and each figure is a median over pairs of wrk runs,
+the ceiling's and the server's back to back (alternating which goes first); the ratio
+column is the median of the pairs' ratios. On this shared machine a lone figure moved by up
+to 2x between runs minutes apart, the ceiling's included; ratios of adjacent runs are much
+steadier. ``stream()`` runs are paired the same way with a wrk sample run.
+
 Run: ``python -m bench.http [--duration 5] [--repeats 3] [--connections 16]``.
 """
 
@@ -187,17 +193,36 @@ def _wrk(
     return rate, int(bad.group(1)) if bad else 0
 
 
-def _median_rate(
-    url: str, bodies: list[bytes], items: int, args: argparse.Namespace, workdir: Path
-) -> tuple[float, int]:
-    rates, bad = [], 0
-    for _ in range(args.repeats):
-        rate, errors = _wrk(
-            url, bodies, duration=args.duration, connections=args.connections, workdir=workdir
-        )
-        rates.append(rate * items)
-        bad += errors
-    return statistics.median(rates), bad
+def _paired(
+    urls: tuple[str, str],
+    bodies: list[bytes],
+    items: int,
+    args: argparse.Namespace,
+    workdir: Path,
+) -> tuple[float, float, float, int]:
+    """Alternate wrk runs on ``urls`` (the ceiling, then the server; then the other way).
+
+    Returns the median rate of each (items/s), the median of the per-pair ratios
+    server/ceiling, and the non-2xx answers of both. Pairing runs that are seconds apart
+    cancels most of this shared machine's drift, which moved single figures by 2x here.
+    """
+    rates: tuple[list[float], list[float]] = ([], [])
+    ratios, bad = [], 0
+    for i in range(args.repeats):
+        pair = [0.0, 0.0]
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            rate, errors = _wrk(
+                urls[which],
+                bodies,
+                duration=args.duration,
+                connections=args.connections,
+                workdir=workdir,
+            )
+            pair[which] = rate * items
+            rates[which].append(rate * items)
+            bad += errors
+        ratios.append(pair[1] / pair[0])
+    return statistics.median(rates[0]), statistics.median(rates[1]), statistics.median(ratios), bad
 
 
 def _start(cmd: list[str], url: str, ready: str, log: Path) -> subprocess.Popen[bytes]:
@@ -233,19 +258,33 @@ asyncio.run(main(sys.argv[1], float(sys.argv[2])))
 """
 
 
-def _stream_rate(url: str, args: argparse.Namespace) -> float:
+def _stream_once(url: str, args: argparse.Namespace) -> float:
     """Items/s that ``ReplayClient.stream`` (prefetch 4) takes from ``url``, in its own process."""
-    rates = []
+    out = subprocess.run(
+        [sys.executable, "-c", _STREAM % SAMPLE_ITEMS, url, str(args.duration)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=args.duration + 60,
+    ).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def _stream_vs_wrk(url: str, args: argparse.Namespace, workdir: Path) -> tuple[float, float]:
+    """Median ``stream()`` rate and median ratio stream / wrk over adjacent pairs of runs."""
+    rates, ratios = [], []
     for _ in range(args.repeats):
-        out = subprocess.run(
-            [sys.executable, "-c", _STREAM % SAMPLE_ITEMS, url, str(args.duration)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=args.duration + 60,
-        ).stdout
-        rates.append(float(out.strip().splitlines()[-1]))
-    return statistics.median(rates)
+        stream = _stream_once(url, args)
+        wrk, _ = _wrk(
+            url + "/v1/tables/default/sample",
+            [SAMPLE_BODY],
+            duration=args.duration,
+            connections=args.connections,
+            workdir=workdir,
+        )
+        rates.append(stream)
+        ratios.append(stream / (wrk * SAMPLE_ITEMS))
+    return statistics.median(rates), statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,112 +311,111 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = _start(
+        ceiling = f"http://127.0.0.1:{port}"
+        ceiling_proc = _start(
             [sys.executable, "-c", f"from bench.http import serve_ceiling; serve_ceiling({port})"],
-            url,
+            ceiling,
             "/readyz",
             workdir / "ceiling.log",
         )
         try:
-            ceiling_push, bad_ceiling_push = _median_rate(
-                url + "/push", push_bodies, PUSH_ITEMS, args, workdir
-            )
-            ceiling_sample, bad_ceiling_sample = _median_rate(
-                url + "/sample", [SAMPLE_BODY], SAMPLE_ITEMS, args, workdir
-            )
+            for spec in args.modes.split(","):
+                rows.append(_measure_mode(spec, ceiling, push_bodies, args, workdir))
         finally:
-            _stop(proc)
-        rows.append(
-            [
-                "ceiling (trivial FastAPI)",
-                ceiling_push,
-                1.0,
-                ceiling_sample,
-                1.0,
-                float("nan"),
-                float("nan"),
-                bad_ceiling_push + bad_ceiling_sample,
-            ]
-        )
-        for spec in args.modes.split(","):
-            mode, _, durability = spec.partition(":")
-            durability = durability or "wal"
-            port = _free_port()
-            url = f"http://127.0.0.1:{port}"
-            data = workdir / f"data-{mode}"
-            proc = _start(
-                [
-                    sys.executable,
-                    "-m",
-                    "app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(data),
-                    "--storage-mode",
-                    mode,
-                    "--durability",
-                    durability,
-                    "--log-level",
-                    args.log_level,
-                    "--cache-memory-limit-mb",
-                    "2048",
-                ],
-                url,
-                "/readyz",
-                workdir / f"server-{mode}-{durability}.log",
-            )
-            try:
-                with httpx.Client(base_url=url, timeout=60) as c:
-                    c.put("/v1/tables/bench", json={"max_size": 50_000}).raise_for_status()
-                    for n in range(PRELOAD // PUSH_ITEMS):
-                        r = c.post(
-                            "/v1/tables/default/items",
-                            content=_push_body(1000 + n),
-                            headers={"content-type": "application/msgpack"},
-                        )
-                        r.raise_for_status()
-                push, bad_push = _median_rate(
-                    url + "/v1/tables/bench/items", push_bodies, PUSH_ITEMS, args, workdir
-                )
-                sample, bad_sample = _median_rate(
-                    url + "/v1/tables/default/sample", [SAMPLE_BODY], SAMPLE_ITEMS, args, workdir
-                )
-                stream = _stream_rate(url, args)
-            finally:
-                _stop(proc)
-            rows.append(
-                [
-                    f"rlreplay {mode}, durability {durability}",
-                    push,
-                    push / ceiling_push,
-                    sample,
-                    sample / ceiling_sample,
-                    stream,
-                    stream / sample,
-                    bad_push + bad_sample,
-                ]
-            )
+            _stop(ceiling_proc)
     print_table(
         f"HTTP throughput: push {PUSH_ITEMS} x 4 KiB, sample {SAMPLE_ITEMS} x 4 KiB (msgpack); "
-        f"load: wrk, 1 thread, {args.connections} keep-alive connections, "
-        f"median of {args.repeats} x {args.duration:g} s; {os.cpu_count()} CPUs; stream = "
-        "ReplayClient.stream(prefetch=4) in a separate process",
+        f"load: wrk, 1 thread, {args.connections} keep-alive connections; "
+        f"{args.repeats} pairs of {args.duration:g} s runs, the ceiling's and the server's "
+        f"in turn, medians; {os.cpu_count()} CPUs; stream = ReplayClient.stream(prefetch=4) "
+        "in a separate process, each run paired with a wrk sample run",
         [
             "server",
             "pushed items/s",
-            "push vs ceiling",
+            "ceiling push",
+            "push / ceiling",
             "sampled items/s",
-            "sample vs ceiling",
+            "ceiling sample",
+            "sample / ceiling",
             "stream() items/s",
             "stream / sample",
             "non-2xx",
         ],
         rows,
     )
+
+
+def _measure_mode(
+    spec: str, ceiling: str, push_bodies: list[bytes], args: argparse.Namespace, workdir: Path
+) -> list[object]:
+    """One table row: ``rlreplay serve`` in ``spec`` (mode[:durability]) against the ceiling."""
+    mode, _, durability = spec.partition(":")
+    durability = durability or "wal"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(workdir / f"data-{mode}-{durability}"),
+            "--storage-mode",
+            mode,
+            "--durability",
+            durability,
+            "--log-level",
+            args.log_level,
+            "--cache-memory-limit-mb",
+            "2048",
+        ],
+        url,
+        "/readyz",
+        workdir / f"server-{mode}-{durability}.log",
+    )
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            c.put("/v1/tables/bench", json={"max_size": 50_000}).raise_for_status()
+            for n in range(PRELOAD // PUSH_ITEMS):
+                r = c.post(
+                    "/v1/tables/default/items",
+                    content=_push_body(1000 + n),
+                    headers={"content-type": "application/msgpack"},
+                )
+                r.raise_for_status()
+        ceiling_push, push, push_ratio, bad_push = _paired(
+            (ceiling + "/push", url + "/v1/tables/bench/items"),
+            push_bodies,
+            PUSH_ITEMS,
+            args,
+            workdir,
+        )
+        ceiling_sample, sample, sample_ratio, bad_sample = _paired(
+            (ceiling + "/sample", url + "/v1/tables/default/sample"),
+            [SAMPLE_BODY],
+            SAMPLE_ITEMS,
+            args,
+            workdir,
+        )
+        stream, stream_ratio = _stream_vs_wrk(url, args, workdir)
+    finally:
+        _stop(proc)
+    return [
+        f"rlreplay {mode}, durability {durability}",
+        push,
+        ceiling_push,
+        push_ratio,
+        sample,
+        ceiling_sample,
+        sample_ratio,
+        stream,
+        stream_ratio,
+        bad_push + bad_sample,
+    ]
 
 
 if __name__ == "__main__":

@@ -237,6 +237,7 @@ class TaskProcessor:
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         slot_list: list[int] = []
         replaced: list[int] = []  # slots of replaced keys still in selection
+        uncached: list[int] = []  # slots of replaced keys whose old value is in the cache
         for it in items:  # pass 1: slots, and what a replaced item leaves behind
             slot = index.get(it.key)
             if slot is None:
@@ -245,12 +246,15 @@ class TaskProcessor:
                 if not retired[slot]:
                     replaced.append(slot)
                 if values[slot] is not None:
-                    s.ledger.discard(t, slot)
-                    t.bytes_in_cache -= int(t.size[slot])
+                    uncached.append(slot)
+                    if mode == "disk":  # otherwise the ledger's add below replaces the entry
+                        s.ledger.discard(t, slot)
             slot_list.append(slot)
             entry = pending.get(it.key)
             if entry is not None and entry[0] == op.seq:
                 del pending[it.key]
+        if uncached:
+            t.bytes_in_cache -= int(t.size[np.array(uncached, dtype=np.int64)].sum())
         slots = np.array(slot_list, dtype=np.int64)
         if replaced:
             gone = np.array(replaced, dtype=np.int64)

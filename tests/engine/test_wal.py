@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
+import logging
+import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 
-from app.engine.wal import WriteAheadLog
+from app.engine import wal as wal_module
+from app.engine.wal import FRAME, WriteAheadLog
 from app.storage.blocking import BlockingIO
 
 
@@ -21,6 +29,37 @@ def io() -> Iterator[BlockingIO]:
 
 def reopen(folder: Path, io: BlockingIO, after: int = 0) -> list[list[object]]:
     return list(WriteAheadLog(folder, io=io).replay(after))
+
+
+BLOCK = 4096
+
+
+def fresh(folder: Path, io: BlockingIO, **kwargs: Any) -> WriteAheadLog:
+    """A log on an empty folder, opened for appending."""
+    wal = WriteAheadLog(folder, io=io, **kwargs)
+    assert list(wal.replay(0)) == []
+    wal.open(0)
+    return wal
+
+
+def framed(body: list[Any], lsn: int) -> int:
+    """Bytes the record ``body`` takes as a frame (header and payload) under ``lsn``."""
+    return FRAME.size + len(msgpack.packb([lsn, *body], use_bin_type=True))
+
+
+def blob_for(framed_size: int, lsn: int) -> list[Any]:
+    """A record body whose frame under ``lsn`` is exactly ``framed_size`` bytes."""
+    n = framed_size - framed(["b", b""], lsn)
+    while framed(["b", b"x" * n], lsn) > framed_size:
+        n -= 1
+    body: list[Any] = ["b", b"x" * n]
+    assert framed(body, lsn) == framed_size
+    return body
+
+
+def segment_of(folder: Path) -> Path:
+    (segment,) = folder.glob("*.log")
+    return segment
 
 
 async def test_records_come_back_in_order_after_commit(tmp_path: Path, io: BlockingIO) -> None:
@@ -48,7 +87,8 @@ async def test_a_torn_tail_ends_replay_at_the_last_whole_record(
     wal.close()
     (segment,) = tmp_path.glob("*.log")
     data = segment.read_bytes()
-    segment.write_bytes(data[:-cut])  # a crash in the middle of the last record
+    end = len(data.rstrip(b"\0"))  # the last record's end: zero padding follows it
+    segment.write_bytes(data[: end - cut])  # a crash in the middle of the last record
     assert [r[0] for r in reopen(tmp_path, io)] == [1, 2]
 
 
@@ -61,7 +101,8 @@ async def test_a_corrupt_record_is_not_applied(tmp_path: Path, io: BlockingIO) -
     wal.close()
     (segment,) = tmp_path.glob("*.log")
     data = bytearray(segment.read_bytes())
-    data[-3] ^= 0xFF  # flip bits inside the last payload: its CRC no longer matches
+    end = len(data.rstrip(b"\0"))  # the last record's end: zero padding follows it
+    data[end - 3] ^= 0xFF  # flip bits inside the last payload: its CRC no longer matches
     segment.write_bytes(bytes(data))
     assert [r[0] for r in reopen(tmp_path, io)] == [1, 2]
 
@@ -81,3 +122,265 @@ async def test_rotate_and_truncate_drop_only_covered_segments(
     wal.close()
     assert len(list(tmp_path.glob("*.log"))) == 2
     assert [r[0] for r in reopen(tmp_path, io)] == second
+
+
+async def test_every_flush_writes_whole_blocks_with_no_1_to_7_byte_padding(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    segment = segment_of(tmp_path)
+    bodies = []
+    for tail in [*range(BLOCK - 12, BLOCK + 12), 2 * BLOCK - 8, 2 * BLOCK - 7, 2 * BLOCK]:
+        lsn = wal.next_lsn
+        body = blob_for(tail, lsn)  # one record per flush: the frames are `tail` bytes
+        bodies.append(body)
+        before = segment.stat().st_size
+        await wal.commit(wal.append(body))
+        grown = segment.stat().st_size - before
+        assert grown % BLOCK == 0
+        assert grown - tail == 0 or grown - tail >= FRAME.size  # room for a zero header
+        assert grown - tail < BLOCK + FRAME.size
+    # several records of odd sizes in one flush
+    lsns = [wal.append(["b", b"y" * (i * 997 % 5000 + 1)]) for i in range(40)]
+    await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
+    assert segment.stat().st_size % BLOCK == 0
+    assert wal.bytes_since_checkpoint == segment.stat().st_size == wal.disk_bytes()
+    wal.close()
+    records = reopen(tmp_path, io)
+    assert [r[0] for r in records] == list(range(1, len(bodies) + len(lsns) + 1))
+    assert [r[1:] for r in records[: len(bodies)]] == bodies
+    assert records[-1] == [lsns[-1], "b", b"y" * (39 * 997 % 5000 + 1)]
+
+
+@pytest.mark.parametrize("fail_at", ["open", "write"])
+async def test_the_buffered_fallback_writes_the_same_log(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch, caplog: Any, fail_at: str
+) -> None:
+    bodies: list[list[Any]] = [["put", "t", [f"k{i}"], [b"v" * (i * 301)]] for i in range(30)]
+
+    async def write(folder: Path, **kwargs: Any) -> WriteAheadLog:
+        wal = fresh(folder, io, **kwargs)
+        for i in range(0, len(bodies), 7):
+            lsns = [wal.append(body) for body in bodies[i : i + 7]]
+            await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
+        await wal.rotate()
+        await wal.commit(wal.append(["del", "t", ["k1"]]))
+        return wal
+
+    direct = await write(tmp_path / "direct")
+    direct.close()
+    buffered = await write(tmp_path / "buffered", direct=False)
+    assert buffered._fd is not None
+    assert not fcntl.fcntl(buffered._fd, fcntl.F_GETFL) & wal_module._O_DIRECT
+    buffered.close()
+
+    # a filesystem that refuses O_DIRECT, at open (tmpfs) or at the first write
+    real_open, real_pwrite = os.open, os.pwrite
+    direct_fds: set[int] = set()
+
+    def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & wal_module._O_DIRECT and fail_at == "open":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & wal_module._O_DIRECT:
+            direct_fds.add(fd)
+        else:
+            direct_fds.discard(fd)  # the number of a closed one, reused
+        return fd
+
+    def refusing_pwrite(fd: int, data: Any, offset: int) -> int:
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    names = ["direct", "buffered"]
+    if wal_module._O_DIRECT:
+        monkeypatch.setattr(os, "open", refusing_open)
+        monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+        caplog.set_level(logging.INFO, logger="app.engine.wal")
+        refused = await write(tmp_path / "refused")
+        assert refused._direct is False and refused._fd is not None
+        assert not fcntl.fcntl(refused._fd, fcntl.F_GETFL) & wal_module._O_DIRECT
+        refused.close()
+        monkeypatch.undo()
+        modes = [r.getMessage() for r in caplog.records if "write-ahead log in" in r.getMessage()]
+        assert len(modes) == 1 and "buffered" in modes[0], modes
+        names.append("refused")
+
+    expected = [*bodies, ["del", "t", ["k1"]]]
+    for name in names:
+        assert [r[1:] for r in reopen(tmp_path / name, io)] == expected, name
+        files = sorted((tmp_path / name).glob("*.log"))
+        assert [f.read_bytes() for f in files] == [
+            f.read_bytes() for f in sorted((tmp_path / "direct").glob("*.log"))
+        ], name
+
+
+async def test_the_log_uses_o_direct_where_the_filesystem_allows(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    await wal.commit(wal.append(["del", "t", ["a"]]))
+    assert wal._fd is not None
+    flags = fcntl.fcntl(wal._fd, fcntl.F_GETFL)
+    assert wal._direct is (bool(flags & wal_module._O_DIRECT) if wal_module._O_DIRECT else False)
+    wal.close()
+
+
+async def three_flushes(folder: Path, io: BlockingIO) -> bytes:
+    """Three records of about 1.5 blocks, one flush each; returns the segment's bytes."""
+    wal = fresh(folder, io)
+    for i in range(3):
+        await wal.commit(wal.append(["put", "t", [f"k{i}"], [bytes([i + 1]) * 6000]]))
+    wal.close()
+    data = segment_of(folder).read_bytes()
+    assert len(data) == 3 * 2 * BLOCK
+    return data
+
+
+@pytest.mark.parametrize(
+    ("damage", "left"),
+    [
+        ("cut in the last record", [1, 2]),
+        ("cut in the last padding", [1, 2, 3]),
+        ("last record's second block never written", [1, 2]),
+        ("last region never written", [1, 2]),
+        ("middle region never written", [1]),
+        ("garbage in padding", [1]),
+        ("corrupt crc", [1]),
+        ("a stale older region after the end", [1, 2, 3]),
+    ],
+)
+async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
+    tmp_path: Path, io: BlockingIO, damage: str, left: list[int]
+) -> None:
+    data = bytearray(await three_flushes(tmp_path, io))
+    last = 4 * BLOCK  # the third region
+    if damage == "cut in the last record":
+        del data[last + 5000 :]
+    elif damage == "cut in the last padding":
+        del data[last + 7000 :]
+    elif damage == "last record's second block never written":
+        data[last + BLOCK :] = bytes(BLOCK)
+    elif damage == "last region never written":
+        data[last:] = bytes(2 * BLOCK)
+    elif damage == "middle region never written":
+        data[2 * BLOCK : last] = bytes(2 * BLOCK)  # record 3 must not follow record 1
+    elif damage == "garbage in padding":
+        data[2 * BLOCK - 100] = 1  # in the first region's padding
+    elif damage == "corrupt crc":
+        data[2 * BLOCK + 4] ^= 0x01  # the second record's CRC
+    else:
+        data += data[: 2 * BLOCK]  # the first region again, as a failed flush might leave
+    segment_of(tmp_path).write_bytes(bytes(data))
+    assert [r[0] for r in reopen(tmp_path, io)] == left
+
+
+async def test_a_flush_bigger_than_the_buffer_grows_it_and_rotation_gives_it_back(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    await wal.commit(wal.append(["b", b"small"]))
+    assert wal._region is not None and len(wal._region) == wal_module._BUFFER_BYTES
+    big = [bytes([i]) * (1 << 20) for i in range(1, 7)]  # 6 MiB in one flush
+    lsns = [wal.append(["b", value]) for value in big]
+    await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
+    assert len(wal._region) == 2 * wal_module._BUFFER_BYTES
+    assert segment_of(tmp_path).stat().st_size % BLOCK == 0
+    await wal.rotate()  # the big flush was since the last rotation: kept
+    assert wal._region is not None and len(wal._region) == 2 * wal_module._BUFFER_BYTES
+    await wal.commit(wal.append(["b", b"small again"]))
+    await wal.rotate()  # only small flushes since: given back, reallocated when needed
+    assert wal._region is None
+    await wal.commit(wal.append(["b", b"last"]))
+    assert len(wal._region) == wal_module._BUFFER_BYTES
+    wal.close()
+    values = [r[2] for r in reopen(tmp_path, io)]
+    assert values == [b"small", *big, b"small again", b"last"]
+
+
+async def test_old_segments_without_padding_still_replay(tmp_path: Path, io: BlockingIO) -> None:
+    frames = b""
+    for lsn in range(1, 4):
+        payload = msgpack.packb([lsn, "del", "t", [f"k{lsn}"]], use_bin_type=True)
+        frames += FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    (tmp_path / "00000000000000000001.log").write_bytes(frames)
+    wal = WriteAheadLog(tmp_path, io=io)
+    assert [r[3] for r in wal.replay(0)] == [["k1"], ["k2"], ["k3"]]
+    wal.open(0)
+    await wal.commit(wal.append(["del", "t", ["k4"]]))
+    wal.close()
+    assert [r[0] for r in reopen(tmp_path, io)] == [1, 2, 3, 4]
+
+
+async def test_a_torn_segment_with_the_next_name_is_started_afresh(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    for i in range(3):
+        await wal.commit(wal.append(["del", "t", [f"k{i}"]]))
+    wal.close()
+    # a crash right after a rotation, in the middle of the new segment's first write
+    (tmp_path / "00000000000000000004.log").write_bytes(FRAME.pack(50, 1234) + b"torn")
+    wal = WriteAheadLog(tmp_path, io=io)
+    assert [r[0] for r in wal.replay(0)] == [1, 2, 3]
+    wal.open(0)
+    await wal.commit(wal.append(["del", "t", ["k4"]]))
+    await wal.rotate()
+    await wal.truncate(3)  # drops the first segment only: the torn one was reused
+    wal.close()
+    assert [r[0] for r in reopen(tmp_path, io)] == [4]
+    assert len(list(tmp_path.glob("*.log"))) == 2
+
+
+@pytest.mark.parametrize("failing", ["pwrite", "fdatasync"])
+async def test_after_a_failed_flush_the_log_goes_on_in_a_new_segment(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    wal = fresh(tmp_path, io)
+    await wal.commit(wal.append(["del", "t", ["a"]]))
+
+    def fail(*args: Any) -> Any:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, failing, fail)
+    lost = wal.append(["del", "t", ["lost"]])
+    with pytest.raises(OSError, match="Input/output") as failure:
+        await wal.commit(lost)
+    monkeypatch.undo()
+    big = b"x" * (5 << 20)  # grows the buffer while the failure's traceback holds views of it
+    await wal.commit(wal.append(["put", "t", ["b"], [big]]))
+    del failure
+    wal.close()
+    names = sorted(p.name for p in tmp_path.glob("*.log"))
+    assert names == ["00000000000000000001.log", "00000000000000000003.log"]
+    # the failed record may have reached the first segment but was never answered: whether
+    # it replays is open; the record after it must
+    records = reopen(tmp_path, io)
+    assert [r[0] for r in records] in ([1, 3], [1, 2, 3])
+    assert records[-1][4] == [big]
+
+
+async def test_after_a_failed_rotation_the_next_flush_opens_the_segment(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = fresh(tmp_path, io)
+    await wal.commit(wal.append(["del", "t", ["a"]]))
+    real_open = os.open
+
+    def full_disk_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".log"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_disk_open)
+    first = wal.append(["del", "t", ["b"]])
+    with pytest.raises(OSError, match="No space"):
+        await wal.rotate()  # b is written and synced; the new segment is not there
+    monkeypatch.undo()
+    second = wal.append(["del", "t", ["c"]])
+    await wal.commit(second)
+    await wal.rotate()
+    wal.close()
+    assert [r[0] for r in reopen(tmp_path, io)] == [1, first, second]
+    assert len(list(tmp_path.glob("*.log"))) == 3
