@@ -17,6 +17,7 @@ wrapper and its own scan of the headers per request, and a plain ASGI callable r
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import os
 import time
@@ -52,9 +53,17 @@ def _state(scope: Scope) -> dict[str, Any]:
     return state
 
 
+_ID_PREFIX = os.urandom(8).hex()
+_id_counter = itertools.count(1)
+
+
 def _new_request_id() -> str:
-    """32 random hex digits, as unique as a ``uuid4().hex`` at a fifth of its cost."""
-    return os.urandom(16).hex()
+    """32 hex digits: 16 random ones drawn at start-up, then a counter.
+
+    Unique within the process and, with overwhelming odds, across restarts; no system
+    call per request (``os.urandom`` per request was 1% of a push's time).
+    """
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 async def send_error(scope: Scope, receive: Receive, send: Send, exc: ReplayError) -> None:
