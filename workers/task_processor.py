@@ -74,6 +74,7 @@ class TaskProcessor:
         self._disk_deletes: list[bytes] = []
         self._evicted_since_trim = 0
         self._checkpoint_queued = False
+        self._idle = False
         self._checkpoint_bytes = int(state.settings.wal_checkpoint_mb * 2**20)
         self.failure: BaseException | None = None
         self.applied_ops = 0
@@ -156,12 +157,19 @@ class TaskProcessor:
                 return op.seq
         return None
 
+    @property
+    def idle(self) -> bool:
+        """True while the writer waits for work (no op half-applied)."""
+        return self._idle
+
     async def _run(self) -> None:
         since_yield = 0
         while True:
             if not self.p0 and not self.p1:
                 self._wake.clear()
+                self._idle = True
                 await self._wake.wait()
+                self._idle = False
                 since_yield = 0
             s = self._s
             if (
@@ -289,12 +297,14 @@ class TaskProcessor:
                 disk_puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
         else:
             t.meta_dirty[slots] = 1
-            dirty, add = t.dirty, s.ledger.add
-            for it, slot, size in zip(items, slot_list, sizes.tolist(), strict=True):
-                retired[slot] = 0
+            for it, slot in zip(items, slot_list, strict=True):
                 values[slot] = it.value
-                dirty[slot] = 1
-                add(t, slot, size + ENTRY_OVERHEAD)
+            # short-lived views of the flag bytearrays (a live view would block their growth)
+            np.frombuffer(retired, np.uint8)[slots] = 0
+            np.frombuffer(t.dirty, np.uint8)[slots] = 1
+            if uncached:  # replaced while cached: keep their place, like a hit (CLOCK)
+                t.referenced[np.array(uncached, dtype=np.int64)] = 1
+            s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
             t.bytes_in_cache += int(sizes.sum())
         times = np.full(len(slots), ts)
         t.sampler.insert(slots, prios, times, fields)

@@ -339,21 +339,29 @@ class Engine:
         *,
         wait: bool = False,
         timeout_s: float | None = None,
+        checked: bool = False,
     ) -> int:
-        """Accept items; on return every reader sees them. With ``wait``, return once applied."""
+        """Accept items; on return every reader sees them. With ``wait``, return once applied.
+
+        ``checked=True`` skips the key and priority checks: the caller made them already
+        (:func:`app.api.bodies.parse_push` does, with the same rules).
+        """
         t = self._table(table)
         writer = self._writer()
         if not items:
             return 0
-        nbytes = 0
-        for it in items:
-            _check_key(it.key)
-            p = it.priority
-            if not (p >= 0 and math.isfinite(p)):
-                raise ValidationFailed(
-                    f"priority ({p}) of key {it.key!r} must be a finite float >= 0"
-                )
-            nbytes += len(it.value)
+        if checked:
+            nbytes = sum([len(it.value) for it in items])
+        else:
+            nbytes = 0
+            for it in items:
+                _check_key(it.key)
+                p = it.priority
+                if not (p >= 0 and math.isfinite(p)):
+                    raise ValidationFailed(
+                        f"priority ({p}) of key {it.key!r} must be a finite float >= 0"
+                    )
+                nbytes += len(it.value)
         n = len(items)
         self._reserve(n, nbytes)
         s = self._s
@@ -382,8 +390,13 @@ class Engine:
         seq = s.next_seq(record)
         fut = asyncio.get_running_loop().create_future() if wait else None
         entries = {it.key: (seq, it, now) for it in items}
-        t.visible += sum(1 for key in entries if not t.contains(key))
-        t.pending.update(entries)
+        pending, index, appear = t.pending, t.index, 0
+        for key in entries:  # t.contains(key), inlined: this runs per pushed item
+            entry = pending.get(key)
+            if entry[1] is None if entry is not None else key not in index:
+                appear += 1
+        t.visible += appear
+        pending.update(entries)
         t.accept(seq, n)
         writer.submit(
             PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now)

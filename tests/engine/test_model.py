@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from app.engine.config import TableConfig
 from app.engine.engine import Engine
+from app.storage.cache import ENTRY_OVERHEAD
 from tests.engine.conftest import item, make_settings
 
 KEYS = st.sampled_from([f"k{i}" for i in range(12)] + ["é/ü", "a b"])
@@ -48,6 +49,26 @@ MODES = [
     {"storage_mode": "memory", "cache_memory_limit_mb": 4},
     {"storage_mode": "hybrid", "cache_memory_limit_mb": 0.002, "durability": "none"},
 ]
+
+
+async def check_cache_accounting(eng: Engine) -> None:
+    """Once the writer is idle, the cache ledger charges exactly the cached values."""
+    processor = eng._processor
+    assert processor is not None
+    for _ in range(1000):
+        if processor.idle and not processor.p0 and not processor.p1:
+            break
+        await asyncio.sleep(0.001)
+    state = eng._s
+    ledger = state.ledger
+    assert ledger.bytes == sum(ledger._order.values())
+    expected = {}
+    for table in state.tables.values():
+        cached = [slot for slot, v in enumerate(table.values) if v is not None]
+        for slot in cached:
+            expected[(table, slot)] = int(table.size[slot]) + ENTRY_OVERHEAD
+        assert table.bytes_in_cache == sum(int(table.size[slot]) for slot in cached)
+    assert dict(ledger._order) == expected
 
 
 async def run_program(mode: dict[str, Any], steps: list[tuple[Any, ...]], data_dir: Path) -> None:
@@ -103,12 +124,14 @@ async def run_program(mode: dict[str, Any], steps: list[tuple[Any, ...]], data_d
                     await asyncio.sleep(0)
             elif kind == "flush":
                 await eng.flush()
+                await check_cache_accounting(eng)
             elif kind == "restart":
                 await eng.stop()
                 eng = Engine(settings_)
                 await eng.start()
             assert eng.describe("t")["stats"]["size"] == len(model)
         await eng.flush()
+        await check_cache_accounting(eng)
         stats = eng.describe("t")["stats"]
         assert stats["size"] == len(model) and stats["pending_ops"] == 0
     finally:
