@@ -51,8 +51,25 @@ class UniformSampler(Selector):
         self._n += k
 
     def remove(self, slots: Slots) -> None:
-        """Drops ``slots``, filling each hole with the last packed slot."""
+        """Drops ``slots`` (distinct, all held), filling the holes with packed slots from the end.
+
+        A batch is done with numpy: the slots left in the tail (the last ``len(slots)``
+        places) move into the holes below it, so the cost does not grow with a Python loop
+        per slot.
+        """
         dense, pos = self._dense, self._pos
+        if len(slots) > 4:
+            n = self._n
+            keep = n - len(slots)
+            where = pos[slots]
+            holes = where[where < keep]
+            pos[slots] = -1
+            tail = dense[keep:n]
+            movers = tail[pos[tail] >= 0]
+            dense[holes] = movers
+            pos[movers] = holes
+            self._n = keep
+            return
         for slot in slots.tolist():
             hole = int(pos[slot])
             last = self._n - 1

@@ -90,7 +90,7 @@ operations = st.lists(
             st.just("insert"),
             st.lists(st.tuples(priorities, st.integers(0, 40), scores), min_size=1, max_size=9),
         ),
-        st.tuples(st.just("remove"), st.lists(st.integers(0, 10_000), min_size=1, max_size=3)),
+        st.tuples(st.just("remove"), st.lists(st.integers(0, 10_000), min_size=1, max_size=12)),
         st.tuples(
             st.just("update"),
             st.lists(st.tuples(st.integers(0, 10_000), priorities), min_size=1, max_size=4),
