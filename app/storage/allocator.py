@@ -6,11 +6,9 @@ gets a heap (an *arena*) of its own, so resident memory drifts above what the ca
 holds. Two measures, both glibc-only and harmless elsewhere:
 
 - at most :data:`ARENA_MAX` arenas (``M_ARENA_MAX``), so the I/O threads share heaps;
-- fixed thresholds: buffers up to :data:`MMAP_THRESHOLD` (request bodies, 1 MB sample
-  answers) come from the heap, and glibc trims the heap's top only past
-  :data:`TRIM_THRESHOLD`. With glibc's defaults, each request freed its body, the freed top
-  was handed back to the OS, and the next request faulted it in again: 17 page faults per
-  push of 64 x 4 KiB (measured), about a twentieth of its time;
+- fixed mmap and trim thresholds (:mod:`clients.allocator`, which the client uses too):
+  with glibc's defaults each request freed its body, the freed heap top went back to the
+  OS, and the next request faulted it in again (17 page faults per push of 64 x 4 KiB);
 - :func:`release_free_memory` (``malloc_trim``), which the writer calls after it has
   evicted a good amount, hands the free pages inside the heaps back to the OS.
 
@@ -26,55 +24,28 @@ measured that and chose not to. Figures are in ``tests/engine/test_memory.py``.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
-import sys
-from typing import Any
+
+from clients.allocator import glibc, raise_malloc_thresholds
 
 M_ARENA_MAX = -8
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
 ARENA_MAX = 2
-#: Allocations at least this large get their own mapping.
-MMAP_THRESHOLD = 4 << 20
-#: Free bytes at the heap's top that glibc keeps rather than trims (malloc_trim still does).
-TRIM_THRESHOLD = 32 << 20
 #: Young-generation threshold of the serving process (Python's default is 700).
 GC_YOUNG_THRESHOLD = 20_000
-
-_libc: Any = None
-
-
-def _glibc() -> Any:
-    global _libc
-    if _libc is None:
-        _libc = False
-        name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
-        if name is not None:
-            try:
-                lib = ctypes.CDLL(name)
-                if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim"):
-                    _libc = lib
-            except OSError:
-                pass
-    return _libc
 
 
 def tune_allocator() -> bool:
     """Cap glibc's arenas and fix its thresholds; False where the C library is not glibc."""
-    lib = _glibc()
-    if not lib:
+    lib = glibc()
+    if lib is None:
         return False
-    ok = bool(lib.mallopt(M_ARENA_MAX, ARENA_MAX))
-    ok &= bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    return ok & bool(lib.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(lib.mallopt(M_ARENA_MAX, ARENA_MAX)) & raise_malloc_thresholds()
 
 
 def release_free_memory() -> None:
     """Return free heap pages to the OS (blocking, a few milliseconds at most)."""
-    lib = _glibc()
-    if lib:
+    lib = glibc()
+    if lib is not None:
         lib.malloc_trim(0)
 
 
