@@ -88,6 +88,9 @@ class WriteAheadLog:
         self._buffer_last_lsn = 0
         self._durable_lsn = 0
         self._next_lsn = 1
+        # One packer for every record: msgpack.packb builds a Packer, and mallocs and frees
+        # its 1 MiB buffer, per call (a tenth of the event loop's time per push, measured).
+        self._packer = msgpack.Packer(use_bin_type=True)
         self._flushing: asyncio.Future[None] | None = None
         self._fd: int | None = None
         self._offset = 0  # where the next region goes in the current segment (a block boundary)
@@ -235,7 +238,7 @@ class WriteAheadLog:
         """Buffer one record (``body`` without its LSN); returns the LSN given to it."""
         lsn = self._next_lsn
         self._next_lsn += 1
-        payload = msgpack.packb([lsn, *body], use_bin_type=True)
+        payload = self._packer.pack([lsn, *body])
         self._buffer.append(payload)
         self._buffer_last_lsn = lsn
         self.bytes_since_checkpoint += len(payload) + FRAME.size
