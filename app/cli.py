@@ -22,9 +22,19 @@ from pydantic.fields import FieldInfo
 
 from app.settings import Settings
 
-__all__ = ["build_parser", "main", "settings_from_args"]
+__all__ = ["UVICORN_OPTIONS", "build_parser", "main", "settings_from_args"]
 
 _ENV_PREFIX = "RLREPLAY_"
+#: How ``rlreplay serve`` runs uvicorn (``bench.http`` serves its ceiling app the same way).
+UVICORN_OPTIONS: dict[str, Any] = {
+    "loop": "auto",
+    "http": "auto",
+    "ws": "none",
+    "lifespan": "on",
+    "workers": 1,
+    "access_log": False,
+    "server_header": False,
+}
 _NONE_WORDS = frozenset({"none", "null", ""})
 
 
@@ -138,24 +148,16 @@ def _serve(settings: Settings) -> int:
 
     from app.api.logs import configure_logging
     from app.main import create_app
-    from app.storage.allocator import tune_gc
 
     configure_logging(settings.log_level)
-    tune_gc()
     config = uvicorn.Config(
         create_app(settings, tune_gc_after_start=True),
         host=settings.host,
         port=settings.port,
-        loop="auto",
-        http="auto",
-        ws="none",
-        lifespan="on",
-        workers=1,
-        access_log=False,
         log_config=None,
         log_level=settings.log_level.lower(),
-        server_header=False,
         timeout_graceful_shutdown=30,
+        **UVICORN_OPTIONS,
     )
     server = uvicorn.Server(config)
     server.run()

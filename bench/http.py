@@ -38,6 +38,7 @@ import httpx
 import msgpack
 from fastapi import FastAPI, Request, Response
 
+from app.cli import UVICORN_OPTIONS
 from bench.report import print_table
 
 ITEM_BYTES = 4096
@@ -126,19 +127,7 @@ def serve_ceiling(port: int) -> None:
     """Serves :func:`ceiling_app` with the uvicorn configuration of ``rlreplay serve``."""
     import uvicorn
 
-    uvicorn.run(  # the options of app.cli's uvicorn.Config
-        ceiling_app(),
-        host="127.0.0.1",
-        port=port,
-        loop="auto",
-        http="auto",
-        ws="none",
-        lifespan="on",
-        workers=1,
-        access_log=False,
-        log_level="warning",
-        server_header=False,
-    )
+    uvicorn.run(ceiling_app(), host="127.0.0.1", port=port, log_level="warning", **UVICORN_OPTIONS)
 
 
 _LUA = """

@@ -245,7 +245,7 @@ class TaskProcessor:
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         slot_list: list[int] = []
         replaced: list[int] = []  # slots of replaced keys still in selection
-        uncached: list[int] = []  # slots of replaced keys whose old value is in the cache
+        was_cached: list[int] = []  # slots of replaced keys whose old value is in the cache
         for it in items:  # pass 1: slots, and what a replaced item leaves behind
             slot = index.get(it.key)
             if slot is None:
@@ -254,15 +254,15 @@ class TaskProcessor:
                 if not retired[slot]:
                     replaced.append(slot)
                 if values[slot] is not None:
-                    uncached.append(slot)
+                    was_cached.append(slot)
                     if mode == "disk":  # otherwise the ledger's add below replaces the entry
                         s.ledger.discard(t, slot)
             slot_list.append(slot)
             entry = pending.get(it.key)
             if entry is not None and entry[0] == op.seq:
                 del pending[it.key]
-        if uncached:
-            t.bytes_in_cache -= int(t.size[np.array(uncached, dtype=np.int64)].sum())
+        cached_before = np.array(was_cached, dtype=np.int64)
+        t.bytes_in_cache -= int(t.size[cached_before].sum())
         slots = np.array(slot_list, dtype=np.int64)
         if replaced:
             gone = np.array(replaced, dtype=np.int64)
@@ -302,8 +302,7 @@ class TaskProcessor:
             # short-lived views of the flag bytearrays (a live view would block their growth)
             np.frombuffer(retired, np.uint8)[slots] = 0
             np.frombuffer(t.dirty, np.uint8)[slots] = 1
-            if uncached:  # replaced while cached: keep their place, like a hit (CLOCK)
-                t.referenced[np.array(uncached, dtype=np.int64)] = 1
+            t.referenced[cached_before] = 1  # replaced while cached: like a hit (CLOCK)
             s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
             t.bytes_in_cache += int(sizes.sum())
         times = np.full(len(slots), ts)

@@ -72,7 +72,9 @@ class HotRoutes:
         """
         self.engine = engine
         self.metrics = metrics
-        self._routes: dict[str, tuple[APIRoute, BodyHandler]] = {}
+        self._routes: dict[str, APIRoute] = {}  # by operation
+        # by id(route): APIRoute is unhashable, and the routes live as long as their modules
+        self._handlers: dict[int, BodyHandler] = {}
         for op, handler in HOT_HANDLERS.items():
             path = f"/v1/tables/{{table}}/{op}"
             found = [
@@ -82,7 +84,8 @@ class HotRoutes:
             ]
             if not found:
                 raise LookupError(f"no POST route {path}")
-            self._routes[op] = (found[0], handler)
+            self._routes[op] = found[0]
+            self._handlers[id(found[0])] = handler
 
     def match(self, scope: Scope) -> bool:
         """Whether this is a hot request; if so, leaves its route and table on the scope."""
@@ -90,14 +93,13 @@ class HotRoutes:
         if m is None:
             return False
         table, op = m.groups()
-        scope["route"] = self._routes[op][0]
+        scope["route"] = self._routes[op]
         scope["path_params"] = {"table": table}
         return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Runs the operation :meth:`match` found; a :class:`ReplayError` is its answer."""
-        route: APIRoute = scope["route"]
-        handler = self._routes[route.path.rpartition("/")[2]][1]
+        handler = self._handlers[id(scope["route"])]
         content_type = accept = b""
         for name, value in scope["headers"]:
             if name == b"content-type":
@@ -147,27 +149,24 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 class ReplayApp(FastAPI):
-    """FastAPI, with the hot data routes answered by :class:`HotRoutes` when one is set."""
+    """FastAPI, with the hot data routes answered by :class:`HotRoutes` once it is set."""
 
-    hot: RequestContextMiddleware | None = None
-    _hot_routes: HotRoutes | None = None
+    _hot: tuple[HotRoutes, RequestContextMiddleware] | None = None
 
-    def serve_hot_routes(self, hot: HotRoutes, context: RequestContextMiddleware) -> None:
-        """Sends the hot requests to ``hot`` through ``context`` (whose app it is)."""
-        self._hot_routes = hot
-        self.hot = context
+    def serve_hot_routes(self, routes: HotRoutes, context: RequestContextMiddleware) -> None:
+        """Sends the requests ``routes`` matches through ``context`` (whose app it is)."""
+        self._hot = (routes, context)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serves a hot request directly, anything else through FastAPI."""
-        hot, routes = self.hot, self._hot_routes
+        hot = self._hot
         if (
             hot is not None
-            and routes is not None
             and scope["type"] == "http"
             and scope["method"] == "POST"
-            and routes.match(scope)
+            and hot[0].match(scope)
         ):
             scope["app"] = self
-            await hot(scope, receive, send)
+            await hot[1](scope, receive, send)
             return
         await super().__call__(scope, receive, send)

@@ -390,13 +390,8 @@ class Engine:
         seq = s.next_seq(record)
         fut = asyncio.get_running_loop().create_future() if wait else None
         entries = {it.key: (seq, it, now) for it in items}
-        pending, index, appear = t.pending, t.index, 0
-        for key in entries:  # t.contains(key), inlined: this runs per pushed item
-            entry = pending.get(key)
-            if entry[1] is None if entry is not None else key not in index:
-                appear += 1
-        t.visible += appear
-        pending.update(entries)
+        t.visible += t.count_unseen(entries)
+        t.pending.update(entries)
         t.accept(seq, n)
         writer.submit(
             PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now)

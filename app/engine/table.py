@@ -10,6 +10,7 @@ state; readers merge :attr:`Table.pending` (accepted, not yet applied) over it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +198,16 @@ class Table:
         if entry is not None:
             return entry[1] is not None
         return key in self.index
+
+    def count_unseen(self, keys: Iterable[str]) -> int:
+        """How many of ``keys`` a reader does not see now: :meth:`contains` for a batch,
+        without a method call per key (it runs per pushed item)."""
+        pending, index, unseen = self.pending, self.index, 0
+        for key in keys:
+            entry = pending.get(key)
+            if entry[1] is None if entry is not None else key not in index:
+                unseen += 1
+        return unseen
 
     def describe(self) -> dict[str, Any]:
         """Config and stats as the contract's ``GET /v1/tables/{table}`` answers them."""

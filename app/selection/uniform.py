@@ -10,6 +10,9 @@ import numpy as np
 from app.selection.base import Floats, Selector, Slots
 from app.selection.slot_array import grown
 
+#: Removals of up to this many slots take the per-slot loop (cheaper than numpy's set-up).
+_LOOP_AT_MOST = 4
+
 
 class UniformSampler(Selector):
     """Every held item equally likely: P(i) = 1/N.
@@ -58,7 +61,7 @@ class UniformSampler(Selector):
         per slot.
         """
         dense, pos = self._dense, self._pos
-        if len(slots) > 4:
+        if len(slots) > _LOOP_AT_MOST:
             n = self._n
             keep = n - len(slots)
             where = pos[slots]

@@ -3,7 +3,7 @@
 CPython allocates each large ``bytes`` (a value) with glibc's ``malloc``. Values evicted
 from the cache leave holes in glibc's heaps, and every thread that reads from RocksDB
 gets a heap (an *arena*) of its own, so resident memory drifts above what the cache
-holds. Two measures, both glibc-only and harmless elsewhere:
+holds. Three measures, all glibc-only and harmless elsewhere:
 
 - at most :data:`ARENA_MAX` arenas (``M_ARENA_MAX``), so the I/O threads share heaps;
 - fixed mmap and trim thresholds (:mod:`clients.allocator`, which the client uses too):

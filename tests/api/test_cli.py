@@ -96,22 +96,16 @@ def test_sidecar_is_not_implemented_yet(capsys: pytest.CaptureFixture[str]) -> N
     assert "not implemented" in capsys.readouterr().err
 
 
-def test_help_of_the_console_script_and_python_m_app() -> None:
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["-m", "app", "--help"], ["--storage-mode", "RLREPLAY_"]),
+        (["-c", "from app.cli import main; main()", "--help"], ["serve", "sidecar"]),
+    ],
+    ids=["python-m-app", "console-script"],
+)
+def test_help_of_the_console_script_and_python_m_app(argv: list[str], shown: list[str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "app", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
     ).stdout
-    assert "--storage-mode" in out and "RLREPLAY_" in out
-    out = subprocess.run(
-        [sys.executable, "-c", "from app.cli import main; main()", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert "serve" in out and "sidecar" in out
+    assert all(word in out for word in shown), out

@@ -12,7 +12,7 @@ from urllib.parse import urljoin, urlparse
 import httpx
 import pytest
 
-from tests.api.conftest import LiveServer
+from tests.live import LiveServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 

@@ -14,7 +14,7 @@ import pytest
 from clients import ReplayClient
 from clients.codec import packb, unpackb
 from clients.errors import DeadlineExceeded, Overloaded, TableNotFound, Unauthorized
-from tests.api.conftest import LiveServer, running_server, stop_server
+from tests.live import LiveServer, running_server, stop_server
 
 MSGPACK = "application/msgpack"
 

@@ -19,7 +19,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.api.conftest import LiveServer, running_server
+from tests.live import LiveServer, running_server
 
 
 @schemathesis.serializer("application/msgpack", "application/x-msgpack")

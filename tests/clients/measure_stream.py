@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from clients import ReplayClient, packb
-from tests.clients.live_server import running_server
+from tests.live import running_server
 
 TABLE = "bench"
 ITEMS = 256
@@ -185,8 +185,8 @@ async def main() -> None:
     for callers in (1, 4):
         label = f"engine in-process, {callers} caller(s), no HTTP"
         rows.append((label, await engine_rate(args.seconds, args.batch_size, callers)))
-    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as url:
-        rows += await http_rates(url, args.seconds, args.batch_size)
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as server:
+        rows += await http_rates(server.url, args.seconds, args.batch_size)
     rows += await stub_rates(args.seconds, args.batch_size)
     width = max(len(label) for label, _ in rows)
     for label, items_per_s in rows:

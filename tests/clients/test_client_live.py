@@ -21,15 +21,15 @@ from clients import (
     Unauthorized,
     ValidationFailed,
 )
-from tests.clients.live_server import running_server
+from tests.live import running_server
 
 pytest.importorskip("fastapi")
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(tmp_path_factory.mktemp("live")) as url:
-        yield url
+    with running_server(tmp_path_factory.mktemp("live")) as server:
+        yield server.url
 
 
 @pytest.fixture
@@ -208,7 +208,8 @@ async def test_stream_yields_batches(rb: ReplayClient, request: pytest.FixtureRe
 
 
 async def test_api_keys_are_sent(tmp_path: Path) -> None:
-    with running_server(tmp_path, "--api-key", "s3cret") as url:
+    with running_server(tmp_path, "--api-key", "s3cret") as server:
+        url = server.url
         async with ReplayClient(url, retries=0) as anonymous:
             assert await anonymous.health() is True  # /healthz stays open
             with pytest.raises(Unauthorized):

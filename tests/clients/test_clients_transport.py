@@ -15,7 +15,7 @@ import pytest
 
 from clients import ReplayClient, Unavailable, packb
 from clients.transport import LeanTransport
-from tests.clients.live_server import free_port, running_server
+from tests.live import free_port, running_server
 
 MAX_REQUESTS_PER_CONNECTION = 100
 
@@ -494,8 +494,8 @@ def test_constructor_validates() -> None:
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("fastapi")
-    with running_server(Path(tmp_path_factory.mktemp("lean"))) as url:
-        yield url
+    with running_server(Path(tmp_path_factory.mktemp("lean"))) as server:
+        yield server.url
 
 
 def test_replay_client_picks_the_lean_transport_for_http_only() -> None:

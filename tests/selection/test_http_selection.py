@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from tests.api.conftest import LiveServer, running_server
+from tests.live import LiveServer, running_server
 
 P_MIN = 1e-4
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
