@@ -16,7 +16,7 @@ import msgpack
 import pytest
 
 from app.engine import wal as wal_module
-from app.engine.wal import FRAME, WriteAheadLog
+from app.engine.wal import FRAME, LEGACY_FRAME, SEGMENT_SUFFIX, WriteAheadLog
 from app.storage.blocking import BlockingIO
 
 
@@ -58,7 +58,7 @@ def blob_for(framed_size: int, lsn: int) -> list[Any]:
 
 
 def segment_of(folder: Path) -> Path:
-    (segment,) = folder.glob("*.log")
+    (segment,) = folder.glob(f"*{SEGMENT_SUFFIX}")
     return segment
 
 
@@ -85,7 +85,7 @@ async def test_a_torn_tail_ends_replay_at_the_last_whole_record(
     for i in range(3):
         await wal.commit(wal.append(["del", "t", [f"k{i}" * 10]]))
     wal.close()
-    (segment,) = tmp_path.glob("*.log")
+    (segment,) = tmp_path.glob(f"*{SEGMENT_SUFFIX}")
     data = segment.read_bytes()
     end = len(data.rstrip(b"\0"))  # the last record's end: zero padding follows it
     segment.write_bytes(data[: end - cut])  # a crash in the middle of the last record
@@ -99,7 +99,7 @@ async def test_a_corrupt_record_is_not_applied(tmp_path: Path, io: BlockingIO) -
     for i in range(3):
         await wal.commit(wal.append(["del", "t", [f"key-{i}"]]))
     wal.close()
-    (segment,) = tmp_path.glob("*.log")
+    (segment,) = tmp_path.glob(f"*{SEGMENT_SUFFIX}")
     data = bytearray(segment.read_bytes())
     end = len(data.rstrip(b"\0"))  # the last record's end: zero padding follows it
     data[end - 3] ^= 0xFF  # flip bits inside the last payload: its CRC no longer matches
@@ -120,7 +120,7 @@ async def test_rotate_and_truncate_drop_only_covered_segments(
     await wal.truncate(first[-1])  # covers the first segment only
     await wal.sync()
     wal.close()
-    assert len(list(tmp_path.glob("*.log"))) == 2
+    assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 2
     assert [r[0] for r in reopen(tmp_path, io)] == second
 
 
@@ -210,9 +210,9 @@ async def test_the_buffered_fallback_writes_the_same_log(
     expected = [*bodies, ["del", "t", ["k1"]]]
     for name in names:
         assert [r[1:] for r in reopen(tmp_path / name, io)] == expected, name
-        files = sorted((tmp_path / name).glob("*.log"))
+        files = sorted((tmp_path / name).glob(f"*{SEGMENT_SUFFIX}"))
         assert [f.read_bytes() for f in files] == [
-            f.read_bytes() for f in sorted((tmp_path / "direct").glob("*.log"))
+            f.read_bytes() for f in sorted((tmp_path / "direct").glob(f"*{SEGMENT_SUFFIX}"))
         ], name
 
 
@@ -269,7 +269,7 @@ async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
     elif damage == "garbage in padding":
         data[2 * BLOCK - 100] = 1  # in the first region's padding
     elif damage == "corrupt crc":
-        data[2 * BLOCK + 4] ^= 0x01  # the second record's CRC
+        data[2 * BLOCK + 4] ^= 0x01  # the second record's checksum
     else:
         data += data[: 2 * BLOCK]  # the first region again, as a failed flush might leave
     segment_of(tmp_path).write_bytes(bytes(data))
@@ -279,38 +279,58 @@ async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
 async def test_a_flush_bigger_than_the_buffer_grows_it_and_rotation_gives_it_back(
     tmp_path: Path, io: BlockingIO
 ) -> None:
+    small = wal_module._BUFFER_BYTES
     wal = fresh(tmp_path, io)
     await wal.commit(wal.append(["b", b"small"]))
-    assert wal._region is not None and len(wal._region) == wal_module._BUFFER_BYTES
+    assert wal._fill is None and wal._spare is not None and len(wal._spare) == small
     big = [bytes([i]) * (1 << 20) for i in range(1, 7)]  # 6 MiB in one flush
     lsns = [wal.append(["b", value]) for value in big]
+    assert wal._spare is None and wal._fill is not None and len(wal._fill) == 2 * small
     await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
-    assert len(wal._region) == 2 * wal_module._BUFFER_BYTES
+    assert wal._spare is not None and len(wal._spare) == 2 * small
     assert segment_of(tmp_path).stat().st_size % BLOCK == 0
     await wal.rotate()  # the big flush was since the last rotation: kept
-    assert wal._region is not None and len(wal._region) == 2 * wal_module._BUFFER_BYTES
+    assert wal._spare is not None and len(wal._spare) == 2 * small
     await wal.commit(wal.append(["b", b"small again"]))
     await wal.rotate()  # only small flushes since: given back, reallocated when needed
-    assert wal._region is None
+    assert wal._spare is None and wal._fill is None
     await wal.commit(wal.append(["b", b"last"]))
-    assert len(wal._region) == wal_module._BUFFER_BYTES
+    assert wal._spare is not None and len(wal._spare) == small
     wal.close()
     values = [r[2] for r in reopen(tmp_path, io)]
     assert values == [b"small", *big, b"small again", b"last"]
 
 
-async def test_old_segments_without_padding_still_replay(tmp_path: Path, io: BlockingIO) -> None:
+async def test_appends_during_a_flush_go_to_the_other_buffer(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    first = wal.append(["b", b"1" * 10_000])
+    flush = asyncio.ensure_future(wal.commit(first))
+    await asyncio.sleep(0)  # the flush has taken the fill buffer
+    assert wal._flushing is not None and wal._fill is None
+    later = [wal.append(["b", bytes([i]) * 7000]) for i in range(5)]  # while it writes
+    await flush
+    await asyncio.gather(*(wal.commit(lsn) for lsn in later))
+    wal.close()
+    assert [r[0] for r in reopen(tmp_path, io)] == [first, *later]
+    assert [r[2] for r in reopen(tmp_path, io)][1:] == [bytes([i]) * 7000 for i in range(5)]
+
+
+async def test_segments_of_older_versions_still_replay(tmp_path: Path, io: BlockingIO) -> None:
     frames = b""
     for lsn in range(1, 4):
         payload = msgpack.packb([lsn, "del", "t", [f"k{lsn}"]], use_bin_type=True)
-        frames += FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-    (tmp_path / "00000000000000000001.log").write_bytes(frames)
+        frames += LEGACY_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    (tmp_path / "00000000000000000001.log").write_bytes(frames)  # CRC32 frames, no padding
     wal = WriteAheadLog(tmp_path, io=io)
     assert [r[3] for r in wal.replay(0)] == [["k1"], ["k2"], ["k3"]]
     wal.open(0)
     await wal.commit(wal.append(["del", "t", ["k4"]]))
+    await wal.truncate(3)  # a checkpoint that covers the old segment deletes it
     wal.close()
-    assert [r[0] for r in reopen(tmp_path, io)] == [1, 2, 3, 4]
+    assert [r[0] for r in reopen(tmp_path, io)] == [4]
+    assert [p.name for p in tmp_path.iterdir()] == [f"00000000000000000004{SEGMENT_SUFFIX}"]
 
 
 async def test_a_torn_segment_with_the_next_name_is_started_afresh(
@@ -321,7 +341,7 @@ async def test_a_torn_segment_with_the_next_name_is_started_afresh(
         await wal.commit(wal.append(["del", "t", [f"k{i}"]]))
     wal.close()
     # a crash right after a rotation, in the middle of the new segment's first write
-    (tmp_path / "00000000000000000004.log").write_bytes(FRAME.pack(50, 1234) + b"torn")
+    (tmp_path / "00000000000000000004.wal").write_bytes(FRAME.pack(50, 1234) + b"torn")
     wal = WriteAheadLog(tmp_path, io=io)
     assert [r[0] for r in wal.replay(0)] == [1, 2, 3]
     wal.open(0)
@@ -330,7 +350,7 @@ async def test_a_torn_segment_with_the_next_name_is_started_afresh(
     await wal.truncate(3)  # drops the first segment only: the torn one was reused
     wal.close()
     assert [r[0] for r in reopen(tmp_path, io)] == [4]
-    assert len(list(tmp_path.glob("*.log"))) == 2
+    assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 2
 
 
 @pytest.mark.parametrize("failing", ["pwrite", "fdatasync"])
@@ -352,8 +372,8 @@ async def test_after_a_failed_flush_the_log_goes_on_in_a_new_segment(
     await wal.commit(wal.append(["put", "t", ["b"], [big]]))
     del failure
     wal.close()
-    names = sorted(p.name for p in tmp_path.glob("*.log"))
-    assert names == ["00000000000000000001.log", "00000000000000000003.log"]
+    names = sorted(p.name for p in tmp_path.glob(f"*{SEGMENT_SUFFIX}"))
+    assert names == ["00000000000000000001.wal", "00000000000000000003.wal"]
     # the failed record may have reached the first segment but was never answered: whether
     # it replays is open; the record after it must
     records = reopen(tmp_path, io)
@@ -369,7 +389,7 @@ async def test_after_a_failed_rotation_the_next_flush_opens_the_segment(
     real_open = os.open
 
     def full_disk_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if str(path).endswith(".log"):
+        if str(path).endswith(SEGMENT_SUFFIX):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_open(path, flags, *args, **kwargs)
 
@@ -383,4 +403,4 @@ async def test_after_a_failed_rotation_the_next_flush_opens_the_segment(
     await wal.rotate()
     wal.close()
     assert [r[0] for r in reopen(tmp_path, io)] == [1, first, second]
-    assert len(list(tmp_path.glob("*.log"))) == 3
+    assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 3
