@@ -35,6 +35,13 @@ class Settings(BaseSettings):
     wal_checkpoint_mb: float = Field(
         256, gt=0, description="Checkpoint (flush to RocksDB, truncate the log) past this log size."
     )
+    wal_writer: Literal["auto", "process", "thread"] = Field(
+        "auto",
+        description=(
+            "Where log flushes run: a log writer process (no GIL hand-overs), a thread, or "
+            "auto: a thread, then the process once the log is busy."
+        ),
+    )
     wal_group_commit_ms: float = Field(
         0.0, ge=0, description="Extra wait to gather more writes into one fsync (0: none)."
     )

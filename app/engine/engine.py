@@ -111,7 +111,10 @@ class Engine:
             covered = await self._load_memory_checkpoint(state)
         if st.durability == "wal":
             wal = WriteAheadLog(
-                st.data_dir / "wal", io=io, group_commit_s=st.wal_group_commit_ms / 1000
+                st.data_dir / "wal",
+                io=io,
+                group_commit_s=st.wal_group_commit_ms / 1000,
+                writer=st.wal_writer,
             )
             records = await io.run(lambda: list(wal.replay(covered)))
             for record in records:
@@ -158,6 +161,7 @@ class Engine:
             await processor.stop()
         finally:
             if state.wal is not None:
+                await state.wal.drain()
                 await state.io.run(state.wal.close)
             if state.store is not None:
                 await state.io.run(state.store.close)

@@ -34,18 +34,23 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import logging
 import mmap
 import os
 import struct
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 from xxhash import xxh3_64_intdigest
 
+from app.engine.log_writer import SUPPORTED, LogWriterProcess, SharedBuffer
 from app.storage.blocking import BlockingIO
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,20 @@ _BLOCK = 4096  # O_DIRECT alignment of file offsets, write lengths and the buffe
 _BUFFER_BYTES = 4 << 20  # a write buffer's smallest size
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _ZEROS = bytes(2 * _BLOCK)  # the longest padding is _BLOCK + FRAME.size - 1 bytes
+_MAX_IN_FLIGHT = 3  # flushes handed to the log writer process and not answered yet
+_PROCESS_AFTER_FLUSHES = 64  # writer="auto": the process starts once the log is this busy
+_LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
+
+
+@dataclass(slots=True)
+class _Flush:
+    """A flush the log writer process was asked for."""
+
+    number: int
+    upto: int  # its last LSN
+    buf: SharedBuffer
+    padding: int
+    done: asyncio.Future[None]
 
 
 def _segment_name(first_lsn: int) -> str:
@@ -98,16 +117,26 @@ class WriteAheadLog:
         io: BlockingIO,
         group_commit_s: float = 0.0,
         direct: bool = True,
+        writer: Literal["auto", "process", "thread"] = "auto",
     ) -> None:
         self._folder = folder
         self._io = io
         self._group_commit_s = group_commit_s
         # Framed records appended, not yet written: page-aligned (O_DIRECT writes it as it
-        # is), owned by the event loop; a flush takes it and leaves the spare in its place.
-        self._fill: mmap.mmap | None = None
+        # is), owned by the event loop; a flush takes it and a free one takes its place.
+        self._fill: SharedBuffer | None = None
         self._fill_used = 0  # bytes of frames in _fill
         self._fill_count = 0  # records in _fill
-        self._spare: mmap.mmap | None = None  # the buffer the last flush gave back
+        self._free: list[SharedBuffer] = []  # buffers written, ready for reuse
+        # the log writer process (None: not started, or gone) and its flushes in flight
+        self._writer = writer if SUPPORTED else "thread"
+        self._proc: LogWriterProcess | None = None
+        self._in_flight: deque[_Flush] = deque()
+        self._submitted_lsn = 0  # the last LSN handed to the process
+        self._reading = False  # a reader for the process's replies is on the event loop
+        self._thread_flushes = 0
+        self._segment_token = object()  # replaced whenever _fd changes
+        self._lock_fd: int | None = None  # flock on LOCK: held by us and by our process
         self._buffer_last_lsn = 0
         self._durable_lsn = 0
         self._next_lsn = 1
@@ -130,7 +159,7 @@ class WriteAheadLog:
 
     def replay(self, after_lsn: int) -> Iterator[list[Any]]:
         """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking)."""
-        self._folder.mkdir(parents=True, exist_ok=True)
+        self._lock()
         paths = sorted(
             (p for suffix in _FRAMING for p in self._folder.glob(f"*{suffix}")),
             key=lambda p: (int(p.stem), p.suffix != LEGACY_SUFFIX),
@@ -188,8 +217,34 @@ class WriteAheadLog:
             yield record
             pos = end
 
+    def _lock(self) -> None:
+        """Take the folder's lock (blocking), waiting up to _LOCK_WAIT_S for another holder.
+
+        The log writer process inherits the lock: if this process is killed, a new one waits
+        here until that process has finished its last write and exited, so it never replays
+        a segment that is still being written, nor reuses its name.
+        """
+        if self._lock_fd is not None:
+            return
+        self._folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._folder / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RuntimeError(
+                        f"the write-ahead log in {self._folder} is in use by another process"
+                    ) from None
+                time.sleep(0.05)
+        self._lock_fd = fd
+
     def open(self, min_lsn: int) -> None:
         """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking)."""
+        self._lock()
         self._next_lsn = max(self._next_lsn, min_lsn + 1)
         self._durable_lsn = self._buffer_last_lsn = self._next_lsn - 1
         self._rotate_sync(self._next_lsn)
@@ -214,6 +269,7 @@ class WriteAheadLog:
             os.close(self._fd)
             self._fd = None
         self._fd = self._open_segment(path, os.O_TRUNC)
+        self._segment_token = object()
         self._offset = 0
         self._failed = False
         if not self._segments or self._segments[-1][1] != path:
@@ -268,8 +324,9 @@ class WriteAheadLog:
             buf = self._fill
             if buf is None or len(buf) < _region_size(end):
                 buf = self._grow(end)
-            FRAME.pack_into(buf, start, size, xxh3_64_intdigest(payload))
-            buf[start + FRAME.size : end] = payload
+            region = buf.map
+            FRAME.pack_into(region, start, size, xxh3_64_intdigest(payload))
+            region[start + FRAME.size : end] = payload
         packer.reset()
         self._fill_used = end
         self._fill_count += 1
@@ -277,55 +334,196 @@ class WriteAheadLog:
         self.bytes_since_checkpoint += FRAME.size + size
         return lsn
 
-    def _grow(self, framed: int) -> mmap.mmap:
-        """The fill buffer, replaced by one (from _BUFFER_BYTES, doubling) whose region for
-        ``framed`` bytes of frames fits; what it held is copied over."""
+    def _grow(self, framed: int) -> SharedBuffer:
+        """The fill buffer, replaced by one (a free one, or a new one of _BUFFER_BYTES
+        doubled until it fits) whose region for ``framed`` bytes of frames fits; what it
+        held is copied over."""
         need, old = _region_size(framed), self._fill
-        if old is None and self._spare is not None and len(self._spare) >= need:
-            new, self._spare = self._spare, None
+        new = next((b for b in self._free if len(b) >= need), None)
+        if new is not None:
+            self._free.remove(new)
         else:
             capacity = _BUFFER_BYTES
             while capacity < need:
                 capacity *= 2
-            # anonymous: page aligned, as O_DIRECT needs. A buffer is only ever dropped,
-            # never closed: views of it in a failed write's traceback may outlive it
-            new = mmap.mmap(-1, capacity)
-            if old is not None:
-                new[: self._fill_used] = old[: self._fill_used]
+            new = SharedBuffer(capacity)  # page aligned, as O_DIRECT needs
+        if old is not None:
+            new.map[: self._fill_used] = old.map[: self._fill_used]
+            self._recycle(old)
         self._fill = new
         return new
 
+    def _recycle(self, buf: SharedBuffer) -> None:
+        """``buf`` is free again: kept for the next flushes, or dropped if enough are."""
+        if len(self._free) < _MAX_IN_FLIGHT + 1:
+            self._free.append(buf)
+        else:
+            self._drop(buf)
+
+    def _drop(self, buf: SharedBuffer) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.forget(buf)
+            except OSError:
+                pass  # the process is gone: the next submit finds out
+        buf.release()
+
     async def commit(self, lsn: int) -> None:
-        """Return once the record ``lsn`` (and every one before it) is fsynced."""
+        """Return once the record ``lsn`` (and every one before it) is fsynced.
+
+        Raises the flush's OSError if the flush that held it (or, in the flush thread's
+        case, the flush it waited on) failed.
+        """
         while self._durable_lsn < lsn:
             if self._flushing is not None:
                 await asyncio.shield(self._flushing)
+                continue
+            if lsn <= self._submitted_lsn:  # with the process: wait for the flush with it
+                await asyncio.shield(next(f.done for f in self._in_flight if f.upto >= lsn))
                 continue
             if self._group_commit_s:
                 await asyncio.sleep(self._group_commit_s)
                 if self._flushing is not None or self._durable_lsn >= lsn:
                     continue
+                if lsn <= self._submitted_lsn:
+                    continue
+            if self._use_process():
+                if len(self._in_flight) < _MAX_IN_FLIGHT:
+                    self._submit()
+                else:
+                    await asyncio.wait({self._in_flight[0].done})
+                continue
+            if self._in_flight:  # back to the thread: the process's flushes end first
+                await asyncio.wait({self._in_flight[-1].done})
+                continue
             await self._flush_once()
 
-    async def _flush_once(self, *, rotate: bool = False) -> None:
-        """Write and fsync the fill buffer (then rotate, if asked). One flush runs at a time:
-        ``_flushing`` is set before the first await, so every file operation is ordered.
+    # -- flushing through the log writer process ----------------------------------------
 
-        The fill buffer goes to the I/O thread whole, and appends meanwhile go to the
-        spare; afterwards (written or not) it is the spare.
+    def _use_process(self) -> bool:
+        """Whether the next flush goes to the log writer process (started here if due)."""
+        if (
+            self._writer == "thread"
+            or self._failed
+            or self._direct is None  # the first write settles O_DIRECT, in the thread
+            or self._fd is None
+        ):
+            return False
+        if self._proc is None:
+            if self._writer == "auto" and self._thread_flushes < _PROCESS_AFTER_FLUSHES:
+                return False
+            try:
+                assert self._lock_fd is not None
+                self._proc = LogWriterProcess(keep_fds=(self._lock_fd,))
+            except OSError as exc:
+                log.warning("no log writer process (%s): flushing in a thread", exc)
+                self._writer = "thread"
+                return False
+            log.info("write-ahead log in %s: flushes in a log writer process", self._folder)
+        return True
+
+    def _submit(self) -> None:
+        """Hand the fill buffer to the process (no await: nothing interleaves)."""
+        assert self._proc is not None and self._fd is not None
+        buf, used, upto = self._fill, self._fill_used, self._buffer_last_lsn
+        assert buf is not None
+        size = _region_size(used)
+        buf.map[used:size] = _ZEROS[: size - used]
+        try:
+            self._proc.ensure(buf, self._fd, self._segment_token)
+            number = self._proc.write(buf, size, self._offset)
+        except OSError as exc:
+            self._lose_process(exc)  # the records stay in the fill buffer, for the thread
+            return
+        loop = asyncio.get_running_loop()
+        self._in_flight.append(_Flush(number, upto, buf, size - used, loop.create_future()))
+        self._submitted_lsn = upto
+        self._offset += size
+        self._region_peak = max(self._region_peak, size)
+        self._fill = self._free.pop() if self._free else None
+        self._fill_used = self._fill_count = 0
+        if not self._reading:
+            loop.add_reader(self._proc.fileno(), self._on_replies)
+            self._reading = True
+
+    def _on_replies(self) -> None:
+        """The process answered (an event loop reader callback)."""
+        assert self._proc is not None
+        try:
+            replies = self._proc.replies()
+        except OSError as exc:
+            self._lose_process(exc)
+            return
+        segment = self._segments[-1][1]  # no rotation while flushes are in flight
+        for reply in replies:
+            while self._in_flight and self._in_flight[0].number <= reply.number:
+                flush = self._in_flight.popleft()
+                if reply.error is None:
+                    self._durable_lsn = max(self._durable_lsn, flush.upto)
+                    self._segment_last_lsn[segment] = flush.upto
+                    self.bytes_since_checkpoint += flush.padding
+                    flush.done.set_result(None)
+                else:  # lost, and so is every later one: the next flush starts a new segment
+                    self._failed = True
+                    flush.done.set_exception(reply.error)
+                    flush.done.exception()  # retrieved: waiters get it through shield
+                self._recycle(flush.buf)
+        if not self._in_flight:
+            self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if self._reading and self._proc is not None:
+            asyncio.get_running_loop().remove_reader(self._proc.fileno())
+        self._reading = False
+
+    def _lose_process(self, exc: BaseException) -> None:
+        """The process is gone: fail its flushes, go on with the flush thread."""
+        log.warning("log writer process lost (%s): flushing in a thread from now on", exc)
+        self._stop_reading()
+        proc, self._proc, self._writer = self._proc, None, "thread"
+        if self._in_flight:
+            self._failed = True  # some of them may be half written
+        while self._in_flight:
+            flush = self._in_flight.popleft()
+            flush.done.set_exception(OSError(errno.EIO, f"log writer process lost: {exc}"))
+            flush.done.exception()
+            flush.buf.release()
+        if proc is not None:
+            proc.abandon()
+
+    async def drain(self) -> None:
+        """Wait until no flush is in flight (failed ones included, without raising)."""
+        while self._in_flight or self._flushing is not None:
+            pending = self._in_flight[-1].done if self._in_flight else self._flushing
+            assert pending is not None
+            await asyncio.wait({pending})
+
+    # -- flushing in a thread -----------------------------------------------------------
+
+    async def _flush_once(self, *, rotate: bool = False) -> None:
+        """Write and fsync the fill buffer in the flush thread (then rotate, if asked).
+        One runs at a time and never beside the process's flushes: ``_flushing`` is set
+        before the first await, so every file operation is ordered.
+
+        The fill buffer goes to the I/O thread whole, and appends meanwhile go to a free
+        one; afterwards (written or not) it is free again.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._flushing = fut
         buf, used, count, upto = None, self._fill_used, self._fill_count, self._buffer_last_lsn
         if count:
-            buf, self._fill, self._spare = self._fill, self._spare, None
+            buf = self._fill
+            self._fill = self._free.pop() if self._free else None
             self._fill_used = self._fill_count = 0
             self._region_peak = max(self._region_peak, _region_size(used))
         try:
-            padding = await self._io.run(self._write_sync, buf, used, count, upto, rotate)
+            padding = await self._io.run(
+                self._write_sync, None if buf is None else buf.map, used, count, upto, rotate
+            )
             self._durable_lsn = max(self._durable_lsn, upto)
             self.bytes_since_checkpoint += padding
+            self._thread_flushes += 1
             fut.set_result(None)
         except BaseException as exc:
             fut.set_exception(exc)
@@ -334,7 +532,7 @@ class WriteAheadLog:
         finally:
             self._flushing = None
             if buf is not None:
-                self._spare = buf
+                self._recycle(buf)
 
     def _write_sync(
         self, buf: mmap.mmap | None, used: int, count: int, upto: int, rotate: bool = False
@@ -386,6 +584,7 @@ class WriteAheadLog:
             self._fd = None
             self._fall_back(path, exc)
             self._fd = self._open_segment(path)
+            self._segment_token = object()
             _pwrite_all(self._fd, view, self._offset)
         if self._direct is None:
             self._direct = True
@@ -400,18 +599,19 @@ class WriteAheadLog:
     async def rotate(self) -> None:
         """Write and fsync what is buffered, close the segment and start a new one.
 
-        Buffers bigger than twice the largest region flushed since the last rotation (a
-        burst grew them) are given back; the next append allocates a smaller one.
+        Free buffers bigger than twice the largest region flushed since the last rotation
+        (a burst grew them) are given back; the next append allocates a smaller one.
         """
         self.bytes_since_checkpoint = 0
-        while self._flushing is not None:
-            await asyncio.shield(self._flushing)
-        await self._flush_once(rotate=True)
+        await self.drain()
+        await self._flush_once(rotate=True)  # no await since drain: nothing came in flight
         limit = max(_BUFFER_BYTES, 2 * self._region_peak)
         self._region_peak = 0
-        if self._spare is not None and len(self._spare) > limit:
-            self._spare = None
+        for buf in [b for b in self._free if len(b) > limit]:
+            self._free.remove(buf)
+            self._drop(buf)
         if self._fill is not None and not self._fill_used and len(self._fill) > limit:
+            self._drop(self._fill)
             self._fill = None
 
     async def truncate(self, covered_lsn: int) -> None:
@@ -442,17 +642,29 @@ class WriteAheadLog:
         return total
 
     def close(self) -> None:
-        """Flush the buffer, fsync and close (blocking); idempotent."""
+        """Stop the log writer process, flush the buffer, fsync and close (blocking);
+        idempotent. Call :meth:`drain` first: flushes still in flight are not waited for
+        (the process finishes them before it exits, but they are not counted durable)."""
+        if self._in_flight:
+            log.warning("write-ahead log closed with %d flushes in flight", len(self._in_flight))
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
         if self._fd is not None:
-            if self._fill_count:
+            if self._fill_count and self._fill is not None:
                 self._write_sync(
-                    self._fill, self._fill_used, self._fill_count, self._buffer_last_lsn
+                    self._fill.map, self._fill_used, self._fill_count, self._buffer_last_lsn
                 )
                 self._fill_used = self._fill_count = 0
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-        self._fill = self._spare = None
+        for buf in [*self._free, *([self._fill] if self._fill is not None else [])]:
+            buf.release()
+        self._fill, self._free = None, []
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

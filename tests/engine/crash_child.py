@@ -44,13 +44,14 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
         sys.stdout.flush()
 
 
-async def main(data_dir: str, mode: str) -> None:
+async def main(data_dir: str, mode: str, wal_writer: str = "auto") -> None:
     eng = Engine(
         Settings(
             data_dir=Path(data_dir),
             storage_mode=mode,  # type: ignore[arg-type]
             cache_memory_limit_mb=0.2,
             wal_checkpoint_mb=0.3,
+            wal_writer=wal_writer,  # type: ignore[arg-type]
             io_threads=2,
         )
     )
@@ -64,4 +65,4 @@ async def main(data_dir: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(*sys.argv[1:4]))

@@ -20,13 +20,18 @@ from tests.engine.crash_child import value_of
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "disk", "memory"])
+@pytest.mark.parametrize(
+    ("mode", "wal_writer"),
+    [("hybrid", "process"), ("hybrid", "thread"), ("disk", "process"), ("memory", "process")],
+)
 @pytest.mark.parametrize("run_s", [0.4, 1.5])
-def test_sigkill_loses_nothing_answered(tmp_path: Path, mode: str, run_s: float) -> None:
+def test_sigkill_loses_nothing_answered(
+    tmp_path: Path, mode: str, wal_writer: str, run_s: float
+) -> None:
     data_dir = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.engine.crash_child", str(data_dir), mode],
+        [sys.executable, "-m", "tests.engine.crash_child", str(data_dir), mode, wal_writer],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         env=env,

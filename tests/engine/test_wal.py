@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from app.engine import log_writer
 from app.engine import wal as wal_module
 from app.engine.wal import FRAME, LEGACY_FRAME, SEGMENT_SUFFIX, WriteAheadLog
 from app.storage.blocking import BlockingIO
@@ -28,7 +29,11 @@ def io() -> Iterator[BlockingIO]:
 
 
 def reopen(folder: Path, io: BlockingIO, after: int = 0) -> list[list[object]]:
-    return list(WriteAheadLog(folder, io=io).replay(after))
+    wal = WriteAheadLog(folder, io=io)
+    try:
+        return list(wal.replay(after))
+    finally:
+        wal.close()  # gives the folder's lock back
 
 
 BLOCK = 4096
@@ -276,35 +281,40 @@ async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
     assert [r[0] for r in reopen(tmp_path, io)] == left
 
 
+def buffer_sizes(wal: WriteAheadLog) -> list[int]:
+    """Sizes of the log's buffers, the fill one and the free ones."""
+    fill = [] if wal._fill is None else [len(wal._fill)]
+    return sorted(fill + [len(b) for b in wal._free])
+
+
 async def test_a_flush_bigger_than_the_buffer_grows_it_and_rotation_gives_it_back(
     tmp_path: Path, io: BlockingIO
 ) -> None:
     small = wal_module._BUFFER_BYTES
-    wal = fresh(tmp_path, io)
+    wal = fresh(tmp_path, io, writer="thread")
     await wal.commit(wal.append(["b", b"small"]))
-    assert wal._fill is None and wal._spare is not None and len(wal._spare) == small
+    assert buffer_sizes(wal) == [small]
     big = [bytes([i]) * (1 << 20) for i in range(1, 7)]  # 6 MiB in one flush
     lsns = [wal.append(["b", value]) for value in big]
-    assert wal._spare is None and wal._fill is not None and len(wal._fill) == 2 * small
+    assert wal._fill is not None and len(wal._fill) == 2 * small
+    assert buffer_sizes(wal) == [small, 2 * small]  # the small one went back when it grew
     await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
-    assert wal._spare is not None and len(wal._spare) == 2 * small
+    assert buffer_sizes(wal) == [small, 2 * small]
     assert segment_of(tmp_path).stat().st_size % BLOCK == 0
     await wal.rotate()  # the big flush was since the last rotation: kept
-    assert wal._spare is not None and len(wal._spare) == 2 * small
+    assert buffer_sizes(wal) == [small, 2 * small]
     await wal.commit(wal.append(["b", b"small again"]))
+    await wal.commit(wal.append(["b", b"and again"]))  # both buffers were used
     await wal.rotate()  # only small flushes since: given back, reallocated when needed
-    assert wal._spare is None and wal._fill is None
+    assert buffer_sizes(wal) == [small]
     await wal.commit(wal.append(["b", b"last"]))
-    assert wal._spare is not None and len(wal._spare) == small
     wal.close()
     values = [r[2] for r in reopen(tmp_path, io)]
-    assert values == [b"small", *big, b"small again", b"last"]
+    assert values == [b"small", *big, b"small again", b"and again", b"last"]
 
 
-async def test_appends_during_a_flush_go_to_the_other_buffer(
-    tmp_path: Path, io: BlockingIO
-) -> None:
-    wal = fresh(tmp_path, io)
+async def test_appends_during_a_flush_go_to_another_buffer(tmp_path: Path, io: BlockingIO) -> None:
+    wal = fresh(tmp_path, io, writer="thread")
     first = wal.append(["b", b"1" * 10_000])
     flush = asyncio.ensure_future(wal.commit(first))
     await asyncio.sleep(0)  # the flush has taken the fill buffer
@@ -315,6 +325,110 @@ async def test_appends_during_a_flush_go_to_the_other_buffer(
     wal.close()
     assert [r[0] for r in reopen(tmp_path, io)] == [first, *later]
     assert [r[2] for r in reopen(tmp_path, io)][1:] == [bytes([i]) * 7000 for i in range(5)]
+
+
+# -- the log writer process ---------------------------------------------------------------
+
+needs_process = pytest.mark.skipif(
+    not log_writer.SUPPORTED, reason="no memfd or descriptor passing on this platform"
+)
+
+
+async def _busy(wal: WriteAheadLog, rounds: int, tag: str) -> list[int]:
+    """``rounds`` rounds of 8 concurrent appends and commits; returns the LSNs."""
+    lsns: list[int] = []
+    for r in range(rounds):
+        batch = [wal.append(["put", "t", [f"{tag}{r}.{i}"], [bytes([i]) * 3000]]) for i in range(8)]
+        lsns += batch
+        await asyncio.gather(*(wal.commit(lsn) for lsn in batch))
+    return lsns
+
+
+@needs_process
+async def test_the_log_writer_process_writes_what_the_thread_would(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io, writer="process")
+    lsns = await _busy(wal, 5, "a")
+    assert wal._proc is not None  # after the first write (in the thread) settled O_DIRECT
+    # many committers at once: several flushes in flight, the process joins their syncs
+    many = [wal.append(["put", "t", [f"m{i}"], [b"m" * (i * 500)]]) for i in range(200)]
+    waiters = []
+    for lsn in many:
+        waiters.append(asyncio.ensure_future(wal.commit(lsn)))
+        if lsn % 7 == 0:
+            await asyncio.sleep(0)
+            assert len(wal._in_flight) <= wal_module._MAX_IN_FLIGHT
+    await asyncio.gather(*waiters)
+    await wal.rotate()
+    lsns += many + await _busy(wal, 3, "b")
+    await wal.truncate(lsns[len(lsns) // 2])
+    await wal.drain()
+    wal.close()
+    assert wal._proc is None
+    assert [r[0] for r in reopen(tmp_path, io)][-len(lsns) // 3 :] == lsns[-len(lsns) // 3 :]
+    records = reopen(tmp_path, io)
+    assert records[-1][4] == [bytes([7]) * 3000]
+    assert all(f.stat().st_size % BLOCK == 0 for f in tmp_path.glob(f"*{SEGMENT_SUFFIX}"))
+
+
+@needs_process
+async def test_auto_starts_the_process_once_the_log_is_busy(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wal_module, "_PROCESS_AFTER_FLUSHES", 5)
+    wal = fresh(tmp_path, io)
+    await _busy(wal, 4, "a")
+    assert wal._proc is None and wal._thread_flushes == 4
+    lsns = await _busy(wal, 4, "b")
+    assert wal._proc is not None and wal._thread_flushes == 5
+    await wal.drain()
+    wal.close()
+    assert [r[0] for r in reopen(tmp_path, io)][-len(lsns) :] == lsns
+
+
+@needs_process
+async def test_a_failed_write_in_the_process_fails_its_waiters_and_a_new_segment_follows(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io, writer="process")
+    kept = await _busy(wal, 2, "a")
+    assert wal._proc is not None
+    writable = wal._fd
+    assert writable is not None
+    segment = segment_of(tmp_path)
+    wal._fd = os.open(segment, os.O_RDONLY)  # the process gets a file it cannot write
+    wal._segment_token = object()
+    lost = wal.append(["del", "t", ["lost"]])
+    with pytest.raises(OSError):
+        await wal.commit(lost)
+    assert wal._failed
+    after = await _busy(wal, 2, "b")  # the thread starts a new segment, then the process
+    assert wal._proc is not None and not wal._failed
+    await wal.drain()
+    wal.close()
+    os.close(writable)
+    records = reopen(tmp_path, io)
+    assert [r[0] for r in records] == [*kept, *after]
+    assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 2
+
+
+@needs_process
+async def test_when_the_process_dies_the_thread_takes_over(tmp_path: Path, io: BlockingIO) -> None:
+    wal = fresh(tmp_path, io, writer="process")
+    kept = await _busy(wal, 2, "a")
+    assert wal._proc is not None
+    wal._proc.kill()
+    maybe = wal.append(["del", "t", ["maybe"]])
+    try:  # the request may reach the dead socket's buffer, or fail to send at once
+        await wal.commit(maybe)
+    except OSError:
+        pass
+    assert wal._proc is None and wal._writer == "thread"
+    after = await _busy(wal, 2, "b")
+    wal.close()
+    got = [r[0] for r in reopen(tmp_path, io)]
+    assert got in ([*kept, *after], [*kept, maybe, *after])
 
 
 async def test_segments_of_older_versions_still_replay(tmp_path: Path, io: BlockingIO) -> None:
@@ -330,7 +444,7 @@ async def test_segments_of_older_versions_still_replay(tmp_path: Path, io: Block
     await wal.truncate(3)  # a checkpoint that covers the old segment deletes it
     wal.close()
     assert [r[0] for r in reopen(tmp_path, io)] == [4]
-    assert [p.name for p in tmp_path.iterdir()] == [f"00000000000000000004{SEGMENT_SUFFIX}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000000000000000004.wal", "LOCK"]
 
 
 async def test_a_torn_segment_with_the_next_name_is_started_afresh(
@@ -404,3 +518,34 @@ async def test_after_a_failed_rotation_the_next_flush_opens_the_segment(
     wal.close()
     assert [r[0] for r in reopen(tmp_path, io)] == [1, first, second]
     assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 3
+
+
+async def test_a_second_log_on_the_folder_waits_for_the_first(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wal_module, "_LOCK_WAIT_S", 0.2)
+    wal = fresh(tmp_path, io, writer="thread")
+    await wal.commit(wal.append(["del", "t", ["a"]]))
+    with pytest.raises(RuntimeError, match="in use by another process"):
+        reopen(tmp_path, io)
+    wal.close()
+    assert [r[0] for r in reopen(tmp_path, io)] == [1]
+
+
+@needs_process
+async def test_the_log_writer_process_holds_the_lock_until_it_exits(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server killed with -9 leaves its log writer finishing a write: a new server must
+    not replay (or reuse a segment name) before that process is gone."""
+    monkeypatch.setattr(wal_module, "_LOCK_WAIT_S", 0.2)
+    wal = fresh(tmp_path, io, writer="process")
+    lsns = await _busy(wal, 2, "a")
+    assert wal._proc is not None and wal._lock_fd is not None
+    os.close(wal._lock_fd)  # as if this process were gone: only the writer holds the lock
+    wal._lock_fd = None
+    with pytest.raises(RuntimeError, match="in use by another process"):
+        reopen(tmp_path, io)
+    await wal.drain()
+    wal.close()  # the writer process exits
+    assert [r[0] for r in reopen(tmp_path, io)] == lsns
