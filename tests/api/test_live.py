@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import msgpack
 import numpy as np
+import psutil
 import pytest
 
 from clients import ReplayClient
@@ -263,3 +264,30 @@ async def test_sigterm_drains_and_data_survives_a_restart(tmp_path: Path) -> Non
         async with ReplayClient(srv2.url) as rb:
             got = await rb.get_many("default", [f"k{i}" for i in range(200)])
             assert [g["value"]["i"] for g in got if g is not None] == list(range(200))
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+async def test_the_log_writer_process_ends_with_the_server_and_loses_nothing_answered(
+    tmp_path: Path, stop: str
+) -> None:
+    flags = ("--storage-mode", "hybrid", "--wal-writer", "process")
+    with running_server(tmp_path, *flags) as srv:
+        async with ReplayClient(srv.url) as rb:
+            for n in range(20):  # the first flush settles O_DIRECT in a thread, then the process
+                await rb.push("default", [{"key": f"k{n}.{i}", "value": i} for i in range(10)])
+        server = psutil.Process(srv.process.pid)
+        writers = [p for p in server.children() if "app.engine.log_writer" in p.cmdline()]
+        assert len(writers) == 1, [p.cmdline() for p in server.children()]
+        assert "flushes in a log writer process" in srv.log()
+        if stop == "sigterm":
+            assert stop_server(srv) in (0, -15)
+            assert "Traceback" not in srv.log()
+        else:
+            srv.process.kill()
+            srv.process.wait(10)
+        writers[0].wait(10)  # it exits by itself once the server is gone
+    with running_server(tmp_path, *flags) as srv2:
+        async with ReplayClient(srv2.url) as rb:
+            keys = [f"k{n}.{i}" for n in range(20) for i in range(10)]
+            got = await rb.get_many("default", keys)
+            assert all(g is not None for g in got)
