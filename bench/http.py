@@ -154,7 +154,7 @@ end
 def _wrk(
     url: str, bodies: list[bytes], *, duration: float, connections: int, workdir: Path
 ) -> tuple[float, int]:
-    """Runs wrk against ``url`` with ``bodies`` in turn; (requests/s, non-2xx answers)."""
+    """Runs wrk against ``url`` with ``bodies`` in turn; (2xx answers/s, non-2xx answers)."""
     for i, body in enumerate(bodies):
         (workdir / f"body{i}.bin").write_bytes(body)
     script = workdir / "post.lua"
@@ -178,8 +178,11 @@ def _wrk(
         timeout=duration + 60,
     ).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return rate, int(bad.group(1)) if bad else 0
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    found = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    bad = int(found.group(1)) if found else 0
+    # only answered work counts: a 503 overloaded is cheap and would inflate the rate
+    return (rate * (total - bad) / total if total else 0.0), bad
 
 
 def _paired(

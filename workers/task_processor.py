@@ -48,6 +48,7 @@ from app.storage.rocks import LSN_KEY, NEXT_TID_KEY, table_prefix
 from clients.errors import TableExists, TableNotFound, Unavailable
 
 log = logging.getLogger(__name__)
+_SNAPSHOT_BUFFER = 16 << 20  # the memory checkpoint's file buffer
 
 EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
 EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
@@ -580,22 +581,33 @@ def index_fields_of(value: bytes, names: frozenset[str]) -> dict[str, Any]:
 
 
 def _write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Table]) -> None:
-    """Write the snapshot (in the I/O thread: the writer, the only mutator, waits for it)."""
+    """Write the snapshot (in the I/O thread: the writer, the only mutator, waits for it).
+
+    The rows go through a 16 MiB file buffer, and the numeric columns are read as lists
+    once per table: this thread needs the GIL between system calls, and with an 8 KiB
+    buffer (a write every two 4 KiB values) each wait for the busy event loop made a
+    snapshot of 5,000 items take 0.4 to 1 s instead of tens of milliseconds (measured).
+    """
     tmp = path.with_suffix(".tmp")
     packer = msgpack.Packer(use_bin_type=True)
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb", buffering=_SNAPSHOT_BUFFER) as f:
         f.write(packer.pack(header))
         for t in tables:
+            n = len(t.keys)
+            priority = t.priority[:n].tolist()
+            inserted_at = t.inserted_at[:n].tolist()
+            times_sampled = t.times_sampled[:n].tolist()
+            order = t.order[:n].tolist()
             for slot, key in enumerate(t.keys):
                 if key is not None:
                     row = (
                         t.tid,
                         key,
                         t.values[slot],
-                        float(t.priority[slot]),
-                        float(t.inserted_at[slot]),
-                        int(t.times_sampled[slot]),
-                        int(t.order[slot]),
+                        priority[slot],
+                        inserted_at[slot],
+                        times_sampled[slot],
+                        order[slot],
                     )
                     f.write(packer.pack(row))
         f.flush()
