@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import random
 import time
@@ -49,6 +50,7 @@ from clients.errors import TableExists, TableNotFound, Unavailable
 
 log = logging.getLogger(__name__)
 _SNAPSHOT_BUFFER = 16 << 20  # the memory checkpoint's file buffer
+_priority_of = operator.attrgetter("priority")
 
 EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
 EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
@@ -240,17 +242,21 @@ class TaskProcessor:
         if t.dropped:
             return
         items = op.items
-        if len({it.key for it in items}) != len(items):
+        keys = [it.key for it in items]
+        if len(set(keys)) != len(keys):  # the last of a repeated key wins
             items = list({it.key: it for it in items}.values())
-        mode, ts = s.mode, op.inserted_at
+            keys = [it.key for it in items]
+        n = len(items)
+        mode, ts, seq = s.mode, op.inserted_at, op.seq
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
+        index_get, pending_get = index.get, pending.get
         slot_list: list[int] = []
         replaced: list[int] = []  # slots of replaced keys still in selection
         was_cached: list[int] = []  # slots of replaced keys whose old value is in the cache
-        for it in items:  # pass 1: slots, and what a replaced item leaves behind
-            slot = index.get(it.key)
+        for key in keys:  # pass 1: slots, and what a replaced item leaves behind
+            slot = index_get(key)
             if slot is None:
-                slot = t.alloc_slot(it.key)
+                slot = t.alloc_slot(key)
             else:
                 if not retired[slot]:
                     replaced.append(slot)
@@ -259,9 +265,9 @@ class TaskProcessor:
                     if mode == "disk":  # otherwise the ledger's add below replaces the entry
                         s.ledger.discard(t, slot)
             slot_list.append(slot)
-            entry = pending.get(it.key)
-            if entry is not None and entry[0] == op.seq:
-                del pending[it.key]
+            entry = pending_get(key)
+            if entry is not None and entry[0] == seq:
+                del pending[key]
         cached_before = np.array(was_cached, dtype=np.int64)
         t.bytes_in_cache -= int(t.size[cached_before].sum())
         slots = np.array(slot_list, dtype=np.int64)
@@ -270,8 +276,10 @@ class TaskProcessor:
             t.sampler.remove(gone)
             if t.remover is not None:
                 t.remover.remove(gone)
-        sizes = np.fromiter((len(it.value) + len(it.key) for it in items), np.int64, len(items))
-        prios = np.fromiter((it.priority for it in items), np.float64, len(items))
+        new_values = [it.value for it in items]
+        sizes = np.fromiter(map(len, new_values), np.int64, n)
+        sizes += np.fromiter(map(len, keys), np.int64, n)
+        prios = np.fromiter(map(_priority_of, items), np.float64, n)
         t.priority[slots] = prios
         t.inserted_at[slots] = ts
         t.times_sampled[slots] = 0
@@ -298,8 +306,8 @@ class TaskProcessor:
                 disk_puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
         else:
             t.meta_dirty[slots] = 1
-            for it, slot in zip(items, slot_list, strict=True):
-                values[slot] = it.value
+            for slot, value in zip(slot_list, new_values, strict=True):
+                values[slot] = value
             # short-lived views of the flag bytearrays (a live view would block their growth)
             np.frombuffer(retired, np.uint8)[slots] = 0
             np.frombuffer(t.dirty, np.uint8)[slots] = 1
