@@ -379,7 +379,10 @@ class WriteAheadLog:
                 await asyncio.shield(self._flushing)
                 continue
             if lsn <= self._submitted_lsn:  # with the process: wait for the flush with it
-                await asyncio.shield(next(f.done for f in self._in_flight if f.upto >= lsn))
+                holder = next((f.done for f in self._in_flight if f.upto >= lsn), None)
+                if holder is None:  # not durable and no longer in flight: its flush failed
+                    raise OSError(errno.EIO, f"the log flush holding record {lsn} failed")
+                await asyncio.shield(holder)
                 continue
             if self._group_commit_s:
                 await asyncio.sleep(self._group_commit_s)

@@ -403,6 +403,8 @@ async def test_a_failed_write_in_the_process_fails_its_waiters_and_a_new_segment
     with pytest.raises(OSError):
         await wal.commit(lost)
     assert wal._failed
+    with pytest.raises(OSError):  # a later caller waiting for the same record hears it too
+        await wal.commit(lost)
     after = await _busy(wal, 2, "b")  # the thread starts a new segment, then the process
     assert wal._proc is not None and not wal._failed
     await wal.drain()
