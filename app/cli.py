@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 
 from app.settings import Settings
 
-__all__ = ["UVICORN_OPTIONS", "build_parser", "main", "settings_from_args"]
+__all__ = ["UVICORN_OPTIONS", "build_parser", "main", "serve_command", "settings_from_args"]
 
 _ENV_PREFIX = "RLREPLAY_"
 #: How ``rlreplay serve`` runs uvicorn (``bench.http`` serves its ceiling app the same way).
@@ -141,6 +141,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """
     given = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     return Settings(**given)
+
+
+def serve_command(port: int, data_dir: Path, *flags: str) -> list[str]:
+    """The command line of ``python -m app`` serving on 127.0.0.1:``port`` (the live tests
+    and the HTTP benchmark start their servers with it)."""
+    return [
+        sys.executable,
+        "-m",
+        "app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        *flags,
+    ]
 
 
 def _serve(settings: Settings) -> int:

@@ -38,7 +38,7 @@ import httpx
 import msgpack
 from fastapi import FastAPI, Request, Response
 
-from app.cli import UVICORN_OPTIONS
+from app.cli import UVICORN_OPTIONS, serve_command
 from bench.report import print_table
 
 ITEM_BYTES = 4096
@@ -346,16 +346,9 @@ def _measure_mode(
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(workdir / f"data-{mode}-{durability}"),
+        serve_command(
+            port,
+            workdir / f"data-{mode}-{durability}",
             "--storage-mode",
             mode,
             "--durability",
@@ -364,7 +357,7 @@ def _measure_mode(
             args.log_level,
             "--cache-memory-limit-mb",
             "2048",
-        ],
+        ),
         url,
         "/readyz",
         workdir / f"server-{mode}-{durability}.log",

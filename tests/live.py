@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from app.cli import serve_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,18 +48,7 @@ def start_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) 
     port = free_port()
     data_dir = workdir / "data"
     log_path = workdir / "server.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data_dir),
-        *flags,
-    ]
+    cmd = serve_command(port, data_dir, *flags)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLREPLAY_")}
     full_env.update(env or {})
     with log_path.open("wb") as log:

@@ -103,6 +103,7 @@ class LogWriterProcess:
             raise
         finally:
             child.close()
+        parent.setblocking(False)  # requests are tiny and few: sends never wait
         self._sock = parent
         self._known: set[int] = set()  # buffer ids the process has mapped
         self._segment_token: object | None = None
@@ -136,28 +137,23 @@ class LogWriterProcess:
         self._sock.send(REQUEST.pack(OP_WRITE, buf.id, size, offset, number))
         return number
 
-    def replies(self, *, block: bool = False) -> list[Reply]:
-        """The replies waiting (at least one if ``block``); raises ConnectionError if the
+    def replies(self) -> list[Reply]:
+        """The replies waiting (the socket is non-blocking); raises ConnectionError if the
         process is gone."""
         out: list[Reply] = []
-        self._sock.setblocking(block)
-        try:
-            while True:
-                try:
-                    msg = self._sock.recv(4096)
-                except BlockingIOError:
-                    return out
-                if not msg:
-                    raise ConnectionError("the log writer process exited")
-                status, number, code = REPLY.unpack_from(msg)
-                error = None
-                if status != OK:
-                    text = msg[REPLY.size :].decode(errors="replace")
-                    error = OSError(code or errno.EIO, f"log writer: {text}")
-                out.append(Reply(number, error))
-                self._sock.setblocking(False)
-        finally:
-            self._sock.setblocking(False)
+        while True:
+            try:
+                msg = self._sock.recv(4096)
+            except BlockingIOError:
+                return out
+            if not msg:
+                raise ConnectionError("the log writer process exited")
+            status, number, code = REPLY.unpack_from(msg)
+            error = None
+            if status != OK:
+                text = msg[REPLY.size :].decode(errors="replace")
+                error = OSError(code or errno.EIO, f"log writer: {text}")
+            out.append(Reply(number, error))
 
     def close(self, timeout: float = 30.0) -> None:
         """Close our end (the process finishes the writes sent, then exits) and wait."""

@@ -10,12 +10,15 @@ Group commit: :meth:`WriteAheadLog.append` only buffers; :meth:`WriteAheadLog.co
 makes the caller wait until its record is on disk. While one fsync runs, every record
 appended meanwhile waits for the next one, so many concurrent pushes share one fsync.
 
-``append`` frames each record on the event loop, straight into a page-aligned buffer
-(checksum and copy: about 6 µs for 256 KiB); the flush thread only pads, writes and
-fdatasyncs that buffer while the next one fills. The thread then needs the GIL for a few
-bytecodes per flush instead of once per record: with CRC32 computed per record in the
-thread, a flush of 8 pushes of 256 KiB spent 3 ms of its 5.5 ms waiting for the GIL between
-the records' checksums and copies (measured), and that was the ceiling on pushes per second.
+``append`` frames each record on the event loop, straight into a page-aligned shared buffer
+(checksum and copy: about 6 µs for 256 KiB); a flush only pads, writes and fdatasyncs that
+buffer while the next one fills. (With CRC32 computed per record in a flush thread, a flush
+of 8 pushes of 256 KiB spent 3 ms of its 5.5 ms waiting for the GIL between the records'
+checksums and copies, measured: that was the ceiling on pushes per second.) The writes are
+done by the log writer process (:mod:`app.engine.log_writer`), up to ``_MAX_IN_FLIGHT``
+flushes at a time, once a first write in the flush thread has settled ``O_DIRECT``; the
+thread also does rotations, the flushes after a failure, and all of them with
+``writer="thread"``. Only one of the two writes at a time.
 
 Each flush writes one region that starts and ends on a 4096-byte boundary of the segment:
 its frames back to back, then zero padding (none, or at least one frame header's worth).
@@ -133,7 +136,6 @@ class WriteAheadLog:
         self._proc: LogWriterProcess | None = None
         self._in_flight: deque[_Flush] = deque()
         self._submitted_lsn = 0  # the last LSN handed to the process
-        self._reading = False  # a reader for the process's replies is on the event loop
         self._thread_flushes = 0
         self._segment_token = object()  # replaced whenever _fd changes
         self._lock_fd: int | None = None  # flock on LOCK: held by us and by our process
@@ -404,26 +406,30 @@ class WriteAheadLog:
     # -- flushing through the log writer process ----------------------------------------
 
     def _use_process(self) -> bool:
-        """Whether the next flush goes to the log writer process (started here if due)."""
-        if (
-            self._writer == "thread"
-            or self._failed
-            or self._direct is None  # the first write settles O_DIRECT, in the thread
-            or self._fd is None
-        ):
-            return False
-        if self._proc is None:
-            if self._writer == "auto" and self._thread_flushes < _PROCESS_AFTER_FLUSHES:
-                return False
-            try:
-                assert self._lock_fd is not None
-                self._proc = LogWriterProcess(keep_fds=(self._lock_fd,))
-            except OSError as exc:
-                log.warning("no log writer process (%s): flushing in a thread", exc)
-                self._writer = "thread"
-                return False
-            log.info("write-ahead log in %s: flushes in a log writer process", self._folder)
-        return True
+        """Whether the next flush goes to the log writer process."""
+        return self._proc is not None and not self._failed and self._fd is not None
+
+    def _process_due(self) -> bool:
+        """Whether to start the log writer process now (after a flush in the thread)."""
+        return (
+            self._proc is None
+            and self._writer != "thread"
+            and not self._failed
+            and self._direct is not None  # the first write settles O_DIRECT, in the thread
+            and (self._writer == "process" or self._thread_flushes >= _PROCESS_AFTER_FLUSHES)
+        )
+
+    def _start_process(self) -> LogWriterProcess | None:
+        """Start the log writer process (blocking: fork and exec); None if it cannot be."""
+        assert self._lock_fd is not None
+        try:
+            proc = LogWriterProcess(keep_fds=(self._lock_fd,))
+        except OSError as exc:
+            log.warning("no log writer process (%s): flushing in a thread", exc)
+            self._writer = "thread"
+            return None
+        log.info("write-ahead log in %s: flushes in a log writer process", self._folder)
+        return proc
 
     def _submit(self) -> None:
         """Hand the fill buffer to the process (no await: nothing interleaves)."""
@@ -445,9 +451,8 @@ class WriteAheadLog:
         self._region_peak = max(self._region_peak, size)
         self._fill = self._free.pop() if self._free else None
         self._fill_used = self._fill_count = 0
-        if not self._reading:
+        if len(self._in_flight) == 1:  # replies are read while flushes are in flight
             loop.add_reader(self._proc.fileno(), self._on_replies)
-            self._reading = True
 
     def _on_replies(self) -> None:
         """The process answered (an event loop reader callback)."""
@@ -472,18 +477,14 @@ class WriteAheadLog:
                     flush.done.exception()  # retrieved: waiters get it through shield
                 self._recycle(flush.buf)
         if not self._in_flight:
-            self._stop_reading()
-
-    def _stop_reading(self) -> None:
-        if self._reading and self._proc is not None:
             asyncio.get_running_loop().remove_reader(self._proc.fileno())
-        self._reading = False
 
     def _lose_process(self, exc: BaseException) -> None:
         """The process is gone: fail its flushes, go on with the flush thread."""
         log.warning("log writer process lost (%s): flushing in a thread from now on", exc)
-        self._stop_reading()
         proc, self._proc, self._writer = self._proc, None, "thread"
+        if proc is not None and self._in_flight:
+            asyncio.get_running_loop().remove_reader(proc.fileno())
         if self._in_flight:
             self._failed = True  # some of them may be half written
         while self._in_flight:
@@ -527,6 +528,8 @@ class WriteAheadLog:
             self._durable_lsn = max(self._durable_lsn, upto)
             self.bytes_since_checkpoint += padding
             self._thread_flushes += 1
+            if self._process_due():  # started off the event loop, while no flush can begin
+                self._proc = await self._io.run(self._start_process)
             fut.set_result(None)
         except BaseException as exc:
             fut.set_exception(exc)
