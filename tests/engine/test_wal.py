@@ -551,3 +551,87 @@ async def test_the_log_writer_process_holds_the_lock_until_it_exits(
     await wal.drain()
     wal.close()  # the writer process exits
     assert [r[0] for r in reopen(tmp_path, io)] == lsns
+
+
+async def _fill_and_checkpoint(wal: WriteAheadLog, tag: str, n: int) -> list[int]:
+    """Commit ``n`` records of 20 KB, rotate, and truncate everything before the new segment."""
+    lsns = [wal.append(["b", tag, os.urandom(20_000)]) for _ in range(n)]
+    await wal.commit(lsns[-1])
+    await wal.rotate()
+    await wal.truncate(lsns[-1])
+    return lsns
+
+
+async def test_a_segment_no_longer_needed_becomes_the_next_one(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    await _fill_and_checkpoint(wal, "a", 20)  # segment 1 is covered: it becomes the spare
+    (spare,) = tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}")
+    spare_inode, spare_size = spare.stat().st_ino, spare.stat().st_size
+    assert spare_size > 20 * 20_000
+    await wal.commit(wal.append(["b", "second", b"x"]))
+    await wal.rotate()  # the next segment is the spare, renamed
+    assert not list(tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}"))
+    current = max(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))
+    assert current.stat().st_ino == spare_inode
+    assert current.stat().st_size == spare_size  # still holds the old records
+    new = [wal.append(["b", "new", b"x" * 100]) for _ in range(3)]
+    await wal.commit(new[-1])
+    wal.close()  # cut to what was written
+    assert current.stat().st_size == BLOCK
+    records = reopen(tmp_path, io, after=new[0] - 1)
+    assert [r[0] for r in records] == new
+    assert {r[2] for r in records} == {"new"}
+
+
+async def test_after_a_crash_a_recycled_segment_replays_only_its_new_records(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    old = await _fill_and_checkpoint(wal, "old", 20)
+    (spare,) = tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}")
+    spare_data = spare.read_bytes()
+    await wal.commit(wal.append(["b", "second", b"x"]))
+    await wal.rotate()  # recycled, with segment 1's records after the new ones
+    new = [wal.append(["b", "new", b"y" * 3000]) for _ in range(5)]
+    await wal.commit(new[-1])
+    current = max(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))
+    data = current.read_bytes()  # what a kill -9 leaves: no close, no cut
+    await wal.drain()
+    wal.close()
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / current.name).write_bytes(data)
+    assert [r[0] for r in reopen(crashed, io)] == new
+    # a torn new region over old records: replay stops at the tear, old records never count
+    end = len(msgpack.packb([new[0], "b", "new", b"y" * 3000])) + FRAME.size
+    (crashed / current.name).write_bytes(data[: end + 100] + bytes(200) + data[end + 300 :])
+    assert [r[0] for r in reopen(crashed, io)] == new[:1]
+    # a crash between the spare's rename and the first write: old records only, none count
+    (crashed / current.name).write_bytes(spare_data)
+    assert reopen(crashed, io) == []
+    assert old[0] < old[-1] < new[0]
+
+
+async def test_one_spare_is_kept_and_older_segments_are_deleted(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    lsns = [wal.append(["b", "a", b"z"]) for _ in range(3)]
+    await wal.rotate()
+    lsns += [wal.append(["b", "b", b"z"]) for _ in range(3)]
+    await wal.rotate()
+    await wal.truncate(lsns[-1])  # two segments covered at once
+    assert len(list(tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}"))) == 1
+    assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 1
+    await wal.commit(wal.append(["b", "c", b"z"]))
+    wal.close()
+    # a restarted log finds the spare and starts its new segment in it
+    wal = WriteAheadLog(tmp_path, io=io)
+    assert [r[2] for r in wal.replay(lsns[-1])] == ["c"]
+    wal.open(lsns[-1])
+    assert not list(tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}"))
+    await wal.commit(wal.append(["b", "d", b"z"]))
+    wal.close()
+    assert [r[2] for r in reopen(tmp_path, io)] == ["c", "d"]
