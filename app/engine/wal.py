@@ -272,9 +272,7 @@ class WriteAheadLog:
         """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking)."""
         self._lock()
         with self._spares_lock:
-            self._spares = sorted(
-                self._folder.glob(f"*{SPARE_SUFFIX}"), key=lambda p: int(p.stem)
-            )
+            self._spares = sorted(self._folder.glob(f"*{SPARE_SUFFIX}"), key=lambda p: int(p.stem))
         self._next_lsn = max(self._next_lsn, min_lsn + 1)
         self._durable_lsn = self._buffer_last_lsn = self._next_lsn - 1
         self._rotate_sync(self._next_lsn)
