@@ -22,16 +22,15 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-import msgspec
 from pydantic import ValidationError
 
 from app.api.encoding import BodyFormat, decode_body
 from app.engine.config import TableConfig
-from app.engine.items import MAX_KEY_BYTES, NewItem
+from app.engine.items import MAX_KEY_BYTES, NewItem, decode_push_body
 from clients.codec import jsonable_to_msgpack
 from clients.errors import BadRequest, ValidationFailed
 
@@ -72,6 +71,9 @@ class PushBody:
 
     items: list[NewItem]
     wait: bool
+    #: The body itself when it has the common msgpack form (the write-ahead log keeps it
+    #: as sent, instead of encoding the items again); None otherwise.
+    raw: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,43 +237,14 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
     return PushBody(items, wait)
 
 
-class _FastItem(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    key: str
-    value: msgspec.Raw
-    priority: float = 1.0
-
-
-class _FastPush(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    items: list[_FastItem]
-    wait: bool = False
-
-
-class _FastPushWait(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    items: list[_FastItem]
-    wait: bool
-
-
-# By the map header of the body: a one-field map that decodes as _FastPush is exactly
-# {"items"}, a two-field one that decodes as _FastPushWait exactly {"items", "wait"}
-# (msgspec lets a repeated field overwrite; the walk refuses it, so no other size is taken).
-_FAST_DECODERS: dict[int, msgspec.msgpack.Decoder[Any]] = {
-    0x81: msgspec.msgpack.Decoder(_FastPush),
-    0x82: msgspec.msgpack.Decoder(_FastPushWait),
-}
-
-
 def _parse_push_fast(body: bytes) -> PushBody | None:
     """The common push body decoded by msgspec, or None: then the walk decides."""
-    decoder = _FAST_DECODERS.get(body[0]) if body else None
-    if decoder is None:
+    decoded = decode_push_body(body)
+    if decoded is None:
         return None
-    try:
-        fast = decoder.decode(body)
-    except Exception:  # any refusal (msgspec's errors, bad UTF-8...): the walk decides
-        return None
-    fast_items = fast.items
+    fast_items, wait = decoded
     if not fast_items:
-        return PushBody([], fast.wait)
+        return PushBody([], wait)
     keys = [it.key for it in fast_items]
     priorities = [it.priority for it in fast_items]
     # the walk's own fast acceptance: keys of 1 to 512 ASCII characters, priorities finite
@@ -286,7 +259,7 @@ def _parse_push_fast(body: bytes) -> PushBody | None:
     ):
         return None
     values = [bytes(it.value) for it in fast_items]
-    return PushBody(list(map(NewItem, keys, values, priorities)), fast.wait)
+    return PushBody(list(map(NewItem, keys, values, priorities)), wait, body)
 
 
 def _walk_push(body: bytes) -> PushBody:

@@ -34,10 +34,11 @@ class EngineState:
         """memory, disk or hybrid."""
         return self.settings.storage_mode
 
-    def next_seq(self, record: list[object] | None) -> int:
-        """A sequence number for a new op, logging ``record`` first when the log is on."""
+    def next_seq(self, record: list[object] | None, blob: bytes | None = None) -> int:
+        """A sequence number for a new op, logging ``record`` (then ``blob``, as one more
+        bin element) first when the log is on."""
         if self.wal is not None and record is not None:
-            self.seq = self.wal.append(record)
+            self.seq = self.wal.append(record, blob)
         else:
             self.seq += 1
         return self.seq

@@ -70,6 +70,7 @@ from app.storage.blocking import BlockingIO
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("<IQ")  # payload length, xxh3_64 of the payload
+_BIN32 = struct.Struct(">BI")  # msgpack's bin 32 header (0xc6, length)
 SEGMENT_SUFFIX = ".wal"
 SPARE_SUFFIX = ".spare"  # a segment no longer needed, kept to be reused as a new one
 LEGACY_FRAME = struct.Struct("<II")  # payload length, crc32: segments written before .wal
@@ -348,23 +349,39 @@ class WriteAheadLog:
         """The LSN the next record gets."""
         return self._next_lsn
 
-    def append(self, body: list[Any]) -> int:
-        """Frame one record (``body`` without its LSN) into the buffer; returns its LSN."""
+    def append(self, body: list[Any], blob: bytes | None = None) -> int:
+        """Frame one record into the buffer: ``[lsn, *body]``, or with ``blob``
+        ``[lsn, *body, blob]`` (a bin), the blob copied once, straight into the buffer.
+        Returns its LSN."""
         lsn = self._next_lsn
         self._next_lsn += 1
         packer = self._packer
-        packer.pack([lsn, *body])
-        with packer.getbuffer() as payload:
-            size = len(payload)
+        if blob is None:
+            packer.pack([lsn, *body])
+        else:
+            packer.pack_array_header(len(body) + 2)
+            packer.pack(lsn)
+            for element in body:
+                packer.pack(element)
+        with packer.getbuffer() as head:
+            head_size = len(head)
+            size = head_size if blob is None else head_size + _BIN32.size + len(blob)
             start = self._fill_used
             end = start + FRAME.size + size
             buf = self._fill
             if buf is None or len(buf) < _region_size(end):
                 buf = self._grow(end)
             region = buf.map
-            FRAME.pack_into(region, start, size, xxh3_64_intdigest(payload))
-            region[start + FRAME.size : end] = payload
+            at = start + FRAME.size
+            region[at : at + head_size] = head
         packer.reset()
+        if blob is not None:
+            at += head_size
+            _BIN32.pack_into(region, at, 0xC6, len(blob))
+            region[at + _BIN32.size : end] = blob
+        with memoryview(region) as view:
+            checksum = xxh3_64_intdigest(view[start + FRAME.size : end])
+        FRAME.pack_into(region, start, size, checksum)
         self._fill_used = end
         self._fill_count += 1
         self._buffer_last_lsn = lsn

@@ -13,7 +13,7 @@ import msgpack
 
 from app.engine.config import TableConfig
 from app.engine.engine import Engine
-from app.engine.items import NewItem
+from app.engine.items import NewItem, push_body_items
 from app.settings import Settings
 
 
@@ -29,7 +29,14 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
         for k in keys:
             print("sent put", k)
         sys.stdout.flush()  # "sent" must reach the parent before the op can take effect
-        await eng.push("t", [NewItem(k, value_of(k), 1.0) for k in keys])
+        if wid % 2:
+            await eng.push("t", [NewItem(k, value_of(k), 1.0) for k in keys])
+        else:  # as the API pushes a msgpack body: the log keeps the body as sent
+            pushed = [{"key": k, "value": msgpack.unpackb(value_of(k))} for k in keys]
+            body = msgpack.packb({"items": pushed})
+            items = push_body_items(body)
+            assert [it.value for it in items] == [value_of(k) for k in keys]
+            await eng.push("t", items, body=body)
         for k in keys:
             print("ack put", k)
         acked.extend(keys)

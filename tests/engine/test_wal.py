@@ -635,3 +635,31 @@ async def test_one_spare_is_kept_and_older_segments_are_deleted(
     await wal.commit(wal.append(["b", "d", b"z"]))
     wal.close()
     assert [r[2] for r in reopen(tmp_path, io)] == ["c", "d"]
+
+
+async def test_a_blob_is_logged_as_the_records_last_element(
+    tmp_path: Path, io: BlockingIO
+) -> None:
+    wal = fresh(tmp_path, io)
+    blob = os.urandom(70_000)
+    lsns = [
+        wal.append(["del", "t", ["a"]]),
+        wal.append(["putb", "t", 1.5], blob),
+        wal.append(["putb", "t", 2.5], b""),
+        wal.append(["del", "t", ["b"]]),
+    ]
+    await wal.commit(lsns[-1])
+    wal.close()
+    assert reopen(tmp_path, io) == [
+        [lsns[0], "del", "t", ["a"]],
+        [lsns[1], "putb", "t", 1.5, blob],
+        [lsns[2], "putb", "t", 2.5, b""],
+        [lsns[3], "del", "t", ["b"]],
+    ]
+    # the checksum covers the blob: a flipped byte in it ends replay before that record
+    segment = segment_of(tmp_path)
+    data = bytearray(segment.read_bytes())
+    at = data.index(blob[:64]) + 1000
+    data[at] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    assert [r[0] for r in reopen(tmp_path, io)] == lsns[:1]
