@@ -268,8 +268,10 @@ class TaskProcessor:
             entry = pending_get(key)
             if entry is not None and entry[0] == seq:
                 del pending[key]
-        cached_before = np.array(was_cached, dtype=np.int64)
-        t.bytes_in_cache -= int(t.size[cached_before].sum())
+        # new keys (the common push) skip the numpy work on replaced cached values
+        cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
+        if cached_before is not None:
+            t.bytes_in_cache -= int(t.size[cached_before].sum())
         slots = np.array(slot_list, dtype=np.int64)
         if replaced:
             gone = np.array(replaced, dtype=np.int64)
@@ -311,7 +313,8 @@ class TaskProcessor:
             # short-lived views of the flag bytearrays (a live view would block their growth)
             np.frombuffer(retired, np.uint8)[slots] = 0
             np.frombuffer(t.dirty, np.uint8)[slots] = 1
-            t.referenced[cached_before] = 1  # replaced while cached: like a hit (CLOCK)
+            if cached_before is not None:  # replaced while cached: like a hit (CLOCK)
+                t.referenced[cached_before] = 1
             s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
             t.bytes_in_cache += int(sizes.sum())
         times = np.full(len(slots), ts)

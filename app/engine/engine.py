@@ -400,12 +400,12 @@ class Engine:
                 t.gate.refund_insert(n)
                 raise
         now = time.time()
-        keys = [it.key for it in items]
         if s.wal is None:
             seq = s.next_seq(None)
         elif body is not None:
             seq = s.next_seq(["putb", table, now], body)
         else:
+            keys = [it.key for it in items]
             values, priorities = [it.value for it in items], [it.priority for it in items]
             seq = s.next_seq(["put", table, keys, values, priorities, now])
         fut = asyncio.get_running_loop().create_future() if wait else None

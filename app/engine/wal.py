@@ -169,7 +169,7 @@ class WriteAheadLog:
         self._region_peak = 0  # the largest region flushed since the last rotation
         self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
         self._segment_last_lsn: dict[Path, int] = {}
-        # spare segments, oldest first; truncate adds and rotations take, in I/O threads
+        # spare segments (at most _SPARES): truncate adds them, rotations take them, in I/O threads
         self._spares: list[Path] = []
         self._spares_lock = threading.Lock()
         self.bytes_since_checkpoint = 0
