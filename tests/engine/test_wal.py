@@ -637,9 +637,7 @@ async def test_one_spare_is_kept_and_older_segments_are_deleted(
     assert [r[2] for r in reopen(tmp_path, io)] == ["c", "d"]
 
 
-async def test_a_blob_is_logged_as_the_records_last_element(
-    tmp_path: Path, io: BlockingIO
-) -> None:
+async def test_a_blob_is_logged_as_the_records_last_element(tmp_path: Path, io: BlockingIO) -> None:
     wal = fresh(tmp_path, io)
     blob = os.urandom(70_000)
     lsns = [
