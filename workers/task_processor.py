@@ -18,7 +18,7 @@ import random
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -250,21 +250,24 @@ class TaskProcessor:
         mode, ts, seq = s.mode, op.inserted_at, op.seq
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         index_get, pending_get = index.get, pending.get
-        slot_list: list[int] = []
+        found = list(map(index_get, keys))
         replaced: list[int] = []  # slots of replaced keys still in selection
         was_cached: list[int] = []  # slots of replaced keys whose old value is in the cache
-        for key in keys:  # pass 1: slots, and what a replaced item leaves behind
-            slot = index_get(key)
+        for slot in found:  # what a replaced item leaves behind
             if slot is None:
-                slot = t.alloc_slot(key)
-            else:
-                if not retired[slot]:
-                    replaced.append(slot)
-                if values[slot] is not None:
-                    was_cached.append(slot)
-                    if mode == "disk":  # otherwise the ledger's add below replaces the entry
-                        s.ledger.discard(t, slot)
-            slot_list.append(slot)
+                continue
+            if not retired[slot]:
+                replaced.append(slot)
+            if values[slot] is not None:
+                was_cached.append(slot)
+                if mode == "disk":  # otherwise the ledger's add below replaces the entry
+                    s.ledger.discard(t, slot)
+        if None in found:  # new keys get slots, in one go
+            new_at = [i for i, slot in enumerate(found) if slot is None]
+            for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
+                found[i] = slot
+        slot_list = cast(list[int], found)
+        for key in keys:
             entry = pending_get(key)
             if entry is not None and entry[0] == seq:
                 del pending[key]
@@ -335,14 +338,6 @@ class TaskProcessor:
                 self._evict_queued = True
                 self.submit(EvictOp(0, weight=0), p1=True)
 
-    def _unselect(self, t: Table, slot: int) -> None:
-        if not t.retired[slot]:
-            one = np.asarray([slot], dtype=np.int64)
-            t.sampler.remove(one)
-            if t.remover is not None:
-                t.remover.remove(one)
-            t.retired[slot] = 1
-
     async def _trim(self, t: Table) -> None:
         """Delete items chosen by the remover until the table fits ``max_size``."""
         max_size = t.config.max_size
@@ -350,18 +345,15 @@ class TaskProcessor:
             return
         excess = min(len(t.index) - max_size, len(t.remover))
         slots = t.remover.evict(excess, self._np_rng)
-        live = np.asarray([s for s in slots.tolist() if not t.retired[s]], dtype=np.int64)
-        if len(live):
-            t.sampler.remove(live)
-        victims: list[str] = []
-        for slot in slots.tolist():
-            t.retired[slot] = 1
-            key = t.keys[slot]
-            assert key is not None
-            victims.append(key)
-            if key not in t.pending:  # a pending op decides what readers see of it
-                t.visible -= 1
-        await self._delete(t, victims, 0)
+        if not len(slots):
+            return
+        # the remover dropped them; the sampler drops the ones it still holds
+        self._unselect_many(t, slots, remover=False)
+        slot_list = slots.tolist()
+        keys = [t.keys[slot] for slot in slot_list]
+        # a pending op decides what readers see of a key
+        t.visible -= len(keys) - sum(map(t.pending.__contains__, keys))
+        await self._free(t, slots, slot_list, keys)
 
     async def trim_all(self) -> None:
         """Bring every table within its ``max_size`` (after replaying the log)."""
@@ -369,28 +361,57 @@ class TaskProcessor:
             await self._trim(t)
 
     async def _delete(self, t: Table, keys: Any, seq: int) -> None:
-        s = self._s
         if t.dropped:
             return
-        pending = t.pending
-        for key in keys:
-            if seq:
-                entry = pending.get(key)
+        pending, index_get = t.pending, t.index.get
+        if seq:
+            pending_get = pending.get
+            for key in keys:
+                entry = pending_get(key)
                 if entry is not None and entry[0] == seq:
                     del pending[key]
-            slot = t.index.get(key)
-            if slot is None:
-                continue
-            self._unselect(t, slot)
-            if t.values[slot] is not None:
-                s.ledger.discard(t, slot)
-                t.bytes_in_cache -= int(t.size[slot])
-            if t.on_disk[slot]:
-                self._disk_deletes.append(value_key(t, key))
-                self._disk_deletes.append(meta_key(t, key))
-                t.bytes_on_disk -= int(t.disk_size[slot])
-            t.free_slot(slot)
-            t.counters.deletes += 1
+        found = {key: slot for key in keys if (slot := index_get(key)) is not None}
+        if not found:
+            return
+        slot_list = list(found.values())
+        slots = np.array(slot_list, dtype=np.int64)
+        self._unselect_many(t, slots, remover=True)
+        await self._free(t, slots, slot_list, list(found))
+
+    def _unselect_many(self, t: Table, slots: np.ndarray, *, remover: bool) -> None:
+        """Take ``slots`` out of selection (the sampler, and the remover if ``remover``),
+        those not out already, and mark them all retired."""
+        with memoryview(t.retired) as flags:  # released at once: the bytearray must grow
+            retired = np.frombuffer(flags, np.uint8)
+            live = slots[retired[slots] == 0]
+            retired[slots] = 1
+            del retired
+        if len(live):
+            t.sampler.remove(live)
+            if remover and t.remover is not None:
+                t.remover.remove(live)
+
+    async def _free(
+        self, t: Table, slots: np.ndarray, slot_list: list[int], keys: list[str]
+    ) -> None:
+        """Forget the distinct, unselected ``slots`` holding ``keys``: their cached values,
+        their RocksDB records (queued deletes) and the slots themselves."""
+        s = self._s
+        values = t.values
+        cached = [slot for slot in slot_list if values[slot] is not None]
+        if cached:
+            s.ledger.discard_many(t, cached)
+            t.bytes_in_cache -= int(t.size[cached].sum())
+        with memoryview(t.on_disk) as flags:
+            on_disk = np.flatnonzero(np.frombuffer(flags, np.uint8)[slots])
+        if len(on_disk):
+            deletes = self._disk_deletes
+            for i in on_disk.tolist():
+                deletes.append(value_key(t, keys[i]))
+                deletes.append(meta_key(t, keys[i]))
+            t.bytes_on_disk -= int(t.disk_size[slots[on_disk]].sum())
+        t.free_slots(slots, slot_list, keys)
+        t.counters.deletes += len(slot_list)
         if len(self._disk_deletes) > 20_000 and s.store is not None:
             await s.io.run(s.store.write, (), self._take_disk_deletes())
 

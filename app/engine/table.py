@@ -105,6 +105,31 @@ class Table:
         self.index[key] = slot
         return slot
 
+    def alloc_slots(self, keys: list[str]) -> list[int]:
+        """:meth:`alloc_slot` for many new, distinct keys: their slots, in order."""
+        free, n = self._free, len(keys)
+        reused = min(n, len(free))
+        slots = free[len(free) - reused :]
+        slots.reverse()  # the order alloc_slot pops them in
+        del free[len(free) - reused :]
+        own_keys = self.keys
+        for slot, key in zip(slots, keys, strict=False):
+            own_keys[slot] = key
+        fresh = n - reused
+        if fresh:
+            start = len(own_keys)
+            own_keys.extend(keys[reused:])
+            self.values.extend([None] * fresh)
+            if start + fresh > len(self.priority):
+                self._grow(max(1024, 2 * len(self.priority), start + fresh))
+            zeros = bytes(fresh)
+            self.dirty.extend(zeros)
+            self.on_disk.extend(zeros)
+            self.retired.extend(zeros)
+            slots.extend(range(start, start + fresh))
+        self.index.update(zip(keys, slots, strict=True))
+        return slots
+
     def _grow(self, cap: int) -> None:
         for name in (
             "priority",
@@ -134,6 +159,26 @@ class Table:
         self.disk_size[slot] = 0
         self.fields.pop(slot, None)
         self._free.append(slot)
+
+    def free_slots(self, slots: np.ndarray, slot_list: list[int], keys: list[str]) -> None:
+        """:meth:`free_slot` for many distinct slots: ``slots`` (and the same as
+        ``slot_list``) holding ``keys``."""
+        index, own_keys, values = self.index, self.keys, self.values
+        for key in keys:
+            del index[key]
+        for slot in slot_list:
+            own_keys[slot] = None
+            values[slot] = None
+        self.referenced[slots] = 0
+        self.meta_dirty[slots] = 0
+        self.disk_size[slots] = 0
+        for flags in (self.dirty, self.on_disk, self.retired):
+            with memoryview(flags) as view:  # released at once: the bytearray must grow
+                np.frombuffer(view, np.uint8)[slots] = 0
+        if self.fields:
+            for slot in slot_list:
+                self.fields.pop(slot, None)
+        self._free.extend(slot_list)
 
     # -- barrier between accepted and applied ---------------------------------------------
 

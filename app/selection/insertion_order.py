@@ -91,22 +91,42 @@ class InsertionLog:
         return self._live_between(self._lo, self._hi)
 
     def oldest_k(self, k: int) -> Slots:
-        """The ``k`` oldest slots held, oldest first; ``k`` at most ``len(self)``."""
+        """The ``k`` oldest slots held, oldest first; ``k`` at most ``len(self)``.
+
+        The stale entries skipped on the way are dropped from the log's old end, so a
+        FIFO remover evicting ``k`` at a time looks at each log entry about once instead
+        of rescanning every evicted entry until the next compaction.
+        """
         width = 2 * k
         while True:
-            found = self._live_between(self._lo, min(self._hi, self._lo + width))
-            if len(found) >= k or self._lo + width >= self._hi:
-                return found[:k]
+            hi = min(self._hi, self._lo + width)
+            at = self._live_positions(self._lo, hi)
+            if len(at) >= k or hi >= self._hi:
+                at = at[:k]
+                self._lo = int(at[0]) if len(at) else hi
+                return self._log_slots[at]
             width *= 2
 
     def newest_k(self, k: int) -> Slots:
-        """The ``k`` newest slots held, newest first; ``k`` at most ``len(self)``."""
+        """The ``k`` newest slots held, newest first; ``k`` at most ``len(self)``.
+
+        Like :meth:`oldest_k`, drops the stale entries it skips from the new end.
+        """
         width = 2 * k
         while True:
-            found = self._live_between(max(self._lo, self._hi - width), self._hi)[::-1]
-            if len(found) >= k or self._hi - width <= self._lo:
-                return found[:k]
+            lo = max(self._lo, self._hi - width)
+            at = self._live_positions(lo, self._hi)[::-1]
+            if len(at) >= k or lo <= self._lo:
+                at = at[:k]
+                self._hi = int(at[0]) + 1 if len(at) else lo
+                return self._log_slots[at]
             width *= 2
+
+    def _live_positions(self, lo: int, hi: int) -> Slots:
+        """The log positions of the live entries between ``lo`` and ``hi``, in log order."""
+        live = self._ticket_of[self._log_slots[lo:hi]] == self._log_tickets[lo:hi]
+        at: Slots = np.flatnonzero(live) + lo
+        return at
 
     def _live_between(self, lo: int, hi: int) -> Slots:
         """The live entries of the log between positions ``lo`` and ``hi``, in log order."""
