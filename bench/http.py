@@ -2,6 +2,11 @@
 
 * push: ``POST /v1/tables/bench/items`` with 64 items of 4 KiB each (msgpack); the keys
   cycle over 16 bodies x 64 keys, so after the first round pushes replace items.
+* new-key push (the second table): the same bodies, but every key new (wrk writes a request
+  counter into the keys of 16 body templates), into a table capped at 50,000 items: after
+  the first ~780 pushes every push also evicts 64 items (the FIFO remover). That is the
+  steady state of a replay buffer; building each body costs wrk a copy more, which lowers
+  the ceiling too.
 * sample: ``POST /v1/tables/default/sample`` of 256 items of 4 KiB (msgpack answer, ~1 MiB),
   from a table preloaded with 4096 items.
 
@@ -69,6 +74,25 @@ def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url} not ready")
 
 
+#: Stands for a request counter in the keys of a push template (:func:`_push_template`).
+KEY_MARK = b"@" * 10
+
+
+def _push_template(n: int) -> bytes:
+    """A push body whose keys wrk makes new for every request: ``KEY_MARK/<i>``."""
+    value = msgpack.packb({"obs": os.urandom(ITEM_BYTES - 16)})
+    mark = KEY_MARK.decode()
+    body: bytes = msgpack.packb(
+        {
+            "items": [
+                {"key": f"{mark}/{i}", "value": value, "priority": 1.0} for i in range(PUSH_ITEMS)
+            ]
+        }
+    )
+    assert body.count(KEY_MARK) == PUSH_ITEMS and n >= 0
+    return body
+
+
 def _push_body(n: int) -> bytes:
     value = msgpack.packb({"obs": os.urandom(ITEM_BYTES - 16)})
     body: bytes = msgpack.packb(
@@ -133,28 +157,64 @@ def serve_ceiling(port: int) -> None:
 _LUA = """
 local bodies = {}
 local n = 0
+local mark = "@@@@@@@@@@"
+local base = 0
+local counter = 0
+local headers = {["Content-Type"] = "application/msgpack", ["Accept"] = "application/msgpack"}
+local heads = {}
 function init(args)
   local count = tonumber(args[1])
+  base = tonumber(args[3])
   for i = 0, count - 1 do
     local f = assert(io.open(args[2] .. "/body" .. i .. ".bin", "rb"))
-    bodies[i] = f:read("*all")
+    local body = f:read("*all")
     f:close()
+    -- split at the key marks: a request joins the pieces with its own number
+    local pieces, pos = {}, 1
+    while true do
+      local s, e = string.find(body, mark, pos, true)
+      if not s then break end
+      pieces[#pieces + 1] = string.sub(body, pos, s - 1)
+      pos = e + 1
+    end
+    pieces[#pieces + 1] = string.sub(body, pos)
+    bodies[i] = pieces
+    -- the request without its body (the length is the same for every request)
+    local full = wrk.format("POST", nil, headers, body)
+    heads[i] = string.sub(full, 1, #full - #body)
   end
   n = count
 end
 local i = 0
 function request()
   i = (i + 1) % n
-  return wrk.format("POST", nil, {["Content-Type"] = "application/msgpack",
-                                   ["Accept"] = "application/msgpack"}, bodies[i])
+  local pieces = bodies[i]
+  if #pieces == 1 then
+    return heads[i] .. pieces[1]
+  end
+  counter = counter + 1
+  local id = string.format("%010d", base + counter)
+  local parts = {heads[i]}
+  for j = 1, #pieces - 1 do
+    parts[2 * j] = pieces[j]
+    parts[2 * j + 1] = id
+  end
+  parts[2 * #pieces] = pieces[#pieces]
+  return table.concat(parts)
 end
 """
+_wrk_runs = 0
 
 
 def _wrk(
     url: str, bodies: list[bytes], *, duration: float, connections: int, workdir: Path
 ) -> tuple[float, int]:
-    """Runs wrk against ``url`` with ``bodies`` in turn; (2xx answers/s, non-2xx answers)."""
+    """Runs wrk against ``url`` with ``bodies`` in turn; (2xx answers/s, non-2xx answers).
+
+    Key marks (:data:`KEY_MARK`) in a body are replaced by a number no request of this
+    process has used, so every pushed key is new."""
+    global _wrk_runs
+    _wrk_runs += 1
     for i, body in enumerate(bodies):
         (workdir / f"body{i}.bin").write_bytes(body)
     script = workdir / "post.lua"
@@ -171,6 +231,7 @@ def _wrk(
             "--",
             str(len(bodies)),
             str(workdir),
+            str(_wrk_runs * 10**7),
         ],
         capture_output=True,
         text=True,
@@ -299,7 +360,9 @@ def main(argv: list[str] | None = None) -> None:
         print("bench.http: wrk is not installed (apt-get install -y wrk); skipped")
         return
     push_bodies = [_push_body(n) for n in range(PUSH_BODIES)]
+    templates = [_push_template(n) for n in range(PUSH_BODIES)]
     rows: list[list[object]] = []
+    fresh_rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         port = _free_port()
@@ -312,7 +375,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         try:
             for spec in args.modes.split(","):
-                rows.append(_measure_mode(spec, ceiling, push_bodies, args, workdir))
+                row, fresh = _measure_mode(spec, ceiling, (push_bodies, templates), args, workdir)
+                rows.append(row)
+                fresh_rows.append(fresh)
         finally:
             _stop(ceiling_proc)
     print_table(
@@ -335,12 +400,24 @@ def main(argv: list[str] | None = None) -> None:
         ],
         rows,
     )
+    print_table(
+        f"HTTP pushes of {PUSH_ITEMS} new keys x 4 KiB into a table capped at 50,000 items "
+        "(each push also evicts 64); same load and pairing",
+        ["server", "pushed items/s", "ceiling push", "push / ceiling", "non-2xx"],
+        fresh_rows,
+    )
 
 
 def _measure_mode(
-    spec: str, ceiling: str, push_bodies: list[bytes], args: argparse.Namespace, workdir: Path
-) -> list[object]:
-    """One table row: ``rlreplay serve`` in ``spec`` (mode[:durability]) against the ceiling."""
+    spec: str,
+    ceiling: str,
+    bodies: tuple[list[bytes], list[bytes]],
+    args: argparse.Namespace,
+    workdir: Path,
+) -> tuple[list[object], list[object]]:
+    """The rows of ``rlreplay serve`` in ``spec`` (mode[:durability]) against the ceiling:
+    the main table's, and the new-key pushes' (``bodies``: repeated ones, templates)."""
+    push_bodies, templates = bodies
     mode, _, durability = spec.partition(":")
     durability = durability or "wal"
     port = _free_port()
@@ -365,6 +442,7 @@ def _measure_mode(
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
             c.put("/v1/tables/bench", json={"max_size": 50_000}).raise_for_status()
+            c.put("/v1/tables/fresh", json={"max_size": 50_000}).raise_for_status()
             for n in range(PRELOAD // PUSH_ITEMS):
                 r = c.post(
                     "/v1/tables/default/items",
@@ -387,10 +465,19 @@ def _measure_mode(
             workdir,
         )
         stream, stream_ratio = _stream_vs_wrk(url, args, workdir)
+        ceiling_fresh, fresh, fresh_ratio, bad_fresh = _paired(
+            (ceiling + "/push", url + "/v1/tables/fresh/items"),
+            templates,
+            PUSH_ITEMS,
+            args,
+            workdir,
+        )
     finally:
         _stop(proc)
+    name = f"rlreplay {mode}, durability {durability}"
+    fresh_row: list[object] = [name, fresh, ceiling_fresh, fresh_ratio, bad_fresh]
     return [
-        f"rlreplay {mode}, durability {durability}",
+        name,
         push,
         ceiling_push,
         push_ratio,
@@ -400,7 +487,7 @@ def _measure_mode(
         stream,
         stream_ratio,
         bad_push + bad_sample,
-    ]
+    ], fresh_row
 
 
 if __name__ == "__main__":
