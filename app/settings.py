@@ -33,7 +33,12 @@ class Settings(BaseSettings):
         "wal", description="wal: answered writes survive kill -9; none: write-back, may lose."
     )
     wal_checkpoint_mb: float = Field(
-        256, gt=0, description="Checkpoint (flush to RocksDB, truncate the log) past this log size."
+        256,
+        gt=0,
+        description=(
+            "Checkpoint (flush to RocksDB, truncate the log) past this log size; hybrid "
+            "keeps up to about 3x this (values pushed since the last checkpoint)."
+        ),
     )
     wal_writer: Literal["auto", "process", "thread"] = Field(
         "auto",

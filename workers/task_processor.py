@@ -79,6 +79,8 @@ class TaskProcessor:
         self._checkpoint_queued = False
         self._idle = False
         self._checkpoint_bytes = int(state.settings.wal_checkpoint_mb * 2**20)
+        #: The log position the last checkpoint covered (set by the engine on recovery).
+        self.horizon = 0
         self.failure: BaseException | None = None
         self.applied_ops = 0
         self.last_apply_lag_s = 0.0
@@ -229,7 +231,7 @@ class TaskProcessor:
             await self._evict()
         elif isinstance(op, CheckpointOp):
             self._checkpoint_queued = False
-            await self.checkpoint()
+            await self.checkpoint(full=op.full)
         elif isinstance(op, CreateTableOp):
             await self._create(op)
         elif isinstance(op, DropTableOp):
@@ -292,6 +294,7 @@ class TaskProcessor:
         t.version[slots] += 1
         t.referenced[slots] = 0
         t.order[slots] = np.arange(t.next_order, t.next_order + len(slots))
+        t.put_seq[slots] = seq
         t.next_order += len(slots)
         fields: list[dict[str, Any]] | None = None
         if t.index_fields:
@@ -528,8 +531,17 @@ class TaskProcessor:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    async def checkpoint(self) -> None:
-        """Make everything applied durable without the log, then drop the covered log."""
+    async def checkpoint(self, *, full: bool = False) -> None:
+        """Make what is applied durable without the log, then drop the log it covers.
+
+        Memory mode writes every table to its checkpoint file. Hybrid and disk modes write
+        the changed values and metadata to RocksDB, but with the log on and unless ``full``,
+        only those of values logged before the previous checkpoint, and the log is cut
+        there: a value pushed since stays in the cache and the log only, so in a bounded
+        table the many values evicted (or replaced) within a checkpoint interval of being
+        pushed are never written to RocksDB, nor deleted from it. The log then holds up to
+        two intervals (about ``2 x wal_checkpoint_mb``), and a restart replays them.
+        """
         s = self._s
         wal = s.wal
         if wal is None and s.mode == "memory":
@@ -540,16 +552,22 @@ class TaskProcessor:
         covered = (oldest - 1) if oldest is not None else s.seq
         if s.mode == "memory":
             await self._write_memory_checkpoint(covered)
+            upto = covered
         else:
-            await self._flush_dirty(covered)
+            upto = covered if full or wal is None else min(self.horizon, covered)
+            await self._flush_dirty(upto)
+        self.horizon = covered
         if wal is not None:
-            await wal.truncate(covered)
+            await wal.truncate(upto)
 
     async def _flush_dirty(self, covered: int) -> None:
-        """Write every changed value and metadata record, then flush RocksDB's memtables.
+        """Write the changed values of ops up to ``covered`` and the changed metadata of the
+        items whose value RocksDB then holds; then flush RocksDB's memtables.
 
         Only the changed slots are visited (found with numpy), and their flags are cleared
-        before the write: a sample that changes a slot meanwhile marks it again.
+        before the write: a sample that changes a slot meanwhile marks it again. A value
+        logged after ``covered`` stays dirty, and so does its metadata (its record would
+        not match the value RocksDB holds).
         """
         s = self._s
         assert s.store is not None
@@ -557,7 +575,10 @@ class TaskProcessor:
         for t in s.tables.values():
             n = len(t.keys)
             dirty = np.frombuffer(t.dirty, dtype=np.uint8, count=n)
-            for slot in np.flatnonzero(dirty | t.meta_dirty[:n]).tolist():
+            changed = np.flatnonzero(dirty | t.meta_dirty[:n])
+            changed = changed[(dirty[changed] == 0) | (t.put_seq[changed] <= covered)]
+            del dirty
+            for slot in changed.tolist():
                 key = t.keys[slot]
                 if key is None:
                     continue

@@ -117,6 +117,7 @@ class Engine:
             covered = await self._load_store(state)
         elif st.durability == "wal" and (st.data_dir / MEMORY_CHECKPOINT).exists():
             covered = await self._load_memory_checkpoint(state)
+        processor.horizon = covered
         if st.durability == "wal":
             wal = WriteAheadLog(
                 st.data_dir / "wal",
@@ -135,7 +136,7 @@ class Engine:
             self._recovered_records = len(records)
             await processor.trim_all()
             if records:
-                await processor.checkpoint()
+                await processor.checkpoint(full=True)
         for table in state.tables.values():
             table.visible = len(table.index)
             table.applied(state.seq, 0)
@@ -161,7 +162,7 @@ class Engine:
             if processor.running:
                 if state.wal is not None or state.store is not None:
                     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    processor.submit(CheckpointOp(0, future=fut, weight=0))
+                    processor.submit(CheckpointOp(0, future=fut, weight=0, full=True))
                     try:
                         await fut
                     except Unavailable:

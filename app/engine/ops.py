@@ -73,7 +73,10 @@ class DropTableOp(Op):
 
 @dataclass(slots=True, eq=False)
 class CheckpointOp(Op):
-    """Make everything applied so far durable without the log, then truncate the log."""
+    """Make what is applied durable without the log, then truncate the log (see
+    :meth:`workers.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
+
+    full: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -72,6 +72,7 @@ class Table:
         self.retired = bytearray()  # taken out of selection by its last allowed sample
         self.disk_size = np.zeros(cap, dtype=np.int64)
         self.order = np.zeros(cap, dtype=np.int64)  # insertion order, kept across restarts
+        self.put_seq = np.zeros(cap, dtype=np.int64)  # the op (log record) of the value
         self.next_order = 0
         self.fields: dict[int, dict[str, Any]] = {}  # slot → indexed fields (plugin samplers)
         self.bytes_in_cache = 0
@@ -141,6 +142,7 @@ class Table:
             "referenced",
             "meta_dirty",
             "order",
+            "put_seq",
         ):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)

@@ -160,6 +160,9 @@ class WriteAheadLog:
         # its 1 MiB buffer, per call (a tenth of the event loop's time per push, measured).
         self._packer = msgpack.Packer(use_bin_type=True, autoreset=False)
         self._flushing: asyncio.Future[None] | None = None
+        # set while rotate() drains the flushes in flight: commits wait instead of adding
+        # more, which under steady load kept the drain (and the checkpoint) from ever ending
+        self._rotating: asyncio.Future[None] | None = None
         self._fd: int | None = None
         self._offset = 0  # where the next region goes in the current segment (a block boundary)
         self._failed = False  # a flush failed: the next one starts a new segment
@@ -429,6 +432,9 @@ class WriteAheadLog:
         case, the flush it waited on) failed.
         """
         while self._durable_lsn < lsn:
+            if self._rotating is not None:  # the rotation's own flush takes this record
+                await asyncio.shield(self._rotating)
+                continue
             if self._flushing is not None:
                 await asyncio.shield(self._flushing)
                 continue
@@ -661,8 +667,13 @@ class WriteAheadLog:
         (a burst grew them) are given back; the next append allocates a smaller one.
         """
         self.bytes_since_checkpoint = 0
-        await self.drain()
-        await self._flush_once(rotate=True)  # no await since drain: nothing came in flight
+        rotating = self._rotating = asyncio.get_running_loop().create_future()
+        try:
+            await self.drain()
+            await self._flush_once(rotate=True)  # no await since drain: nothing came in flight
+        finally:
+            self._rotating = None
+            rotating.set_result(None)
         limit = max(_BUFFER_BYTES, 2 * self._region_peak)
         self._region_peak = 0
         for buf in [b for b in self._free if len(b) > limit]:

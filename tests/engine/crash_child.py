@@ -51,12 +51,12 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
         sys.stdout.flush()
 
 
-async def main(data_dir: str, mode: str, wal_writer: str = "auto") -> None:
+async def main(data_dir: str, mode: str, wal_writer: str = "auto", cache_mb: str = "0.2") -> None:
     eng = Engine(
         Settings(
             data_dir=Path(data_dir),
             storage_mode=mode,  # type: ignore[arg-type]
-            cache_memory_limit_mb=0.2,
+            cache_memory_limit_mb=float(cache_mb),
             wal_checkpoint_mb=0.3,
             wal_writer=wal_writer,  # type: ignore[arg-type]
             io_threads=2,
@@ -72,4 +72,4 @@ async def main(data_dir: str, mode: str, wal_writer: str = "auto") -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

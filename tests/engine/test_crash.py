@@ -21,17 +21,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    ("mode", "wal_writer"),
-    [("hybrid", "process"), ("hybrid", "thread"), ("disk", "process"), ("memory", "process")],
+    ("mode", "wal_writer", "cache_mb"),
+    [
+        ("hybrid", "process", 0.2),
+        ("hybrid", "thread", 0.2),
+        # a cache that holds everything: the values pushed since the checkpoint before the
+        # last one are in no RocksDB record, only in the log
+        ("hybrid", "process", 64),
+        ("disk", "process", 0.2),
+        ("memory", "process", 0.2),
+    ],
 )
 @pytest.mark.parametrize("run_s", [0.4, 1.5])
 def test_sigkill_loses_nothing_answered(
-    tmp_path: Path, mode: str, wal_writer: str, run_s: float
+    tmp_path: Path, mode: str, wal_writer: str, cache_mb: float, run_s: float
 ) -> None:
     data_dir = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.engine.crash_child", str(data_dir), mode, wal_writer],
+        [
+            sys.executable,
+            "-m",
+            "tests.engine.crash_child",
+            str(data_dir),
+            mode,
+            wal_writer,
+            str(cache_mb),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         env=env,

@@ -172,6 +172,74 @@ def store_scan(eng: Engine, t: Any) -> list[tuple[bytes, bytes]]:
     return list(store.scan(b"v" + t.prefix))
 
 
+@pytest.mark.parametrize("wal_writer", ["process", "thread"])
+async def test_checkpoints_keep_up_with_many_concurrent_pushers(
+    tmp_path: Path, wal_writer: str
+) -> None:
+    """A checkpoint's rotation waits for the flushes in flight while the commits of 8
+    pushers that never pause keep asking for more: it must still end (it did not, and the
+    log grew without bound while the writer stalled)."""
+    eng = Engine(
+        make_settings(
+            tmp_path / "d", wal_checkpoint_mb=0.25, wal_writer=wal_writer, cache_memory_limit_mb=64
+        )
+    )
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig(max_size=200))
+
+        async def pusher(w: int) -> None:
+            for i in range(150):  # 8 x 150 x 4 KB = 4.8 MB: about 19 intervals
+                await eng.push("t", [item(f"{w}/{i}/{j}", bytes(1000)) for j in range(4)])
+
+        await asyncio.wait_for(asyncio.gather(*(pusher(w) for w in range(8))), timeout=60)
+        await eng.flush()
+        assert eng._processor is not None and eng._processor.horizon > 0
+        assert eng.storage_stats()["wal_bytes"] < 6 * 0.25 * 2**20
+    finally:
+        await eng.stop()
+
+
+async def test_values_evicted_within_a_checkpoint_interval_never_reach_rocksdb(
+    tmp_path: Path,
+) -> None:
+    """A bounded table whose items are evicted soon after they are pushed: checkpoints cut
+    the log without writing those values to RocksDB (nor deleting them from it), and what
+    is left is still all there after a restart."""
+    settings = make_settings(tmp_path / "d", wal_checkpoint_mb=0.2, cache_memory_limit_mb=64)
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        await eng.create_table("c", TableConfig(max_size=40))
+        store = eng._s.store
+        assert store is not None
+        written: list[bytes] = []
+        write = store.write
+
+        def counting(puts: Any = (), deletes: Any = (), delete_ranges: Any = ()) -> None:
+            written.extend(k for k, _ in puts if k.startswith(b"v"))
+            written.extend(k for k in deletes if k.startswith(b"v"))
+            write(puts, deletes, delete_ranges)
+
+        store.write = counting  # type: ignore[method-assign]
+        for b in range(200):  # 200 x 8 x 1 KB = 1.6 MB: 8 intervals; an item lives 5 pushes
+            await eng.push("c", [item(f"b{b}/{i}", bytes(1000)) for i in range(8)], wait=True)
+        assert eng._processor is not None and eng._processor.horizon > 0  # checkpoints ran
+        assert eng.storage_stats()["wal_bytes"] < 5 * 0.2 * 2**20  # and cut the log
+        assert written == []
+    finally:
+        await eng.stop()
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        newest = [f"b{b}/{i}" for b in range(195, 200) for i in range(8)]
+        got = await eng.get_many("c", newest)
+        assert all(g is not None and g.value == msgpack.packb(bytes(1000)) for g in got)
+        assert eng.describe("c")["stats"]["size"] == 40
+    finally:
+        await eng.stop()
+
+
 async def test_update_priorities_counts_missing(engine: Engine) -> None:
     await engine.push("t", [item("a"), item("b")])
     assert await engine.update_priorities("t", {"a": 3.0, "zz": 1.0}) == (1, 1)
@@ -302,7 +370,9 @@ async def test_log_stays_bounded_by_checkpoints(tmp_path: Path, mode: str) -> No
         for i in range(200):  # 200 x 16 KB = 3.2 MB through a log checkpointed every 0.5 MB
             await eng.push("t", [item(f"k{i % 50}", b"x" * 16_000)], wait=True)
         await eng.push("t", [item("last")], wait=True)
-        assert eng.storage_stats()["wal_bytes"] < 2 * 2**20
+        # hybrid keeps one more interval: what was pushed since the checkpoint before
+        limit = 2 * 2**20 if mode == "memory" else 3 * 2**20
+        assert eng.storage_stats()["wal_bytes"] < limit
         assert eng.describe("t")["stats"]["size"] == 51
     finally:
         await eng.stop()
