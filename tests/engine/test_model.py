@@ -61,14 +61,14 @@ async def check_cache_accounting(eng: Engine) -> None:
         await asyncio.sleep(0.001)
     state = eng._s
     ledger = state.ledger
-    assert ledger.bytes == sum(ledger._order.values())
+    assert ledger.bytes == sum(ledger.entries().values())
     expected = {}
     for table in state.tables.values():
         cached = [slot for slot, v in enumerate(table.values) if v is not None]
         for slot in cached:
             expected[(table, slot)] = int(table.size[slot]) + ENTRY_OVERHEAD
         assert table.bytes_in_cache == sum(int(table.size[slot]) for slot in cached)
-    assert dict(ledger._order) == expected
+    assert ledger.entries() == expected
 
 
 async def run_program(mode: dict[str, Any], steps: list[tuple[Any, ...]], data_dir: Path) -> None:
