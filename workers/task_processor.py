@@ -253,26 +253,24 @@ class TaskProcessor:
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         index_get, pending_get = index.get, pending.get
         found = list(map(index_get, keys))
-        replaced: list[int] = []  # slots of replaced keys still in selection
-        was_cached: list[int] = []  # slots of replaced keys whose old value is in the cache
-        for slot in found:  # what a replaced item leaves behind
-            if slot is None:
-                continue
-            if not retired[slot]:
-                replaced.append(slot)
-            if values[slot] is not None:
-                was_cached.append(slot)
-                if mode == "disk":  # otherwise the ledger's add below replaces the entry
-                    s.ledger.discard(t, slot)
-        if None in found:  # new keys get slots, in one go
+        # what replaced items leave behind: slots still in selection, values in the cache
+        old = [slot for slot in found if slot is not None]
+        replaced = [slot for slot in old if not retired[slot]]
+        was_cached = [slot for slot in old if values[slot] is not None]
+        if was_cached and mode == "disk":  # otherwise the ledger's add below replaces them
+            s.ledger.discard_many(t, was_cached)
+        if len(old) < len(found):  # new keys get slots, in one go
             new_at = [i for i, slot in enumerate(found) if slot is None]
             for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
                 found[i] = slot
         slot_list = cast(list[int], found)
-        for key in keys:
-            entry = pending_get(key)
-            if entry is not None and entry[0] == seq:
-                del pending[key]
+        # the pending entries this op made, unless a later op replaced them
+        mine = [
+            key
+            for key, e in zip(keys, map(pending_get, keys), strict=True)
+            if e is not None and e[0] == seq
+        ]
+        deque(map(pending.__delitem__, mine), maxlen=0)
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
         if cached_before is not None:

@@ -249,9 +249,12 @@ class Table:
     def count_unseen(self, keys: Iterable[str]) -> int:
         """How many of ``keys`` a reader does not see now: :meth:`contains` for a batch,
         without a method call per key (it runs per pushed item)."""
-        pending, index, unseen = self.pending, self.index, 0
-        for key in keys:
-            entry = pending.get(key)
+        keys = list(keys)
+        entries = list(map(self.pending.get, keys))
+        if not any(entries):  # none pending (entries are tuples): the index decides
+            return len(keys) - sum(map(self.index.__contains__, keys))
+        index, unseen = self.index, 0
+        for key, entry in zip(keys, entries, strict=True):
             if entry[1] is None if entry is not None else key not in index:
                 unseen += 1
         return unseen
