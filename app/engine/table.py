@@ -149,22 +149,9 @@ class Table:
             new[: len(old)] = old
             setattr(self, name, new)
 
-    def free_slot(self, slot: int) -> None:
-        """Forget the key at ``slot``; its columns are reset by the next user."""
-        key = self.keys[slot]
-        if key is not None:
-            del self.index[key]
-        self.keys[slot] = None
-        self.values[slot] = None
-        self.referenced[slot] = self.dirty[slot] = self.meta_dirty[slot] = 0
-        self.on_disk[slot] = self.retired[slot] = 0
-        self.disk_size[slot] = 0
-        self.fields.pop(slot, None)
-        self._free.append(slot)
-
     def free_slots(self, slots: np.ndarray, slot_list: list[int], keys: list[str]) -> None:
-        """:meth:`free_slot` for many distinct slots: ``slots`` (and the same as
-        ``slot_list``) holding ``keys``."""
+        """Forget the keys at distinct ``slots`` (the same as ``slot_list``), which hold
+        ``keys``; their columns are reset here, their slots reused by the next keys."""
         index, own_keys, values = self.index, self.keys, self.values
         for key in keys:
             del index[key]
