@@ -246,13 +246,17 @@ def _wrk(
     return (rate * (total - bad) / total if total else 0.0), bad
 
 
+#: What :func:`_paired` measures: ceiling rate, server rate, their ratio, non-2xx answers.
+PairFigures = tuple[float, float, float, int]
+
+
 def _paired(
     urls: tuple[str, str],
     bodies: list[bytes],
     items: int,
     args: argparse.Namespace,
     workdir: Path,
-) -> tuple[float, float, float, int]:
+) -> PairFigures:
     """Alternate wrk runs on ``urls`` (the ceiling, then the server; then the other way).
 
     Returns the median rate of each (items/s), the median of the per-pair ratios
@@ -450,27 +454,19 @@ def _measure_mode(
                     headers={"content-type": "application/msgpack"},
                 )
                 r.raise_for_status()
-        ceiling_push, push, push_ratio, bad_push = _paired(
-            (ceiling + "/push", url + "/v1/tables/bench/items"),
-            push_bodies,
-            PUSH_ITEMS,
-            args,
-            workdir,
+
+        def pair(route: str, path: str, bodies: list[bytes], items: int) -> PairFigures:
+            return _paired((ceiling + route, url + path), bodies, items, args, workdir)
+
+        ceiling_push, push, push_ratio, bad_push = pair(
+            "/push", "/v1/tables/bench/items", push_bodies, PUSH_ITEMS
         )
-        ceiling_sample, sample, sample_ratio, bad_sample = _paired(
-            (ceiling + "/sample", url + "/v1/tables/default/sample"),
-            [SAMPLE_BODY],
-            SAMPLE_ITEMS,
-            args,
-            workdir,
+        ceiling_sample, sample, sample_ratio, bad_sample = pair(
+            "/sample", "/v1/tables/default/sample", [SAMPLE_BODY], SAMPLE_ITEMS
         )
         stream, stream_ratio = _stream_vs_wrk(url, args, workdir)
-        ceiling_fresh, fresh, fresh_ratio, bad_fresh = _paired(
-            (ceiling + "/push", url + "/v1/tables/fresh/items"),
-            templates,
-            PUSH_ITEMS,
-            args,
-            workdir,
+        ceiling_fresh, fresh, fresh_ratio, bad_fresh = pair(
+            "/push", "/v1/tables/fresh/items", templates, PUSH_ITEMS
         )
     finally:
         _stop(proc)

@@ -755,6 +755,8 @@ def _restore_rows(
     if fields:
         fields = [fields[i] for i in by_order]
     slots = np.empty(len(rows), dtype=np.int64)
+    cached: list[int] = []
+    charges: list[int] = []
     for i, (key, value, prio, ts, sampled, size, order) in enumerate(rows):
         slot = table.alloc_slot(key)
         slots[i] = slot
@@ -771,8 +773,11 @@ def _restore_rows(
         else:
             table.values[slot] = value
             table.dirty[slot] = 1
-            state.ledger.add(table, slot, cache_charge(size))
+            cached.append(slot)
+            charges.append(cache_charge(size))
             table.bytes_in_cache += size
+    if cached:
+        state.ledger.add_many(table, cached, charges)
     table.next_order = int(table.order[slots].max()) + 1
     given = fields if table.index_fields else None
     if given is not None:

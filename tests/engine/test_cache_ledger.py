@@ -62,6 +62,7 @@ class ReferenceLedger:
 SLOTS = st.lists(st.integers(0, 63), unique=True, max_size=12)
 OP = st.one_of(
     st.tuples(st.just("add"), st.integers(0, 2), SLOTS, st.integers(1, 500)),
+    st.tuples(st.just("add1"), st.integers(0, 2), st.integers(0, 63), st.integers(1, 500)),
     st.tuples(st.just("discard"), st.integers(0, 2), SLOTS),
     st.tuples(st.just("hit"), st.integers(0, 2), SLOTS),
     st.tuples(st.just("victims"), st.integers(0, 6000)),
@@ -81,6 +82,10 @@ def test_ledger_matches_the_ordered_dict_it_replaced(ops: list[tuple[Any, ...]])
             charges = [base + slot for slot in slots]
             ledger.add_many(tables[t], slots, charges)
             ref.add_many(tables[t], slots, charges)
+        elif op[0] == "add1":  # one value (a populate): the batch form's semantics
+            _, t, slot, charge = op
+            ledger.add(tables[t], slot, charge)
+            ref.add_many(tables[t], [slot], [charge])
         elif op[0] == "discard":
             ledger.discard_many(tables[op[1]], op[2])
             ref.discard_many(tables[op[1]], op[2])
