@@ -167,8 +167,20 @@ def _serve(settings: Settings) -> int:
     from app.main import create_app
 
     configure_logging(settings.log_level)
+    failures: list[BaseException] = []
+
+    def stop_serving(exc: BaseException) -> None:
+        failures.append(exc)
+        server.should_exit = True
+
+    app = create_app(
+        settings,
+        tune_gc_after_start=True,
+        recover_in_background=True,
+        on_recovery_failure=stop_serving,
+    )
     config = uvicorn.Config(
-        create_app(settings, tune_gc_after_start=True),
+        app,
         host=settings.host,
         port=settings.port,
         log_config=None,
@@ -178,6 +190,8 @@ def _serve(settings: Settings) -> int:
     )
     server = uvicorn.Server(config)
     server.run()
+    if failures:
+        return 3  # uvicorn's status for a failed start-up
     return 0 if server.started else 1
 
 

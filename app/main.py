@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -22,7 +23,6 @@ from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.settings import Settings
 from app.storage.allocator import tune_gc
-from clients.errors import TableExists
 
 __all__ = ["DEFAULT_TABLE", "create_app"]
 
@@ -68,28 +68,20 @@ def default_table_config(settings: Settings) -> TableConfig:
     )
 
 
-async def _create_default_table(engine: Engine, settings: Settings) -> None:
-    try:
-        await engine.create_table(DEFAULT_TABLE, default_table_config(settings))
-    except TableExists:
-        _log.warning(
-            "the table 'default' exists with another config (recovered from the data dir); "
-            "keeping it as it is"
-        )
-
-
 def create_app(
     settings: Settings,
     *,
     engine: Engine | None = None,
     hot_routes: bool = True,
     tune_gc_after_start: bool = False,
+    recover_in_background: bool = False,
+    on_recovery_failure: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
     """Builds the service's app.
 
-    The app's lifespan starts the engine (recovery included), creates the ``default``
-    table when the settings ask for it, and stops the engine on shutdown (draining the
-    writer and flushing).
+    The app's lifespan starts the engine (recovery included, and the ``default`` table
+    when the settings ask for it) and stops it on shutdown (draining the writer and
+    flushing).
 
     Args:
         settings: The service's settings.
@@ -100,6 +92,13 @@ def create_app(
         tune_gc_after_start: Freeze the objects alive once the engine started and raise the
             collector's threshold (:func:`app.storage.allocator.tune_gc`); ``rlreplay
             serve`` does, as the process is the service's own.
+        recover_in_background: Start the engine in a task, so the server answers while it
+            recovers (``rlreplay serve`` does): ``/healthz`` is 200 at once, ``/readyz`` and
+            every ``/v1`` call 503 ``unavailable`` until recovery is done. Shutdown waits
+            for the recovery to end before stopping the engine. False: the lifespan's
+            start-up returns once the engine is ready (tests, embedding).
+        on_recovery_failure: Called with the error when a background recovery fails (after
+            it is logged); ``rlreplay serve`` stops the server, which exits with status 3.
 
     Returns:
         The ASGI app.
@@ -108,16 +107,38 @@ def create_app(
     metrics = Metrics()
     metrics.watch_engine(the_engine)
 
+    async def recover() -> None:
+        tables = {DEFAULT_TABLE: default_table_config(settings)} if settings.default_table else {}
+        await the_engine.start(tables)
+        if tune_gc_after_start:
+            tune_gc(freeze=True)
+
+    def recovered(task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        assert exc is not None
+        _log.critical("recovery failed: %r", exc, exc_info=exc)
+        if on_recovery_failure is not None:
+            on_recovery_failure(exc)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await the_engine.start()
+        if not recover_in_background:
+            try:
+                await recover()
+                yield
+            finally:
+                await the_engine.stop()
+            return
+        recovery = asyncio.create_task(recover(), name="rlreplay-recovery")
+        recovery.add_done_callback(recovered)
         try:
-            if settings.default_table:
-                await _create_default_table(the_engine, settings)
-            if tune_gc_after_start:
-                tune_gc(freeze=True)
             yield
         finally:
+            if not recovery.done():
+                _log.info("shutting down: waiting for the recovery to finish first")
+                await asyncio.wait({recovery})
             await the_engine.stop()
 
     app = ReplayApp(

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from clients.errors import TableNotFound
+from clients.errors import TableNotFound, Unavailable
 
 __all__ = ["CONTENT_TYPE", "EngineCollector", "EngineView", "Metrics"]
 
@@ -102,7 +102,11 @@ class EngineCollector(Collector):
             stat: CounterMetricFamily(name, doc, labels=["table"])
             for stat, (name, doc) in _TABLE_COUNTERS.items()
         }
-        for table in self._engine.table_names():
+        try:
+            names = self._engine.table_names()
+        except Unavailable:  # still recovering: no table figures yet
+            names = []
+        for table in names:
             try:
                 stats = self._engine.describe(table).get("stats", {})
             except TableNotFound:  # dropped between the listing and the read
@@ -125,7 +129,10 @@ class EngineCollector(Collector):
         for queue, depth in self._engine.queue_depths().items():
             queues.add_metric([queue], float(depth))
         yield queues
-        storage = self._engine.storage_stats()
+        try:
+            storage = self._engine.storage_stats()
+        except Unavailable:
+            storage = {}
         for stat, (name, doc) in _STORAGE_GAUGES.items():
             if isinstance(storage.get(stat), int | float):
                 yield GaugeMetricFamily(name, doc, value=float(storage[stat]))

@@ -45,6 +45,21 @@ class LiveServer:
 
 def start_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) -> LiveServer:
     """Starts ``python -m app`` on 127.0.0.1 and waits until ``/readyz`` answers 200."""
+    server = launch_server(workdir, *flags, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
+                return server
+        time.sleep(0.1)
+    stop_server(server)
+    raise RuntimeError(f"server not ready in 30 s:\n{server.log()}")
+
+
+def launch_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) -> LiveServer:
+    """Starts ``python -m app`` on 127.0.0.1 without waiting for it."""
     port = free_port()
     data_dir = workdir / "data"
     log_path = workdir / "server.log"
@@ -55,17 +70,7 @@ def start_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) 
         process = subprocess.Popen(
             cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env
         )
-    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path, data_dir)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
-                return server
-        time.sleep(0.1)
-    stop_server(server)
-    raise RuntimeError(f"server not ready in 30 s:\n{server.log()}")
+    return LiveServer(f"http://127.0.0.1:{port}", process, log_path, data_dir)
 
 
 def stop_server(server: LiveServer) -> int:

@@ -71,6 +71,7 @@ DEFAULT_TIMEOUT_S = 10.0
 # A value read from RocksDB is populated back into the cache only if it takes at most
 # 1/POPULATE_FRACTION of the cache: bigger ones would only push out a crowd of others.
 POPULATE_FRACTION = 8
+_REPLAY_YIELD_EVERY = 16  # log records replayed between turns given to the event loop
 
 
 class Engine:
@@ -78,7 +79,9 @@ class Engine:
 
     Lifetime: ``await engine.start()`` recovers from ``settings.data_dir`` and starts the
     writer; ``await engine.stop()`` (idempotent) applies what is queued, checkpoints and
-    closes. Errors are those of :mod:`clients.errors`.
+    closes. Until ``start`` has finished, every table and item call raises
+    :class:`~clients.errors.Unavailable` (and :attr:`ready` is False). Errors are those of
+    :mod:`clients.errors`.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -87,6 +90,7 @@ class Engine:
         self._processor: TaskProcessor | None = None
         self._rng = np.random.default_rng(settings.seed)
         self._ready = False
+        self._open = False  # recovery finished: table and item calls are served
         self._stopping = False
         self._recovered_records = 0
 
@@ -97,8 +101,17 @@ class Engine:
         """True once recovery finished and the writer runs."""
         return self._ready and self._processor is not None and self._processor.running
 
-    async def start(self) -> None:
-        """Recover tables from the data directory, replay the log, start the writer."""
+    async def start(self, tables: Mapping[str, TableConfig] | None = None) -> None:
+        """Recover tables from the data directory, replay the log, start the writer.
+
+        Args:
+            tables: Tables to create if recovery did not bring them back (the ``default``
+                table), before any call is served. One recovered with another config is
+                kept as it is, with a warning.
+
+        The event loop stays free during recovery (a server answers ``/healthz`` meanwhile):
+        the blocking parts run in I/O threads, and the log's replay yields between records.
+        """
         st = self.settings
         st.data_dir.mkdir(parents=True, exist_ok=True)
         if st.backup_url or st.restore != "none":
@@ -126,10 +139,12 @@ class Engine:
                 writer=st.wal_writer,
             )
             records = await io.run(lambda: list(wal.replay(covered)))
-            for record in records:
+            for i, record in enumerate(records):
                 op = self._op_from_record(state, record)
                 if op is not None:
                     await processor.apply(op, replay=True)
+                if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
+                    await asyncio.sleep(0)  # let the loop answer probes
             await io.run(wal.open, covered)
             state.wal = wal
             state.seq = wal.next_lsn - 1
@@ -141,7 +156,9 @@ class Engine:
             table.visible = len(table.index)
             table.applied(state.seq, 0)
         processor.start()
-        self._ready = True
+        for name, config in (tables or {}).items():
+            await self._ensure_table(name, config)
+        self._open = self._ready = True
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",
             st.storage_mode,
@@ -210,7 +227,7 @@ class Engine:
                 if table.index_fields:
                     extra = raw_meta[META.size :]
                     fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
-            _restore_rows(state, table, rows, on_disk=True, fields=fields)
+            await state.io.run(_restore_rows, state, table, rows, on_disk=True, fields=fields)
             state.tables[name] = table
             state.next_tid = max(state.next_tid, tid + 1)
         return int(covered)
@@ -232,7 +249,7 @@ class Engine:
                 if table.index_fields
                 else []
             )
-            _restore_rows(state, table, mine, on_disk=False, fields=fields)
+            await state.io.run(_restore_rows, state, table, mine, on_disk=False, fields=fields)
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])
         return int(header["lsn"])
@@ -265,6 +282,8 @@ class Engine:
     def _s(self) -> EngineState:
         if self._state is None:
             raise Unavailable("the engine is not started")
+        if not self._open:
+            raise Unavailable("not ready: recovering the tables from the data directory")
         return self._state
 
     def _writer(self) -> TaskProcessor:
@@ -297,9 +316,9 @@ class Engine:
             raise Overloaded("the write queue is full; retry shortly", retry_after=1.0)
 
     async def _committed(self, seq: int, fut: asyncio.Future[None] | None) -> None:
-        s = self._s
-        if s.wal is not None:
-            await s.wal.commit(seq)
+        wal = self._state.wal if self._state is not None else None
+        if wal is not None:
+            await wal.commit(seq)
         if fut is not None:
             await fut
 
@@ -316,6 +335,24 @@ class Engine:
             if existing.config == config:
                 return False
             raise TableExists(f"table {name!r} exists with another config")
+        await self._create(name, config)
+        return True
+
+    async def _ensure_table(self, name: str, config: TableConfig) -> None:
+        """At start-up: create ``name`` unless recovery brought it back."""
+        assert self._state is not None
+        existing = self._state.tables.get(name)
+        if existing is None:
+            await self._create(name, config)
+        elif existing.config != config:
+            log.warning(
+                "the table %r exists with another config (recovered from the data dir); "
+                "keeping it as it is",
+                name,
+            )
+
+    async def _create(self, name: str, config: TableConfig) -> None:
+        assert self._state is not None
         try:
             probe = Table(name, 0, config)
         except ValueError as exc:
@@ -324,10 +361,9 @@ class Engine:
             log.warning("table %r: %s", name, warning)
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seq = self._s.next_seq(["create", name, config.to_wire()])
+        seq = self._state.next_seq(["create", name, config.to_wire()])
         writer.submit(CreateTableOp(seq, future=fut, weight=0, name=name, config=config))
         await self._committed(seq, fut)
-        return True
 
     async def drop_table(self, name: str) -> None:
         """Delete the table and its data; TableNotFound when missing."""

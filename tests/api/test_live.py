@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import pytest
 from clients import ReplayClient
 from clients.codec import packb, unpackb
 from clients.errors import DeadlineExceeded, Overloaded, TableNotFound, Unauthorized
-from tests.live import LiveServer, running_server, stop_server
+from tests.live import LiveServer, launch_server, running_server, stop_server
 
 MSGPACK = "application/msgpack"
 
@@ -291,3 +295,66 @@ async def test_the_log_writer_process_ends_with_the_server_and_loses_nothing_ans
             keys = [f"k{n}.{i}" for n in range(20) for i in range(10)]
             got = await rb.get_many("default", keys)
             assert all(g is not None for g in got)
+
+
+async def _wait_for_status(server: LiveServer, path: str, timeout_s: float = 30) -> None:
+    """Polls ``path`` (a bounded loop) until it answers 200."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=server.url, timeout=5) as c:
+        while time.monotonic() < deadline:
+            assert server.process.poll() is None, f"server exited:\n{server.log()}"
+            with contextlib.suppress(httpx.HTTPError):
+                if (await c.get(path)).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} not 200 within {timeout_s} s:\n{server.log()}")
+
+
+async def test_probes_answer_while_recovering_and_calls_wait_for_it(tmp_path: Path) -> None:
+    """The server listens during recovery: /healthz 200, /readyz and /v1 503 unavailable."""
+    with running_server(tmp_path, "--storage-mode", "hybrid") as srv:
+        async with ReplayClient(srv.url) as rb:
+            await rb.push("default", [{"key": f"k{i}", "value": i} for i in range(50)])
+    # Recovery waits for the log folder's lock (held by a dying server's log writer, in
+    # real life): holding it keeps the next server recovering for as long as we like.
+    lock = os.open(srv.data_dir / "wal" / "LOCK", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    srv2 = launch_server(tmp_path, "--storage-mode", "hybrid")
+    try:
+        try:
+            await _wait_for_status(srv2, "/healthz")
+            async with httpx.AsyncClient(base_url=srv2.url, timeout=10) as c:
+                for method, path, body in [
+                    ("GET", "/readyz", None),
+                    ("GET", "/v1/tables", None),
+                    ("GET", "/v1/tables/default/items/k1", None),
+                    ("POST", "/v1/tables/default/items", {"items": [{"key": "new", "value": 1}]}),
+                    ("POST", "/v1/tables/default/sample", {"batch_size": 1}),
+                ]:
+                    r = await c.request(method, path, json=body)
+                    assert r.status_code == 503, (path, r.text)
+                    assert r.json()["error"]["code"] == "unavailable", (path, r.text)
+                assert (await c.get("/metrics")).status_code == 200
+                assert (await c.get("/healthz")).json() == {"status": "ok"}
+        finally:
+            os.close(lock)  # recovery goes on
+        await _wait_for_status(srv2, "/readyz")
+        async with ReplayClient(srv2.url) as rb:
+            got = await rb.get_many("default", [f"k{i}" for i in range(50)])
+            assert [g["value"] for g in got if g is not None] == list(range(50))
+            assert await rb.push("default", [{"key": "new", "value": 1}]) == 1
+    finally:
+        assert stop_server(srv2) in (0, -15)
+    assert "Traceback" not in srv2.log()
+
+
+def test_a_failed_recovery_ends_the_server_with_status_3(tmp_path: Path) -> None:
+    """A server whose recovery fails does not linger answering /healthz: it exits, 3."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rocksdb").write_text("not a database")
+    srv = launch_server(tmp_path, "--storage-mode", "hybrid")
+    try:
+        assert srv.process.wait(60) == 3
+    finally:
+        stop_server(srv)
+    assert "recovery failed" in srv.log()

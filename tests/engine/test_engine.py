@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from clients.errors import (
     StorageFull,
     TableExists,
     TableNotFound,
+    Unavailable,
     ValidationFailed,
 )
 from tests.engine.conftest import item, make_settings
@@ -277,6 +280,63 @@ async def test_create_table_idempotent_and_conflict(engine: Engine) -> None:
     await engine.drop_table("n")
     with pytest.raises(TableNotFound):
         engine.describe("n")
+
+
+async def test_start_creates_missing_tables_and_keeps_recovered_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``start(tables)`` creates what recovery did not bring back, before any call is
+    served; a recovered table with another config is kept as it was."""
+    settings = make_settings(tmp_path / "data", storage_mode="hybrid")
+    first = Engine(settings)
+    with pytest.raises(Unavailable, match="not started"):
+        first.table_names()
+    await first.start({"a": TableConfig(max_size=5)})
+    assert first.ready and first.table_names() == ["a"]
+    await first.push("a", [item("k")])
+    await first.stop()
+    second = Engine(settings)
+    await second.start({"a": TableConfig(max_size=9), "b": TableConfig()})
+    try:
+        assert second.table_names() == ["a", "b"]
+        assert second.describe("a")["config"]["max_size"] == 5
+        assert (await second.get("a", "k")) is not None
+        assert "'a' exists with another config" in caplog.text
+    finally:
+        await second.stop()
+
+
+async def test_calls_during_recovery_are_unavailable(tmp_path: Path) -> None:
+    """While ``start`` recovers (here: waiting for the log folder's lock), every table
+    and item call raises Unavailable; once it returns they are served."""
+    settings = make_settings(tmp_path / "data", storage_mode="memory")
+    (tmp_path / "data" / "wal").mkdir(parents=True)
+    lock = os.open(tmp_path / "data" / "wal" / "LOCK", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    eng = Engine(settings)
+    starting = asyncio.create_task(eng.start({"t": TableConfig()}))
+    try:
+        for _ in range(100):  # bounded: until the engine state exists (the lock wait)
+            await asyncio.sleep(0.01)
+        assert not starting.done() and not eng.ready
+        for call in (
+            eng.table_names,
+            lambda: eng.describe("t"),
+        ):
+            with pytest.raises(Unavailable, match="not ready"):
+                call()
+        with pytest.raises(Unavailable, match="not ready"):
+            await eng.push("t", [item("k")])
+        with pytest.raises(Unavailable, match="not ready"):
+            await eng.sample("t", 1)
+    finally:
+        os.close(lock)
+    await asyncio.wait_for(starting, 30)
+    try:
+        assert eng.ready and eng.table_names() == ["t"]
+        assert await eng.push("t", [item("k")]) == 1
+    finally:
+        await eng.stop()
 
 
 async def test_full_queue_is_overloaded_and_loses_nothing_accepted(tmp_path: Path) -> None:
