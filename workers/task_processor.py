@@ -50,6 +50,7 @@ from clients.errors import TableExists, TableNotFound, Unavailable
 
 log = logging.getLogger(__name__)
 _SNAPSHOT_BUFFER = 16 << 20  # the memory checkpoint's file buffer
+_FLUSH_YIELD_EVERY = 4096  # slots a checkpoint visits between turns given to the event loop
 _priority_of = operator.attrgetter("priority")
 
 EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
@@ -576,7 +577,11 @@ class TaskProcessor:
             changed = np.flatnonzero(dirty | t.meta_dirty[:n])
             changed = changed[(dirty[changed] == 0) | (t.put_seq[changed] <= covered)]
             del dirty
-            for slot in changed.tolist():
+            for i, slot in enumerate(changed.tolist()):
+                if i % _FLUSH_YIELD_EVERY == _FLUSH_YIELD_EVERY - 1:
+                    # let requests through: only this writer changes keys and values, and
+                    # a sample that marks a slot meanwhile marks it for the next checkpoint
+                    await asyncio.sleep(0)
                 key = t.keys[slot]
                 if key is None:
                     continue
