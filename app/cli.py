@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from app import package_version
 from app.settings import Settings
 
 __all__ = ["UVICORN_OPTIONS", "build_parser", "main", "serve_command", "settings_from_args"]
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="rlreplay: an experience replay service for reinforcement learning over HTTP.",
         epilog="Run 'rlreplay serve --help' for the server's flags.",
     )
+    parser.add_argument("--version", action="version", version=f"rlreplay {package_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = commands.add_parser(
         "serve",

@@ -7,11 +7,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI
 
+from app import package_version
 from app.api import items, ops, sampling, tables
 from app.api.docs import install_docs
 from app.api.hot import HotRoutes, ReplayApp
@@ -49,13 +49,6 @@ _TAGS = [
     {"name": "sampling", "description": "Draw batches with the table's sampler."},
     {"name": "operations", "description": "Liveness, readiness and Prometheus metrics."},
 ]
-
-
-def _package_version() -> str:
-    try:
-        return version("rlreplay")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0.0.0"
 
 
 def default_table_config(settings: Settings) -> TableConfig:
@@ -143,7 +136,7 @@ def create_app(
 
     app = ReplayApp(
         title="rlreplay",
-        version=_package_version(),
+        version=package_version(),
         description=_DESCRIPTION,
         lifespan=lifespan,
         docs_url=None,

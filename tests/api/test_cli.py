@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app import package_version
 from app.cli import build_parser, main, settings_from_args
 from app.settings import Settings
 
@@ -109,3 +110,11 @@ def test_help_of_the_console_script_and_python_m_app(argv: list[str], shown: lis
         [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert all(word in out for word in shown), out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rlreplay {package_version()}"
+    assert package_version() != "0.0.0"  # the project is installed (editable) in the venv
