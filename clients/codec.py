@@ -8,7 +8,11 @@ Msgpack (:func:`packb`, :func:`unpackb`):
 * NumPy scalars become Python scalars (``np.float32(0.5)`` → ``0.5``, ``np.bool_`` → ``bool``);
   those with no Python msgpack type (complex, long double, datetime64) become 0-d arrays.
 * Tuples become lists; maps may have ``str``, ``bytes``, ``int``, ``float``, ``bool`` or
-  ``None`` keys. Any other extension type is refused when decoding.
+  ``None`` keys, and an array as a map key decodes as a tuple (a map as a key is refused).
+  The msgpack timestamp (extension type -1) decodes to a UTC ``datetime``; any other
+  extension type is refused when decoding.
+* Decoding uses msgspec when it is installed (it is with the server; about 1.8x faster on
+  a sampled batch, whose maps dominate the work) and msgpack otherwise, with the same result.
 
 The JSON form (:func:`to_jsonable`, :func:`from_jsonable`) is the reversible JSON rendering of
 any value the msgpack form can hold:
@@ -111,13 +115,51 @@ def packb(obj: Any) -> bytes:
     return packed
 
 
-def _ext_hook(code: int, payload: bytes) -> Any:
+def _ext_hook(code: int, payload: bytes | memoryview) -> Any:
     if code != EXT_NDARRAY:
         raise ValueError(f"unknown msgpack extension type {code}")
     return decode_array(payload)
 
 
 _DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
+
+try:  # optional: the client needs only msgpack
+    import msgspec
+
+    _FAST_DECODER: Any = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+    _FAST_ERRORS: tuple[type[BaseException], ...] = (
+        msgspec.DecodeError,
+        ValueError,
+        TypeError,
+        RecursionError,
+    )
+except ImportError:  # pragma: no cover - exercised by the import test's subprocess
+    _FAST_DECODER, _FAST_ERRORS = None, ()
+
+
+def _lists_except_keys(obj: Any) -> Any:
+    """``obj`` decoded with ``use_list=False``, its arrays made lists again except in keys."""
+    if isinstance(obj, tuple):
+        return [_lists_except_keys(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _lists_except_keys(v) for k, v in obj.items()}
+    return obj
+
+
+def _unpack_with_msgpack(data: bytes | bytearray | memoryview) -> Any:
+    options: dict[str, Any] = {
+        "ext_hook": _ext_hook,
+        "raw": False,
+        "strict_map_key": False,
+        "timestamp": 3,  # datetime, as msgspec
+    }
+    try:
+        return msgpack.unpackb(data, use_list=True, **options)
+    except TypeError as exc:
+        if "unhashable type: 'list'" not in str(exc):
+            raise
+    # an array as a map key (rare): tuples, as msgspec decodes them
+    return _lists_except_keys(msgpack.unpackb(data, use_list=False, **options))
 
 
 def unpackb(data: bytes | bytearray | memoryview) -> Any:
@@ -135,14 +177,17 @@ def unpackb(data: bytes | bytearray | memoryview) -> Any:
 
     Raises:
         ValueError: The input is not one well-formed msgpack value (truncated, trailing
-            bytes, invalid UTF-8, unhashable map key), or holds a malformed array payload
+            bytes, invalid UTF-8, a map as a map key), or holds a malformed array payload
             or an unknown extension type.
     """
+    if _FAST_DECODER is not None:
+        try:
+            return _FAST_DECODER.decode(data)
+        except _FAST_ERRORS:
+            pass  # refused: msgpack says why (or, on a difference, decides)
     try:
-        return msgpack.unpackb(
-            data, ext_hook=_ext_hook, raw=False, strict_map_key=False, use_list=True
-        )
-    except _DECODE_ERRORS as exc:
+        return _unpack_with_msgpack(data)
+    except (*_DECODE_ERRORS, RecursionError) as exc:
         raise ValueError(f"malformed msgpack: {exc}") from exc
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from clients import BFloat16Array
+from clients import BFloat16Array, codec
 from clients.codec import (
     EXT_NDARRAY,
     from_jsonable,
@@ -331,9 +332,55 @@ def test_malformed_msgpack_raises_value_error(encoded: bytes) -> None:
         msgpack_to_jsonable(encoded)
 
 
-def test_unhashable_map_keys_raise_value_error() -> None:
+@pytest.fixture(params=["msgspec", "msgpack"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with msgspec decoding (when installed) and with msgpack's fallback."""
+    if request.param == "msgpack":
+        monkeypatch.setattr(codec, "_FAST_DECODER", None)
+    else:
+        assert codec._FAST_DECODER is not None  # the test environment has msgspec
+    return str(request.param)
+
+
+def test_unhashable_map_keys_raise_value_error(decoder: str) -> None:
     with pytest.raises(ValueError):
-        unpackb(b"\x81\x90\x01")  # {[]: 1}
+        unpackb(b"\x81\x80\x01")  # {{}: 1}
+    with pytest.raises(ValueError):
+        unpackb(b"\x81\x91\x80\x01")  # {[{}]: 1}
+
+
+def test_arrays_as_map_keys_decode_as_tuples(decoder: str) -> None:
+    encoded = msgpack.packb({(1, (2, 3)): [4, [5]], "x": [(6,)]})
+    assert unpackb(encoded) == {(1, (2, 3)): [4, [5]], "x": [[6]]}
+
+
+def test_timestamps_decode_to_utc_datetimes(decoder: str) -> None:
+    when = datetime.datetime(2026, 11, 22, 9, 30, 1, 250000, tzinfo=datetime.UTC)
+    assert unpackb(msgpack.packb({"t": when}, datetime=True)) == {"t": when}
+
+
+def test_both_decoders_give_the_same_values_and_errors(decoder: str) -> None:
+    """The cases where msgspec and msgpack differ on their own decode alike here."""
+    sample = {
+        "items": [
+            {"key": f"k{i}", "value": {"obs": np.arange(i, dtype="<f4"), "b": b"x" * i}, "w": 0.5}
+            for i in range(4)
+        ],
+        "n": [None, True, -(2**63), 2**64 - 1, 1.5, "é"],
+    }
+    assert same(unpackb(packb(sample)), sample)
+    assert unpackb(msgpack.packb({(1,): [2]})) == {(1,): [2]}
+    for bad in (
+        b"\xa3ab",  # truncated
+        b"\x01\x02",  # trailing bytes
+        b"\xa2\xff\xfe",  # not UTF-8
+        b"\xc1",  # never used
+        msgpack.packb(msgpack.ExtType(5, b"x")),  # unknown extension
+        b"\x91" * 5000 + b"\x01",  # too deep
+        b"\x81\x80\x01",  # a map as a key
+    ):
+        with pytest.raises(ValueError, match="malformed msgpack"):
+            unpackb(bad)
 
 
 def test_accepts_memoryview() -> None:

@@ -8,6 +8,7 @@ import textwrap
 
 BLOCKED = [
     "fastapi",
+    "msgspec",
     "starlette",
     "pydantic",
     "pydantic_settings",
