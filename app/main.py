@@ -107,10 +107,9 @@ def create_app(
             tune_gc(freeze=True)
 
     def recovered(task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
             return
-        exc = task.exception()
-        assert exc is not None
         _log.critical("recovery failed: %r", exc, exc_info=exc)
         if on_recovery_failure is not None:
             on_recovery_failure(exc)

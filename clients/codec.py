@@ -132,6 +132,7 @@ try:  # optional: the client needs only msgpack
         ValueError,
         TypeError,
         RecursionError,
+        OverflowError,  # a timestamp past datetime's range
     )
 except ImportError:  # pragma: no cover - exercised by the import test's subprocess
     _FAST_DECODER, _FAST_ERRORS = None, ()
@@ -187,7 +188,7 @@ def unpackb(data: bytes | bytearray | memoryview) -> Any:
             pass  # refused: msgpack says why (or, on a difference, decides)
     try:
         return _unpack_with_msgpack(data)
-    except (*_DECODE_ERRORS, RecursionError) as exc:
+    except (*_DECODE_ERRORS, RecursionError, OverflowError) as exc:
         raise ValueError(f"malformed msgpack: {exc}") from exc
 
 

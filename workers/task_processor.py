@@ -539,7 +539,8 @@ class TaskProcessor:
         there: a value pushed since stays in the cache and the log only, so in a bounded
         table the many values evicted (or replaced) within a checkpoint interval of being
         pushed are never written to RocksDB, nor deleted from it. The log then holds up to
-        two intervals (about ``2 x wal_checkpoint_mb``), and a restart replays them.
+        about three intervals (two, and the segment the cut falls in: about
+        ``3 x wal_checkpoint_mb``), and a restart replays them.
         """
         s = self._s
         wal = s.wal

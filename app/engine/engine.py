@@ -197,59 +197,65 @@ class Engine:
         store = state.store
         assert store is not None
 
-        def load() -> tuple[
-            int, int, list[tuple[str, int, dict[str, Any], list[tuple[bytes, bytes]]]]
-        ]:
+        def load() -> tuple[int, int, list[Table]]:
+            """The tables RocksDB holds, their items restored (in an I/O thread: a big
+            table takes seconds, and the event loop answers probes meanwhile)."""
             raw_lsn = store.get(LSN_KEY)
             raw_tid = store.get(NEXT_TID_KEY)
-            found = []
+            tables = []
+            cut = 5  # b"m" + 4-byte table id
             for key, value in store.scan(b"t"):
                 rec = msgpack.unpackb(value, raw=False)
                 tid = int(rec["id"])
-                metas = list(store.scan(b"m" + tid.to_bytes(4, "big")))
-                found.append((key[1:].decode(), tid, rec["config"], metas))
+                table = Table(key[1:].decode(), tid, TableConfig.model_validate(rec["config"]))
+                rows = []
+                fields: list[dict[str, Any]] = []
+                for raw_key, raw_meta in store.scan(b"m" + tid.to_bytes(4, "big")):
+                    prio, ts, sampled, size, order = META.unpack_from(raw_meta)
+                    rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size, order))
+                    if table.index_fields:
+                        extra = raw_meta[META.size :]
+                        fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
+                _restore_rows(state, table, rows, on_disk=True, fields=fields)
+                tables.append(table)
             return (
                 int.from_bytes(raw_lsn, "big") if raw_lsn else 0,
                 int.from_bytes(raw_tid, "big") if raw_tid else 1,
-                found,
+                tables,
             )
 
-        covered, next_tid, found = await state.io.run(load)
+        covered, next_tid, tables = await state.io.run(load)
         state.next_tid = next_tid
-        for name, tid, config, metas in found:
-            table = Table(name, tid, TableConfig.model_validate(config))
-            cut = 5  # b"m" + 4-byte table id
-            rows = []
-            fields: list[dict[str, Any]] = []
-            for raw_key, raw_meta in metas:
-                prio, ts, sampled, size, order = META.unpack_from(raw_meta)
-                rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size, order))
-                if table.index_fields:
-                    extra = raw_meta[META.size :]
-                    fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
-            await state.io.run(_restore_rows, state, table, rows, on_disk=True, fields=fields)
-            state.tables[name] = table
-            state.next_tid = max(state.next_tid, tid + 1)
+        for table in tables:
+            state.tables[table.name] = table
+            state.next_tid = max(state.next_tid, table.tid + 1)
         return int(covered)
 
     async def _load_memory_checkpoint(self, state: EngineState) -> int:
-        header, rows = await state.io.run(
-            read_checkpoint_file, self.settings.data_dir / MEMORY_CHECKPOINT
-        )
-        by_tid: dict[int, list[tuple[Any, ...]]] = {}
-        for tid, key, value, prio, ts, sampled, order in rows:
-            by_tid.setdefault(tid, []).append(
-                (key, value, prio, ts, sampled, len(value) + len(key), order)
-            )
-        for spec in header["tables"]:
-            table = Table(spec["name"], int(spec["id"]), TableConfig.model_validate(spec["config"]))
-            mine = by_tid.get(table.tid, [])
-            fields = (
-                [index_fields_of(r[1], table.index_fields) for r in mine]
-                if table.index_fields
-                else []
-            )
-            await state.io.run(_restore_rows, state, table, mine, on_disk=False, fields=fields)
+        def load() -> tuple[dict[str, Any], list[Table]]:
+            """The checkpoint's tables, their items restored (in an I/O thread)."""
+            header, rows = read_checkpoint_file(self.settings.data_dir / MEMORY_CHECKPOINT)
+            by_tid: dict[int, list[tuple[Any, ...]]] = {}
+            for tid, key, value, prio, ts, sampled, order in rows:
+                by_tid.setdefault(tid, []).append(
+                    (key, value, prio, ts, sampled, len(value) + len(key), order)
+                )
+            tables = []
+            for spec in header["tables"]:
+                config = TableConfig.model_validate(spec["config"])
+                table = Table(spec["name"], int(spec["id"]), config)
+                mine = by_tid.get(table.tid, [])
+                fields = (
+                    [index_fields_of(r[1], table.index_fields) for r in mine]
+                    if table.index_fields
+                    else []
+                )
+                _restore_rows(state, table, mine, on_disk=False, fields=fields)
+                tables.append(table)
+            return header, tables
+
+        header, tables = await state.io.run(load)
+        for table in tables:
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])
         return int(header["lsn"])

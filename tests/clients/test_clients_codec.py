@@ -378,6 +378,7 @@ def test_both_decoders_give_the_same_values_and_errors(decoder: str) -> None:
         msgpack.packb(msgpack.ExtType(5, b"x")),  # unknown extension
         b"\x91" * 5000 + b"\x01",  # too deep
         b"\x81\x80\x01",  # a map as a key
+        b"\xc7\x0c\xff" + (2**62).to_bytes(12, "big"),  # a timestamp past datetime's range
     ):
         with pytest.raises(ValueError, match="malformed msgpack"):
             unpackb(bad)
