@@ -70,6 +70,32 @@ class Settings(BaseSettings):
     )
     restore: str = Field("none", description="latest, none or a snapshot id (not implemented yet).")
     max_request_mb: float = Field(64, gt=0, description="Largest request body accepted.")
+    max_response_mb: float = Field(
+        256,
+        gt=0,
+        description=(
+            "Largest answer built: a sample or batchGet whose items (keys and values as "
+            "stored) would take more is refused with 422 before it is built."
+        ),
+    )
+    stop_timeout_s: float = Field(
+        10,
+        gt=0,
+        description=(
+            "On SIGTERM, how long the writer may take to apply what is queued before it is "
+            "stopped anyway (what it leaves is in the log)."
+        ),
+    )
+    max_tables: int = Field(
+        1024, gt=0, le=1_000_000, description="Tables the server holds at most (507 past it)."
+    )
+    wal_recovery: Literal["strict", "point-in-time"] = Field(
+        "strict",
+        description=(
+            "strict: a gap or a record that cannot be applied in the middle of the log stops "
+            "the start, naming the segment and byte; point-in-time: recover up to there."
+        ),
+    )
     api_key: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys; when set, /v1 needs one."
     )

@@ -6,6 +6,12 @@ await the op's future. One owned task drains both: when both have work it takes 
 probability ``p0_probability`` (0.8 by default) and p1 otherwise, so housekeeping is
 never starved. If the task dies, every queued op's future and every reader waiting on a
 table fail with :class:`~clients.errors.Unavailable` instead of hanging.
+
+With the write-ahead log on, the writer applies an op only once its record is durable: an
+op whose log flush failed is refused (its caller answered an error) and is taken out of the
+queue and of the pending index, so nothing refused is ever applied. Storage errors in
+background work (checkpoints, evictions) are logged, counted and retried with backoff; they
+never stop the writer.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from app.engine.state import (
 from app.engine.table import Table
 from app.storage.allocator import release_free_memory
 from app.storage.cache import ENTRY_OVERHEAD
+from app.storage.faults import Backoff, storage_error
 from app.storage.rocks import LSN_KEY, NEXT_TID_KEY, table_prefix
 from clients.errors import TableExists, TableNotFound, Unavailable
 
@@ -85,6 +92,18 @@ class TaskProcessor:
         self.failure: BaseException | None = None
         self.applied_ops = 0
         self.last_apply_lag_s = 0.0
+        self._current: Op | None = None  # the op taken from the queue and not finished
+        self._applying = False  # ... and past its log wait: its pending entries are taken
+        self.checkpoint_retry = Backoff()
+        self.evict_retry = Backoff()
+        self.store_retry = Backoff(most_s=2.0)
+        #: background failures by kind (checkpoint, evict, store), for /metrics
+        self.background_failures: dict[str, int] = {"checkpoint": 0, "evict": 0, "store": 0}
+        self.last_background_error: str | None = None
+        self._stopping = False
+        # RocksDB work put off by a failed write, done by the next checkpoint's batch
+        self._deferred_puts: list[tuple[bytes, bytes]] = []
+        self._deferred_ranges: list[tuple[bytes, bytes]] = []
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -99,17 +118,21 @@ class TaskProcessor:
         """True while the writer task runs."""
         return self._task is not None and not self._task.done()
 
-    async def stop(self) -> None:
-        """Apply every queued p0 op, then stop the task; idempotent."""
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Apply every queued p0 op, then stop the task; idempotent. Past ``timeout_s`` (a
+        writer stuck on a failing disk) it stops anyway: what is left is in the log."""
         if self._task is None:
             return
         if self.running:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.submit(Op(0, future=fut, weight=0))  # a marker: the ops before it are applied
             try:
-                await fut
+                await asyncio.wait_for(fut, timeout_s)
             except Unavailable:
                 pass
+            except TimeoutError:
+                log.error("the writer did not finish its queue in %g s: stopping it", timeout_s)
+        self._stopping = True
         task, self._task = self._task, None
         task.cancel()
         try:
@@ -174,9 +197,19 @@ class TaskProcessor:
             if not self.p0 and not self.p1:
                 self._wake.clear()
                 self._idle = True
-                await self._wake.wait()
+                retry_in = self._retry_in()
+                if retry_in is None:
+                    await self._wake.wait()
+                else:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), retry_in)
+                    except TimeoutError:
+                        pass
                 self._idle = False
                 since_yield = 0
+                self._queue_retries()
+                if not self.p0 and not self.p1:
+                    continue
             s = self._s
             if (
                 s.ledger.over
@@ -190,27 +223,152 @@ class TaskProcessor:
                 op = self.p1.popleft()
             s.queued_items -= op.weight
             s.queued_bytes -= op.nbytes
+            wal = s.wal
+            self._current = op
             try:
+                if op.seq and wal is not None and op.seq > wal.durable_lsn:
+                    try:  # applied only once durable: a record the log lost is refused
+                        await wal.commit(op.seq)
+                    except OSError:
+                        self.drop_refused()
+                        continue
+                self._applying = True
                 await self.apply(op)
             except Exception as exc:
                 if op.future is not None and not op.future.done():
                     op.future.set_exception(exc)
                 raise
+            finally:
+                self._current = None
+                self._applying = False
             if op.future is not None and not op.future.done():
                 op.future.set_result(None)
             self.applied_ops += 1
-            wal = s.wal
             if (
                 wal is not None
                 and not self._checkpoint_queued
                 and wal.bytes_since_checkpoint > self._checkpoint_bytes
+                and self.checkpoint_retry.due()
             ):
                 self._checkpoint_queued = True
                 self.submit(CheckpointOp(0, weight=0))
+            self._queue_retries()
             since_yield += 1
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
                 await asyncio.sleep(0)
+
+    # -- failures -------------------------------------------------------------------------
+
+    def drop_refused(self) -> None:
+        """Take the ops whose log record a failed flush lost out of the queue, fail their
+        callers, and recompute the pending index of their tables without them; idempotent
+        (the caller that saw the failure and the writer both call it)."""
+        s = self._s
+        wal = s.wal
+        if wal is None:
+            return
+        refused: list[Op] = []
+        kept: deque[Op] = deque()
+        for op in self.p0:
+            if op.seq and (op.refused or wal.refusal(op.seq) is not None):
+                refused.append(op)
+                s.queued_items -= op.weight
+                s.queued_bytes -= op.nbytes
+            else:
+                kept.append(op)
+        current = self._current
+        if current is not None and not self._applying and current.seq:
+            if current.refused or wal.refusal(current.seq) is not None:
+                refused.append(current)
+        if not refused:
+            return
+        self.p0.clear()
+        self.p0.extend(kept)
+        tables: list[Table] = []
+        for op in refused:
+            error = wal.refusal(op.seq)
+            if not op.refused:
+                op.refused = True
+                if error is not None:
+                    raise_into(op, storage_error(error.error, str(wal.folder)))
+                if op.future is not None and op.future.done():
+                    op.future.exception()  # the caller may have answered already
+            if isinstance(op, DropTableOp):
+                op.table.dropping = False
+            table: Table | None = getattr(op, "table", None)
+            if table is not None and table not in tables:
+                tables.append(table)
+        for t in tables:
+            waiting = [op for op in kept if getattr(op, "table", None) is t]
+            if current is not None and not current.refused and getattr(current, "table", None) is t:
+                if self._applying:
+                    t.rebuild_pending(waiting, applying=current)
+                else:
+                    t.rebuild_pending([current, *waiting])
+            else:
+                t.rebuild_pending(waiting)
+
+    def _background_failed(self, kind: str, exc: BaseException, retry: Backoff) -> None:
+        """Background work failed: log, count, and wait before the next try."""
+        retry.failed()
+        self.background_failures[kind] = self.background_failures.get(kind, 0) + 1
+        self.last_background_error = f"{kind}: {exc}"
+        log.error(
+            "%s failed (%s); trying again in %.1f s (failure %d in a row)",
+            kind,
+            exc,
+            max(0.0, retry.next_try - time.monotonic()),
+            retry.failures,
+        )
+
+    def _retry_in(self) -> float | None:
+        """Seconds until a failed background write is due again (None: none failed)."""
+        due = [r.next_try for r in (self.checkpoint_retry, self.evict_retry) if r.failing]
+        if not due:
+            return None
+        return max(0.0, min(due) - time.monotonic())
+
+    def _queue_retries(self) -> None:
+        """Queue the failed background writes that are due again."""
+        if self.checkpoint_retry.failing and self.checkpoint_retry.due():
+            if not self._checkpoint_queued and (self._s.wal is not None or self._s.store):
+                self._checkpoint_queued = True
+                self.submit(CheckpointOp(0, weight=0))
+        if self.evict_retry.failing and self.evict_retry.due():
+            if not self._evict_queued and self._s.ledger.over:
+                self._evict_queued = True
+                self.submit(EvictOp(0, weight=0), p1=True)
+
+    @property
+    def storage_failing(self) -> bool:
+        """Whether background writes to storage are failing now."""
+        return self.checkpoint_retry.failing or self.evict_retry.failing or self.store_retry.failing
+
+    async def _store_write(
+        self,
+        puts: list[tuple[bytes, bytes]],
+        deletes: list[bytes] = [],  # noqa: B006 - never changed
+        ranges: list[tuple[bytes, bytes]] = [],  # noqa: B006 - never changed
+    ) -> None:
+        """Write to RocksDB, trying again (with backoff, reopening it) until it works: for
+        the writes an op cannot do without (a disk-mode push). Gives up only when the
+        writer stops; the op is then in the log, for the next start."""
+        s = self._s
+        assert s.store is not None
+        while True:
+            try:
+                if s.store.failure is not None:
+                    await s.io.run(s.store.recover)
+                await s.io.run(s.store.write, puts, deletes, ranges)
+            except OSError as exc:
+                if self._stopping:
+                    raise Unavailable("shutting down while storage fails") from exc
+                self._background_failed("store", exc, self.store_retry)
+                await asyncio.sleep(max(0.0, self.store_retry.next_try - time.monotonic()))
+                continue
+            self.store_retry.succeeded()
+            return
 
     # -- applying -------------------------------------------------------------------------
 
@@ -232,7 +390,13 @@ class TaskProcessor:
             await self._evict()
         elif isinstance(op, CheckpointOp):
             self._checkpoint_queued = False
-            await self.checkpoint(full=op.full)
+            try:
+                await self.checkpoint(full=op.full)
+            except OSError as exc:
+                self._background_failed("checkpoint", exc, self.checkpoint_retry)
+                raise_into(op, storage_error(exc, str(self._s.settings.data_dir)))
+            else:
+                self.checkpoint_retry.succeeded()
         elif isinstance(op, CreateTableOp):
             await self._create(op)
         elif isinstance(op, DropTableOp):
@@ -265,13 +429,15 @@ class TaskProcessor:
             for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
                 found[i] = slot
         slot_list = cast(list[int], found)
-        # the pending entries this op made, unless a later op replaced them
+        # the pending entries this op made, unless a later op replaced them (in disk mode
+        # they stay until RocksDB has the values: readers find them there meanwhile)
         mine = [
             key
             for key, e in zip(keys, map(pending_get, keys), strict=True)
             if e is not None and e[0] == seq
         ]
-        deque(map(pending.__delitem__, mine), maxlen=0)
+        if mode != "disk":
+            deque(map(pending.__delitem__, mine), maxlen=0)
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
         if cached_before is not None:
@@ -327,8 +493,11 @@ class TaskProcessor:
         if t.remover is not None:
             t.remover.insert(slots, prios, times, fields)
         if mode == "disk":
-            assert s.store is not None
-            await s.io.run(s.store.write, disk_puts, self._take_disk_deletes())
+            await self._store_write(disk_puts, self._take_disk_deletes())
+            for key in mine:
+                entry = t.pending.get(key)
+                if entry is not None and entry[0] == seq:
+                    del t.pending[key]
         t.counters.inserts += len(items)
         if not replay:
             await self._trim(t)
@@ -414,8 +583,13 @@ class TaskProcessor:
             t.bytes_on_disk -= int(t.disk_size[slots[on_disk]].sum())
         t.free_slots(slots, slot_list, keys)
         t.counters.deletes += len(slot_list)
-        if len(self._disk_deletes) > 20_000 and s.store is not None:
-            await s.io.run(s.store.write, (), self._take_disk_deletes())
+        if len(self._disk_deletes) > 20_000 and s.store is not None and not s.store.failure:
+            deletes = self._take_disk_deletes()
+            try:
+                await s.io.run(s.store.write, (), deletes)
+            except OSError as exc:  # they go with the next write that works
+                self._disk_deletes[:0] = deletes
+                self._background_failed("store", exc, self.store_retry)
 
     def _take_disk_deletes(self) -> list[bytes]:
         out, self._disk_deletes = self._disk_deletes, []
@@ -463,6 +637,8 @@ class TaskProcessor:
         s = self._s
         if s.store is None or not s.ledger.over:
             return
+        if not self.evict_retry.due():
+            return  # failing: the retry is queued when due
         victims = s.ledger.victims(int(s.ledger.limit_bytes * EVICT_LOW_WATERMARK))
         puts: list[tuple[bytes, bytes]] = []
         for t, slot in victims:
@@ -473,7 +649,17 @@ class TaskProcessor:
                 puts.append((value_key(t, key), value))
             if t.meta_dirty[slot] or t.dirty[slot]:
                 puts.append((meta_key(t, key), meta_bytes(t, slot)))
-        await s.io.run(s.store.write, puts, self._take_disk_deletes())
+        deletes = self._take_disk_deletes()
+        try:
+            if s.store.failure is not None:
+                await s.io.run(s.store.recover)
+            await s.io.run(s.store.write, puts, deletes)
+        except OSError as exc:  # the values stay in the cache, over its limit, until a retry
+            self._disk_deletes[:0] = deletes
+            self._requeue(victims)
+            self._background_failed("evict", exc, self.evict_retry)
+            return
+        self.evict_retry.succeeded()
         evicted = 0
         for t, slot in victims:  # only now: readers find the value in RocksDB from here on
             if t.dropped or t.keys[slot] is None or t.values[slot] is None:
@@ -493,6 +679,16 @@ class TaskProcessor:
             self._evicted_since_trim = 0
             await s.io.run(release_free_memory)
 
+    def _requeue(self, victims: list[tuple[Table, int]]) -> None:
+        """Give back to the ledger the victims an eviction that failed had taken."""
+        by_table: dict[Table, list[int]] = {}
+        for t, slot in victims:
+            if not t.dropped and t.keys[slot] is not None and t.values[slot] is not None:
+                by_table.setdefault(t, []).append(slot)
+        for t, slots in by_table.items():
+            charges = [cache_charge(int(t.size[slot])) for slot in slots]
+            self._s.ledger.add_many(t, slots, charges)
+
     async def _create(self, op: CreateTableOp) -> None:
         s = self._s
         existing = s.tables.get(op.name)
@@ -503,12 +699,12 @@ class TaskProcessor:
         table = Table(op.name, s.next_tid, op.config)
         s.next_tid += 1
         if s.store is not None:
-            await s.io.run(
-                s.store.write,
+            await self._store_write_or_defer(
                 [
                     (b"t" + op.name.encode(), table_record(table)),
                     (NEXT_TID_KEY, s.next_tid.to_bytes(8, "big")),
                 ],
+                [],
             )
         s.tables[op.name] = table
 
@@ -526,7 +722,27 @@ class TaskProcessor:
                 (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1))
                 for tag in (b"v", b"m")
             ]
-            await s.io.run(s.store.write, (), [b"t" + table.name.encode()], ranges)
+            self._disk_deletes.append(b"t" + table.name.encode())
+            await self._store_write_or_defer([], ranges)
+
+    async def _store_write_or_defer(
+        self, puts: list[tuple[bytes, bytes]], ranges: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Write table records and range deletes now, with the deletes queued so far; if
+        RocksDB fails, the next checkpoint's batch writes them (before the log that holds
+        their op is cut), so the op is applied all the same."""
+        s = self._s
+        assert s.store is not None
+        deletes = self._take_disk_deletes()
+        if s.store.failure is None and not self._deferred_puts and not self._deferred_ranges:
+            try:
+                await s.io.run(s.store.write, puts, deletes, ranges)
+                return
+            except OSError as exc:
+                self._background_failed("store", exc, self.store_retry)
+        self._disk_deletes[:0] = deletes
+        self._deferred_puts.extend(puts)
+        self._deferred_ranges.extend(ranges)
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -571,7 +787,11 @@ class TaskProcessor:
         """
         s = self._s
         assert s.store is not None
-        puts: list[tuple[bytes, bytes]] = []
+        puts: list[tuple[bytes, bytes]] = list(self._deferred_puts)
+        ranges = list(self._deferred_ranges)
+        # what the visit clears, to set again if the write fails: (table, slot, value
+        # written, its old on_disk, its old disk_size)
+        cleared: list[tuple[Table, int, bool, int, int]] = []
         for t in s.tables.values():
             n = len(t.keys)
             dirty = np.frombuffer(t.dirty, dtype=np.uint8, count=n)
@@ -586,7 +806,9 @@ class TaskProcessor:
                 key = t.keys[slot]
                 if key is None:
                     continue
-                if t.dirty[slot]:
+                wrote = bool(t.dirty[slot])
+                cleared.append((t, slot, wrote, t.on_disk[slot], int(t.disk_size[slot])))
+                if wrote:
                     value = t.values[slot]
                     assert value is not None
                     puts.append((value_key(t, key), value))
@@ -598,8 +820,23 @@ class TaskProcessor:
                 puts.append((meta_key(t, key), meta_bytes(t, slot)))
                 t.meta_dirty[slot] = 0
         puts.append((LSN_KEY, covered.to_bytes(8, "big")))
-        await s.io.run(s.store.write, puts, self._take_disk_deletes())
-        await s.io.run(s.store.flush)
+        deletes = self._take_disk_deletes()
+        try:
+            if s.store.failure is not None:
+                await s.io.run(s.store.recover)
+            await s.io.run(s.store.write, puts, deletes, ranges)
+        except OSError:  # nothing of the batch was written: the next checkpoint writes it
+            self._disk_deletes[:0] = deletes
+            for t, slot, wrote, on_disk, disk_size in cleared:
+                if t.keys[slot] is None:
+                    continue
+                t.meta_dirty[slot] = 1
+                if wrote:
+                    t.bytes_on_disk += disk_size - int(t.disk_size[slot])
+                    t.dirty[slot], t.on_disk[slot], t.disk_size[slot] = 1, on_disk, disk_size
+            raise
+        self._deferred_puts, self._deferred_ranges = [], []
+        await s.io.run(s.store.flush)  # if it fails, the log is not cut: it still covers all
 
     async def _write_memory_checkpoint(self, covered: int) -> None:
         """Write every table to the snapshot file, off the event loop (the writer waits)."""
@@ -646,6 +883,20 @@ def _write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Tabl
     snapshot of 5,000 items take 0.4 to 1 s instead of tens of milliseconds (measured).
     """
     tmp = path.with_suffix(".tmp")
+    try:
+        _write_rows(tmp, header, tables)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a half-written file would hold on to the space it took
+        raise
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table]) -> None:
     packer = msgpack.Packer(use_bin_type=True)
     with open(tmp, "wb", buffering=_SNAPSHOT_BUFFER) as f:
         f.write(packer.pack(header))
@@ -669,12 +920,6 @@ def _write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Tabl
                     f.write(packer.pack(row))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint_file(path: Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:

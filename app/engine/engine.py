@@ -42,15 +42,17 @@ from app.engine.ops import (
 )
 from app.engine.state import EngineState, cache_charge, value_key
 from app.engine.table import Table
-from app.engine.wal import WriteAheadLog
+from app.engine.wal import LogRecoveryError, WriteAheadLog
 from app.settings import Settings
 from app.storage.allocator import tune_allocator
 from app.storage.blocking import BlockingIO
 from app.storage.cache import CacheLedger
+from app.storage.faults import storage_error
 from app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
 from clients.errors import (
     DeadlineExceeded,
     Overloaded,
+    ReplayError,
     StorageFull,
     TableExists,
     TableNotFound,
@@ -138,9 +140,19 @@ class Engine:
                 group_commit_s=st.wal_group_commit_ms / 1000,
                 writer=st.wal_writer,
             )
-            records = await io.run(lambda: list(wal.replay(covered)))
+            strict = st.wal_recovery == "strict"
+            records = await io.run(lambda: list(wal.replay(covered, strict=strict)))
             for i, record in enumerate(records):
-                op = self._op_from_record(state, record)
+                try:
+                    op = self._op_from_record(state, record)
+                except (ValueError, TypeError, KeyError, IndexError) as exc:
+                    problem = f"log record {record[0]} cannot be applied: {exc}"
+                    if strict:
+                        raise LogRecoveryError(
+                            problem + " (--wal-recovery point-in-time skips it)"
+                        ) from exc
+                    log.error("%s: skipped (point-in-time recovery)", problem)
+                    continue
                 if op is not None:
                     await processor.apply(op, replay=True)
                 if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
@@ -181,10 +193,10 @@ class Engine:
                     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     processor.submit(CheckpointOp(0, future=fut, weight=0, full=True))
                     try:
-                        await fut
-                    except Unavailable:
-                        log.warning("writer stopped before the final checkpoint")
-            await processor.stop()
+                        await asyncio.wait_for(fut, self.settings.stop_timeout_s)
+                    except (ReplayError, TimeoutError) as exc:
+                        log.warning("no final checkpoint (%s): the log keeps what it covers", exc)
+            await processor.stop(timeout_s=self.settings.stop_timeout_s)
         finally:
             if state.wal is not None:
                 await state.wal.drain()
@@ -266,7 +278,7 @@ class Engine:
             return CreateTableOp(lsn, name=name, config=TableConfig.model_validate(record[3]))
         table = state.tables.get(name)
         if table is None:
-            return None
+            raise KeyError(f"its table {name!r} does not exist at that point of the log")
         if kind == "put":
             _, _, _, keys, values, prios, ts = record
             items = [NewItem(k, v, p) for k, v, p in zip(keys, values, prios, strict=True)]
@@ -303,9 +315,16 @@ class Engine:
 
     def _table(self, name: str) -> Table:
         table = self._s.tables.get(name)
-        if table is None:
+        if table is None or table.dropping:
             raise TableNotFound(f"no table {name!r}")
         return table
+
+    @property
+    def alive(self) -> bool:
+        """False once the writer has died (an orchestrator should restart the process);
+        True while recovering, serving or stopping."""
+        p = self._processor
+        return p is None or p.failure is None
 
     def _reserve(self, n: int, nbytes: int) -> None:
         s = self._s
@@ -322,9 +341,19 @@ class Engine:
             raise Overloaded("the write queue is full; retry shortly", retry_after=1.0)
 
     async def _committed(self, seq: int, fut: asyncio.Future[None] | None) -> None:
+        """Wait until op ``seq`` is durable (and applied, with ``fut``). If its log flush
+        failed, the op is refused: taken out of the queue and of every read before the
+        contract's error (507 for a full disk, 503 otherwise) is raised."""
         wal = self._state.wal if self._state is not None else None
         if wal is not None:
-            await wal.commit(seq)
+            try:
+                await wal.commit(seq)
+            except OSError as exc:
+                if self._processor is not None:
+                    self._processor.drop_refused()
+                if fut is not None and fut.done() and not fut.cancelled():
+                    fut.exception()  # failed by drop_refused: answered here
+                raise storage_error(exc, str(wal.folder)) from exc
         if fut is not None:
             await fut
 
@@ -337,10 +366,15 @@ class Engine:
                 f"table name {name!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
             )
         existing = self._s.tables.get(name)
-        if existing is not None:
+        if existing is not None and not existing.dropping:
             if existing.config == config:
                 return False
             raise TableExists(f"table {name!r} exists with another config")
+        limit = self.settings.max_tables
+        if sum(not t.dropping for t in self._s.tables.values()) >= limit:
+            raise StorageFull(
+                f"the server holds {limit} tables, its --max-tables: drop one first"
+            )
         await self._create(name, config)
         return True
 
@@ -377,6 +411,7 @@ class Engine:
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         seq = self._s.next_seq(["drop", name])
+        table.dropping = True  # until the drop is applied (or refused), calls find no table
         writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
         await self._committed(seq, fut)
 
@@ -434,6 +469,11 @@ class Engine:
                     f"memory mode: {need} bytes would pass cache_memory_limit_mb "
                     f"({self.settings.cache_memory_limit_mb} MB)"
                 )
+        elif s.ledger.over and self._writer().storage_failing:
+            raise StorageFull(
+                f"the cache is full and cannot move values to disk in "
+                f"{self.settings.data_dir}: {self._writer().last_background_error}"
+            )
         if t.gate.limited:
             await t.gate.acquire_insert(n, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
             try:
@@ -459,7 +499,12 @@ class Engine:
         writer.submit(
             PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now)
         )
-        await self._committed(seq, fut)
+        try:
+            await self._committed(seq, fut)
+        except (StorageFull, Unavailable):
+            if t.gate.limited and s.wal is not None and s.wal.refusal(seq) is not None:
+                t.gate.refund_insert(n)
+            raise
         return n
 
     async def delete(self, table: str, keys: Sequence[str], *, wait: bool = False) -> int:
@@ -545,6 +590,9 @@ class Engine:
                 vals = list(map(values.__getitem__, slots))  # type: ignore[arg-type]
                 if None not in vals:
                     sl = np.array(slots, dtype=np.int64)
+                    nbytes = int(t.size[sl].sum())
+                    if nbytes > self._max_answer_bytes:
+                        raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
                     t.referenced[sl] = 1
                     return ItemBatch(
                         keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
@@ -575,6 +623,10 @@ class Engine:
                 float(t.inserted_at[slot]),
                 int(t.times_sampled[slot]),
             )
+        nbytes = sum(len(it.key) + len(it.value) for it in out if it is not None)
+        nbytes += int(t.size[[slot for _, slot, _ in misses]].sum()) if misses else 0
+        if nbytes > self._max_answer_bytes:
+            raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
         if misses:
             await self._read_misses(t, misses, out)
         return ItemBatch.of(keys, out)
@@ -649,15 +701,25 @@ class Engine:
         deadline = time.monotonic() + timeout
         if t.gate.limited:
             await t.gate.acquire_sample(batch_size, timeout)
-        await t.caught_up()
-        while len(t.sampler) == 0:
-            left = deadline - time.monotonic()
-            if left <= 0 or not await t.wait_nonempty(left):
-                raise DeadlineExceeded(
-                    f"table {table!r} had no item to sample within {timeout:g} s"
-                )
-            await t.caught_up()
-        slots, probs, exhausted = self._draw(t, batch_size)
+        try:
+            await self._caught_up(t, deadline, timeout)
+            while len(t.sampler) == 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await t.wait_nonempty(left):
+                    raise DeadlineExceeded(
+                        f"table {table!r} had no item to sample within {timeout:g} s"
+                    )
+                await self._caught_up(t, deadline, timeout)
+            slots, probs, exhausted = self._draw(t, batch_size)
+            if include_values:
+                nbytes = int(t.size[slots].sum())
+                if nbytes > self._max_answer_bytes:
+                    self._undraw(t, slots, exhausted)
+                    raise self._too_big(nbytes, f"a sample of {len(slots)} items")
+        except BaseException:
+            if t.gate.limited:
+                t.gate.refund_sample(batch_size)
+            raise
         size = len(t.sampler) + len(exhausted)
         t.counters.samples += len(slots)
         slot_list = slots.tolist()
@@ -700,6 +762,42 @@ class Engine:
             batch.probabilities = batch.probabilities[idx]
             batch.weights = batch.weights[idx]
             batch.times_sampled = batch.times_sampled[idx]
+
+    async def _caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
+        """Wait until the writer applied what was accepted for ``t``, by the deadline."""
+        if t.applied_seq >= t.accepted_seq:
+            return
+        self._writer()  # Unavailable when it has died: nothing would ever catch up
+        if not await t.caught_up(deadline - time.monotonic()):
+            raise DeadlineExceeded(
+                f"table {t.name!r}: the writes accepted before this sample were not applied "
+                f"within {waited_s:g} s; retry"
+            )
+
+    @property
+    def _max_answer_bytes(self) -> int:
+        return int(self.settings.max_response_mb * 2**20)
+
+    def _too_big(self, nbytes: int, what: str) -> ValidationFailed:
+        return ValidationFailed(
+            f"{what} would answer {nbytes / 2**20:.1f} MB of keys and values, past the "
+            f"server's --max-response-mb ({self.settings.max_response_mb:g}); ask for fewer"
+        )
+
+    def _undraw(self, t: Table, slots: Any, exhausted: list[str]) -> None:
+        """Take back a draw whose answer is refused: ``times_sampled`` as it was, and the
+        items it retired back in selection (at the end of the remover's order)."""
+        np.subtract.at(t.times_sampled, slots, 1)
+        for key in exhausted:
+            slot = t.index.get(key)
+            if slot is None or not t.retired[slot]:
+                continue
+            t.retired[slot] = 0
+            one = np.asarray([slot], dtype=np.int64)
+            fields = [t.fields.get(slot, {})] if t.index_fields else None
+            t.sampler.insert(one, t.priority[one], t.inserted_at[one], fields)
+            if t.remover is not None:
+                t.remover.insert(one, t.priority[one], t.inserted_at[one], fields)
 
     def _draw(self, t: Table, n: int) -> tuple[Any, Any, list[str]]:
         """Draw ``n`` picks; with ``max_times_sampled``, picks that use an item up retire it.

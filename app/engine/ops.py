@@ -28,6 +28,7 @@ class Op:
     weight: int = field(default=1, kw_only=True)  # item ops it counts for in the queue bound
     nbytes: int = field(default=0, kw_only=True)  # value bytes it holds in the queue bound
     queued_at: float = field(default=0.0, kw_only=True)  # time.monotonic() when enqueued
+    refused: bool = field(default=False, kw_only=True)  # its log record was lost: never applied
 
 
 @dataclass(slots=True, eq=False)

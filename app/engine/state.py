@@ -12,6 +12,7 @@ from app.settings import Settings
 from app.storage.blocking import BlockingIO
 from app.storage.cache import ENTRY_OVERHEAD, CacheLedger
 from app.storage.rocks import META, RocksStore
+from clients.errors import ValidationFailed
 
 
 @dataclass(slots=True)
@@ -38,7 +39,10 @@ class EngineState:
         """A sequence number for a new op, logging ``record`` (then ``blob``, as one more
         bin element) first when the log is on."""
         if self.wal is not None and record is not None:
-            self.seq = self.wal.append(record, blob)
+            try:
+                self.seq = self.wal.append(record, blob)
+            except (OverflowError, ValueError, TypeError) as exc:  # nothing was logged
+                raise ValidationFailed(f"the request cannot be logged: {exc}") from exc
         else:
             self.seq += 1
         return self.seq

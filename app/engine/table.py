@@ -53,6 +53,7 @@ class Table:
         self.index_fields = frozenset(self.sampler.index_fields)
         self.gate = RateGate(make_rate_limiter(config.rate_limiter), size_fn=self.visible_size)
         self.dropped = False
+        self.dropping = False  # a drop is accepted: new calls find no table
         self.counters = TableCounters()
 
         self.index: dict[str, int] = {}
@@ -183,9 +184,10 @@ class Table:
         if self._barriers:
             keep = []
             for target, fut in self._barriers:
+                if fut.done():
+                    continue
                 if target <= seq:
-                    if not fut.done():
-                        fut.set_result(None)
+                    fut.set_result(None)
                 else:
                     keep.append((target, fut))
             self._barriers = keep
@@ -194,14 +196,58 @@ class Table:
         else:
             self._nonempty.clear()
 
-    async def caught_up(self) -> None:
-        """Wait until every op accepted for this table before the call is applied."""
+    async def caught_up(self, timeout_s: float | None = None) -> bool:
+        """Wait until every op accepted for this table before the call is applied; False
+        if that takes more than ``timeout_s``."""
         target = self.accepted_seq
         if self.applied_seq >= target:
-            return
+            return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._barriers.append((target, fut))
-        await fut
+        if timeout_s is None:
+            await fut
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
+        except TimeoutError:
+            fut.cancel()  # applied() and rebuild_pending() skip it
+            return False
+        return True
+
+    def rebuild_pending(self, ops: Iterable[Any], applying: Any = None) -> None:
+        """Recompute what readers see from the ops accepted for this table and not applied
+        yet, in order (``applying``: the one the writer is applying, whose pending entries
+        it has taken): after refused ops were taken out of the writer's queue."""
+        pending: dict[str, PendingEntry] = {}
+        weight, last = 0, self.applied_seq
+        for op in [applying, *ops] if applying is not None else ops:
+            weight += op.weight
+            last = max(last, op.seq)
+            if op is applying:
+                continue
+            items = getattr(op, "items", None)
+            if items is not None:
+                for it in items:
+                    pending[it.key] = (op.seq, it, op.inserted_at)
+            elif not hasattr(op, "priorities"):  # a delete
+                for key in op.keys:
+                    pending[key] = (op.seq, None, 0.0)
+        self.pending.clear()
+        self.pending.update(pending)
+        self.pending_ops = weight
+        self.accepted_seq = last
+        index, visible = self.index, len(self.index)
+        for key, entry in pending.items():
+            if entry[1] is None:
+                visible -= key in index
+            else:
+                visible += key not in index
+        self.visible = visible
+        self.applied(self.applied_seq, 0)  # readers waiting for a refused op wake up
+        if self._barriers:  # those waiting past the last op left: wait for that one
+            self._barriers = [(min(t, last), f) for t, f in self._barriers if not f.done()]
+            self.applied(self.applied_seq, 0)
+        self.gate.notify()
 
     def fail_waiters(self, exc: BaseException) -> None:
         """The writer stopped: fail every reader waiting on it."""

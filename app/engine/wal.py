@@ -87,6 +87,21 @@ _MAX_IN_FLIGHT = 3  # flushes handed to the log writer process and not answered 
 _PROCESS_AFTER_FLUSHES = 64  # writer="auto": the process starts once the log is this busy
 _SPARES = 1  # spare segments kept (each rotation takes one, each truncation gives one)
 _LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
+_REFUSALS_KEPT = 1024  # ranges of refused LSNs remembered (adjacent ones merge)
+
+
+class LogRecoveryError(RuntimeError):
+    """The log cannot be replayed whole: a gap between segments, or a record that cannot be
+    read or applied in the middle of the log. The message names the segment and byte."""
+
+
+@dataclass(slots=True)
+class Refusal:
+    """LSNs ``first`` to ``last`` were lost in a failed flush: their writes are refused."""
+
+    first: int
+    last: int
+    error: OSError
 
 
 @dataclass(slots=True)
@@ -94,6 +109,7 @@ class _Flush:
     """A flush the log writer process was asked for."""
 
     number: int
+    first: int  # its first LSN
     upto: int  # its last LSN
     buf: SharedBuffer
     padding: int
@@ -155,6 +171,12 @@ class WriteAheadLog:
         self._lock_fd: int | None = None  # flock on LOCK: held by us and by our process
         self._buffer_last_lsn = 0
         self._durable_lsn = 0
+        # LSNs lost in failed flushes, oldest first: commit() raises for them, even once
+        # later records are durable (the writer then drops their ops: nothing refused is applied)
+        self._refused: deque[Refusal] = deque(maxlen=_REFUSALS_KEPT)
+        self.flush_failures = 0  # flushes that failed (counted in /metrics)
+        self._written_upto = 0  # the last LSN the flush thread wrote and synced
+        self.last_error: OSError | None = None  # the last flush's error; None once one succeeds
         self._next_lsn = 1
         # One packer for every record: msgpack.packb builds a Packer, and mallocs and frees
         # its 1 MiB buffer, per call (a tenth of the event loop's time per push, measured).
@@ -179,29 +201,73 @@ class WriteAheadLog:
 
     # -- opening and replay -------------------------------------------------------------
 
-    def replay(self, after_lsn: int) -> Iterator[list[Any]]:
-        """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking)."""
+    def replay(self, after_lsn: int, *, strict: bool = True) -> Iterator[list[Any]]:
+        """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking).
+
+        A segment's name is the first LSN it may hold: records that a failed flush left in
+        the segment before it, at or past that name, were refused and are skipped (a gap
+        after a segment's name is those refused records). A torn tail ends a segment: a
+        crash interrupted it, and the next process started the next segment right after
+        its last whole record. So a segment that starts past the end of the one before is
+        a gap: :class:`LogRecoveryError` names it, unless ``strict`` is False; replay then
+        stops at the gap with a warning and sets the later segments aside, as RocksDB's
+        point-in-time recovery does.
+        """
         self._lock()
         paths = sorted(
             (p for suffix in _FRAMING for p in self._folder.glob(f"*{suffix}")),
             key=lambda p: (int(p.stem), p.suffix != LEGACY_SUFFIX),
         )
         last = after_lsn
-        for path in paths:
-            seg_last = 0
-            for record in self._read_segment(path):
+        previous: tuple[Path, int] | None = None  # the segment before: path, last LSN
+        for i, path in enumerate(paths):
+            name = int(path.stem)
+            limit = int(paths[i + 1].stem) if i + 1 < len(paths) else None
+            if previous is not None and name > max(previous[1], after_lsn) + 1:
+                expected = max(previous[1], after_lsn) + 1
+                problem = (
+                    f"log {path.name} starts at record {name}, but {previous[0].name} ends at "
+                    f"record {previous[1]}: records {expected} to {name - 1} are missing"
+                )
+                if strict:
+                    raise LogRecoveryError(
+                        problem + " (--wal-recovery point-in-time recovers up to the gap)"
+                    )
+                log.warning("%s: replay stops at the gap (point-in-time recovery)", problem)
+                self._set_aside(paths[i:])
+                break
+            seg_last = name - 1
+            for record, pos in self._read_segment(path):
+                if limit is not None and record[0] >= limit:
+                    log.warning(
+                        "log %s: records from %d (byte %d) were refused by a failed flush: skipped",
+                        path.name,
+                        record[0],
+                        pos,
+                    )
+                    break
                 seg_last = record[0]
                 if record[0] > after_lsn:
                     last = max(last, record[0])
                     yield record
-            self._segments.append((int(path.stem), path))
+            self._segments.append((name, path))
             self._segment_last_lsn[path] = seg_last
+            previous = (path, seg_last)
         self._next_lsn = last + 1
         self._durable_lsn = last
 
+    def _set_aside(self, paths: list[Path]) -> None:
+        """Rename segments past a gap to ``*.skipped``: kept for a person to look at, out
+        of the way of the segments that take their names."""
+        for path in paths:
+            aside = path.with_name(path.name + ".skipped")
+            log.warning("log %s: set aside as %s, not replayed", path.name, aside.name)
+            os.rename(path, aside)
+
     @staticmethod
-    def _read_segment(path: Path) -> Iterator[list[Any]]:
-        """Yield the whole records of one segment, stopping at the first damaged one.
+    def _read_segment(path: Path) -> Iterator[tuple[list[Any], int]]:
+        """Yield the whole records of one segment and their byte offsets, stopping at the
+        first damaged one.
 
         A zero frame header is padding up to the next block boundary. A record whose LSN
         does not follow the previous one's ends the segment too: a crash in mid-flush may
@@ -215,36 +281,43 @@ class WriteAheadLog:
             if length == 0 and crc == 0:
                 end = min((pos // _BLOCK + 1) * _BLOCK, len(data))
                 if data.count(0, pos, end) != end - pos:
-                    log.warning(
-                        "log %s: bad padding at byte %d, replay stops there", path.name, pos
-                    )
+                    log.warning("log %s: bad padding at byte %d, it ends there", path.name, pos)
                     break
                 pos = end
                 continue
             start, end = pos + frame.size, pos + frame.size + length
             if end > len(data) or checksum(memoryview(data)[start:end]) != crc:
-                log.warning("log %s: torn record at byte %d, replay stops there", path.name, pos)
+                log.warning("log %s: torn record at byte %d, it ends there", path.name, pos)
                 break
-            record = msgpack.unpackb(data[start:end], raw=False, strict_map_key=False)
-            if record[0] < first_lsn or (prev_lsn is not None and record[0] <= prev_lsn):
+            try:
+                record = msgpack.unpackb(data[start:end], raw=False, strict_map_key=False)
+                lsn = record[0]
+                if not isinstance(lsn, int):
+                    raise TypeError(f"LSN {lsn!r}")
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                raise LogRecoveryError(
+                    f"log {path.name}: the record at byte {pos} passes its checksum but "
+                    f"cannot be read ({exc})"
+                ) from exc
+            if lsn < first_lsn or (prev_lsn is not None and lsn <= prev_lsn):
                 log.info(
                     "log %s: records of the file's previous use from byte %d (it is a "
-                    "recycled segment): replay of it ends there",
+                    "recycled segment): it ends there",
                     path.name,
                     pos,
                 )
                 break
-            if prev_lsn is not None and record[0] != prev_lsn + 1:
+            if prev_lsn is not None and lsn != prev_lsn + 1:
                 log.warning(
-                    "log %s: record %d follows %d at byte %d, replay stops there",
+                    "log %s: record %d follows %d at byte %d, it ends there",
                     path.name,
-                    record[0],
+                    lsn,
                     prev_lsn,
                     pos,
                 )
                 break
-            prev_lsn = record[0]
-            yield record
+            prev_lsn = lsn
+            yield record, pos
             pos = end
 
     def _lock(self) -> None:
@@ -348,6 +421,16 @@ class WriteAheadLog:
     # -- appending ----------------------------------------------------------------------
 
     @property
+    def folder(self) -> Path:
+        """Where the segment files live."""
+        return self._folder
+
+    @property
+    def durable_lsn(self) -> int:
+        """The last LSN fsynced (every one before it is fsynced or refused)."""
+        return self._durable_lsn
+
+    @property
     def next_lsn(self) -> int:
         """The LSN the next record gets."""
         return self._next_lsn
@@ -355,29 +438,35 @@ class WriteAheadLog:
     def append(self, body: list[Any], blob: bytes | None = None) -> int:
         """Frame one record into the buffer: ``[lsn, *body]``, or with ``blob``
         ``[lsn, *body, blob]`` (a bin), the blob copied once, straight into the buffer.
-        Returns its LSN."""
+        Returns its LSN.
+
+        The record is packed and framed whole before its LSN is taken: one that cannot be
+        packed (an integer past 64 bits, say) raises and leaves neither a gap in the LSNs
+        nor a byte in the buffer.
+        """
         lsn = self._next_lsn
-        self._next_lsn += 1
         packer = self._packer
-        if blob is None:
-            packer.pack([lsn, *body])
-        else:
-            packer.pack_array_header(len(body) + 2)
-            packer.pack(lsn)
-            for element in body:
-                packer.pack(element)
-        with packer.getbuffer() as head:
-            head_size = len(head)
-            size = head_size if blob is None else head_size + _BIN32.size + len(blob)
-            start = self._fill_used
-            end = start + FRAME.size + size
-            buf = self._fill
-            if buf is None or len(buf) < _region_size(end):
-                buf = self._grow(end)
-            region = buf.map
-            at = start + FRAME.size
-            region[at : at + head_size] = head
-        packer.reset()
+        try:
+            if blob is None:
+                packer.pack([lsn, *body])
+            else:
+                packer.pack_array_header(len(body) + 2)
+                packer.pack(lsn)
+                for element in body:
+                    packer.pack(element)
+            with packer.getbuffer() as head:
+                head_size = len(head)
+                size = head_size if blob is None else head_size + _BIN32.size + len(blob)
+                start = self._fill_used
+                end = start + FRAME.size + size
+                buf = self._fill
+                if buf is None or len(buf) < _region_size(end):
+                    buf = self._grow(end)
+                region = buf.map
+                at = start + FRAME.size
+                region[at : at + head_size] = head
+        finally:
+            packer.reset()
         if blob is not None:
             at += head_size
             _BIN32.pack_into(region, at, 0xC6, len(blob))
@@ -385,6 +474,7 @@ class WriteAheadLog:
         with memoryview(region) as view:
             checksum = xxh3_64_intdigest(view[start + FRAME.size : end])
         FRAME.pack_into(region, start, size, checksum)
+        self._next_lsn = lsn + 1
         self._fill_used = end
         self._fill_count += 1
         self._buffer_last_lsn = lsn
@@ -428,21 +518,28 @@ class WriteAheadLog:
     async def commit(self, lsn: int) -> None:
         """Return once the record ``lsn`` (and every one before it) is fsynced.
 
-        Raises the flush's OSError if the flush that held it (or, in the flush thread's
-        case, the flush it waited on) failed.
+        Raises the flush's OSError if the flush that held the record failed: the record is
+        then refused for good (the caller's write is not applied), even after later records
+        are durable.
         """
-        while self._durable_lsn < lsn:
+        while True:
+            if self._refused:
+                refusal = self.refusal(lsn)
+                if refusal is not None:
+                    raise OSError(refusal.error.errno, refusal.error.strerror) from refusal.error
+            if self._durable_lsn >= lsn:
+                return
             if self._rotating is not None:  # the rotation's own flush takes this record
-                await asyncio.shield(self._rotating)
+                await asyncio.wait({self._rotating})
                 continue
             if self._flushing is not None:
-                await asyncio.shield(self._flushing)
+                await asyncio.wait({self._flushing})
                 continue
             if lsn <= self._submitted_lsn:  # with the process: wait for the flush with it
                 holder = next((f.done for f in self._in_flight if f.upto >= lsn), None)
                 if holder is None:  # not durable and no longer in flight: its flush failed
                     raise OSError(errno.EIO, f"the log flush holding record {lsn} failed")
-                await asyncio.shield(holder)
+                await asyncio.wait({holder})
                 continue
             if self._group_commit_s:
                 await asyncio.sleep(self._group_commit_s)
@@ -459,7 +556,35 @@ class WriteAheadLog:
             if self._in_flight:  # back to the thread: the process's flushes end first
                 await asyncio.wait({self._in_flight[-1].done})
                 continue
-            await self._flush_once()
+            try:
+                await self._flush_once()
+            except OSError:
+                continue  # the record's refusal, or a later one's: the loop's top tells
+
+    def refusal(self, lsn: int) -> Refusal | None:
+        """The failed flush that lost record ``lsn``, if one did."""
+        for refusal in reversed(self._refused):
+            if refusal.first <= lsn <= refusal.last:
+                return refusal
+            if refusal.last < lsn:
+                return None
+        return None
+
+    def _refuse(self, first: int, last: int, error: BaseException) -> None:
+        """Records ``first``..``last`` were lost in a failed flush."""
+        if first > last:
+            return
+        if not isinstance(error, OSError):
+            error = OSError(errno.EIO, repr(error))
+        self.flush_failures += 1
+        self.last_error = error
+        log.error("write-ahead log: a flush of records %d-%d failed: %s", first, last, error)
+        prev = self._refused[-1] if self._refused else None
+        if prev is not None and prev.last + 1 == first:
+            prev.last = last
+            prev.error = error
+        else:
+            self._refused.append(Refusal(first, last, error))
 
     # -- flushing through the log writer process ----------------------------------------
 
@@ -503,7 +628,8 @@ class WriteAheadLog:
             self._lose_process(exc)  # the records stay in the fill buffer, for the thread
             return
         loop = asyncio.get_running_loop()
-        self._in_flight.append(_Flush(number, upto, buf, size - used, loop.create_future()))
+        first = upto - self._fill_count + 1
+        self._in_flight.append(_Flush(number, first, upto, buf, size - used, loop.create_future()))
         self._submitted_lsn = upto
         self._offset += size
         self._region_peak = max(self._region_peak, size)
@@ -528,9 +654,11 @@ class WriteAheadLog:
                     self._durable_lsn = max(self._durable_lsn, flush.upto)
                     self._segment_last_lsn[segment] = flush.upto
                     self.bytes_since_checkpoint += flush.padding
+                    self.last_error = None
                     flush.done.set_result(None)
                 else:  # lost, and so is every later one: the next flush starts a new segment
                     self._failed = True
+                    self._refuse(flush.first, flush.upto, reply.error)
                     flush.done.set_exception(reply.error)
                     flush.done.exception()  # retrieved: waiters get it through shield
                 self._recycle(flush.buf)
@@ -547,7 +675,9 @@ class WriteAheadLog:
             self._failed = True  # some of them may be half written
         while self._in_flight:
             flush = self._in_flight.popleft()
-            flush.done.set_exception(OSError(errno.EIO, f"log writer process lost: {exc}"))
+            error = OSError(errno.EIO, f"log writer process lost: {exc}")
+            self._refuse(flush.first, flush.upto, error)
+            flush.done.set_exception(error)
             flush.done.exception()
             flush.buf.release()
         if proc is not None:
@@ -580,10 +710,27 @@ class WriteAheadLog:
             self._fill_used = self._fill_count = 0
             self._region_peak = max(self._region_peak, _region_size(used))
         try:
-            padding = await self._io.run(
-                self._write_sync, None if buf is None else buf.map, used, count, upto, rotate
-            )
+            try:
+                padding = await self._io.run(
+                    self._write_sync, None if buf is None else buf.map, used, count, upto, rotate
+                )
+            except BaseException as exc:
+                if (
+                    count and self._written_upto == upto
+                ):  # the records are on disk; the rotation failed
+                    self._durable_lsn = max(self._durable_lsn, upto)
+                    self.flush_failures += 1
+                    if isinstance(exc, OSError):
+                        self.last_error = exc
+                elif count:
+                    self._refuse(upto - count + 1, upto, exc)
+                else:
+                    self.flush_failures += 1
+                    if isinstance(exc, OSError):
+                        self.last_error = exc
+                raise
             self._durable_lsn = max(self._durable_lsn, upto)
+            self.last_error = None
             self.bytes_since_checkpoint += padding
             self._thread_flushes += 1
             if self._process_due():  # started off the event loop, while no flush can begin
@@ -612,10 +759,13 @@ class WriteAheadLog:
             if count:
                 assert buf is not None
                 if self._failed:
-                    self._rotate_sync(upto - count + 1)
+                    # the new segment is named after the first LSN not durable: records
+                    # at or past it that the failed flush left in the old one are void
+                    self._rotate_sync(self._durable_lsn + 1)
                 padding = self._write_records(buf, used, upto)
+                self._written_upto = upto
             if rotate:
-                self._rotate_sync(upto + 1)
+                self._rotate_sync(upto + 1 if count else self._durable_lsn + 1)
             return padding
         except BaseException:
             self._failed = True

@@ -11,12 +11,23 @@ Layout (every key starts with a one-byte tag):
 
 Writes skip RocksDB's own WAL: the engine's log covers them, and a checkpoint calls
 :meth:`RocksStore.flush` before that log is truncated.
+
+A failed write or flush (a full disk, an I/O error) raises :class:`OSError` and leaves
+RocksDB refusing every later write (its background error), with no way to resume it
+through rocksdict; :meth:`RocksStore.recover` reopens the database and writes back what
+its memtables held, which the reopening would otherwise lose (there is no RocksDB WAL).
 """
 
 from __future__ import annotations
 
+import errno
+import gc
+import logging
+import shutil
 import struct
+import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from rocksdict import (
@@ -28,7 +39,10 @@ from rocksdict import (
     WriteOptions,
 )
 
+log = logging.getLogger(__name__)
+
 META = struct.Struct("<ddIIQ")
+_REOPEN_SPACE = 16 << 20  # free space recover() wants beyond the values it writes back
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 
@@ -46,6 +60,46 @@ class RocksStore:
 
     def __init__(self, path: Path, *, write_buffer_mb: int = 8, block_cache_mb: int = 8) -> None:
         path.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._write_buffer_mb = write_buffer_mb
+        self._block_cache_mb = block_cache_mb
+        self._db: Rdict | None = self._open()
+        self._nowal = WriteOptions()
+        self._nowal.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._closed = False
+        # Keys and ranges written since the last flush that succeeded: what the memtables
+        # may hold and a reopening would lose (kept as keys only; recover() reads values).
+        self._unflushed: dict[bytes, None] = {}
+        self._unflushed_ranges: list[tuple[bytes, bytes]] = []
+        #: The error RocksDB refuses writes with, until recover() succeeds; None when healthy.
+        self.failure: OSError | None = None
+        # readers in I/O threads hold the handle while recover() swaps it
+        self._readers = 0
+        self._swapping = False
+        self._handle = threading.Condition()
+
+    @contextmanager
+    def _reading(self) -> Iterator[Rdict]:
+        with self._handle:
+            while self._swapping:
+                self._handle.wait()
+            self._readers += 1
+        try:
+            if self._db is None:
+                raise OSError(errno.EIO, f"RocksDB in {self._path} could not be reopened")
+            yield self._db
+        finally:
+            with self._handle:
+                self._readers -= 1
+                if not self._readers:
+                    self._handle.notify_all()
+
+    def _open(self) -> Rdict:
+        path, write_buffer_mb, block_cache_mb = (
+            self._path,
+            self._write_buffer_mb,
+            self._block_cache_mb,
+        )
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
@@ -54,10 +108,23 @@ class RocksStore:
         table.set_block_cache(Cache(block_cache_mb * 1024 * 1024))
         table.set_cache_index_and_filter_blocks(True)
         opts.set_block_based_table_factory(table)
-        self._db = Rdict(str(path), opts)
-        self._nowal = WriteOptions()
-        self._nowal.disable_wal = True  # type: ignore[method-assign,assignment]
-        self._closed = False
+        return Rdict(str(path), opts)
+
+    def _live(self) -> Rdict:
+        """The open database (the writer's calls; readers go through _reading)."""
+        if self._db is None:
+            raise OSError(errno.EIO, f"RocksDB in {self._path} could not be reopened")
+        return self._db
+
+    def _failed(self, exc: Exception, what: str) -> OSError:
+        """The OSError for a RocksDB error (rocksdict raises plain Exceptions)."""
+        text = str(exc)
+        code = errno.ENOSPC if "No space left" in text else errno.EIO
+        if "Too many open files" in text:
+            code = errno.EMFILE
+        error = OSError(code, f"RocksDB {what} failed in {self._path}: {text}")
+        self.failure = error
+        return error
 
     def write(
         self,
@@ -73,23 +140,32 @@ class RocksStore:
             batch.delete(key)
         for key, value in puts:
             batch.put(key, value)
-        self._db.write(batch, self._nowal)
+        try:
+            self._live().write(batch, self._nowal)
+        except Exception as exc:
+            raise self._failed(exc, "write") from exc
+        unflushed = self._unflushed
+        unflushed.update(dict.fromkeys(deletes))
+        unflushed.update(dict.fromkeys([key for key, _ in puts]))
+        self._unflushed_ranges.extend(delete_ranges)
 
     def get(self, key: bytes) -> bytes | None:
         """One value, or None."""
-        value: bytes | None = self._db.get(key)
+        with self._reading() as db:
+            value: bytes | None = db.get(key)
         return value
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """Values in the order asked, None where missing."""
         if not keys:
             return []
-        values: list[bytes | None] = self._db.get(keys)  # type: ignore[arg-type,assignment]
+        with self._reading() as db:
+            values: list[bytes | None] = db.get(keys)  # type: ignore[arg-type,assignment]
         return values
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) whose key starts with ``prefix``, in key order."""
-        it = self._db.iter()
+        it = self._live().iter()
         it.seek(prefix)
         while it.valid():
             key = it.key()
@@ -100,16 +176,82 @@ class RocksStore:
 
     def flush(self) -> None:
         """Persist the memtables to SST files (makes every earlier write durable)."""
-        self._db.flush(True)
+        try:
+            self._live().flush(True)
+        except Exception as exc:
+            raise self._failed(exc, "flush") from exc
+        self._unflushed = {}
+        self._unflushed_ranges = []
+
+    def recover(self) -> None:
+        """After a failed write or flush: reopen the database, write back what it held
+        since the last flush, and flush. Raises OSError if the disk still refuses; call it
+        again later. Reads keep working meanwhile (RocksDB serves them in its error state).
+        """
+        if self.failure is None:
+            return
+        keys = list(self._unflushed)
+        values = self.get_many(keys) if keys else []
+        need = sum(len(v) for v in values if v is not None) + 2 * _REOPEN_SPACE
+        free = shutil.disk_usage(self._path).free
+        if free < need:  # reopening on a full disk could leave no database at all
+            raise OSError(
+                errno.ENOSPC,
+                f"RocksDB in {self._path} waits for {need} bytes of free space ({free} free)",
+            )
+        ranges = list(self._unflushed_ranges)
+        with self._handle:
+            self._swapping = True
+            while self._readers:
+                self._handle.wait()
+        try:
+            try:
+                if self._db is not None:
+                    self._db.close()
+            except Exception as exc:  # it tries a last flush, which fails the same way
+                log.info("RocksDB in %s closed with its error: %s", self._path, exc)
+            self._db = None
+            gc.collect()  # the old handle's lock on the folder goes with it
+            try:
+                self._db = self._open()
+            except Exception as exc:
+                raise self._failed(exc, "reopen") from exc
+        finally:
+            with self._handle:
+                self._swapping = False
+                self._handle.notify_all()
+        batch = WriteBatch(raw_mode=True)
+        for begin, end in ranges:
+            batch.delete_range(begin, end)
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        try:
+            self._live().write(batch, self._nowal)
+            self._live().flush(True)
+        except Exception as exc:
+            raise self._failed(exc, "write after reopening") from exc
+        self._unflushed, self._unflushed_ranges = {}, []
+        self.failure = None
+        log.warning("RocksDB in %s reopened after its error; writes go on", self._path)
 
     def live_bytes(self) -> int:
         """RocksDB's estimate of the live data size."""
-        value = self._db.property_int_value("rocksdb.estimate-live-data-size")
+        with self._reading() as db:
+            value = db.property_int_value("rocksdb.estimate-live-data-size")
         return int(value or 0)
 
     def close(self) -> None:
         """Flush and close; idempotent."""
-        if not self._closed:
+        if not self._closed and self._db is not None:
             self._closed = True
-            self._db.flush(True)
-            self._db.close()
+            try:
+                self._db.flush(True)
+            except Exception as exc:  # the engine's log still holds what was not flushed
+                log.error("RocksDB in %s: the last flush failed: %s", self._path, exc)
+            try:
+                self._db.close()
+            except Exception as exc:
+                log.error("RocksDB in %s: close failed: %s", self._path, exc)

@@ -193,13 +193,15 @@ async def test_checkpoints_keep_up_with_many_concurrent_pushers(
         await eng.create_table("t", TableConfig(max_size=200))
 
         async def pusher(w: int) -> None:
-            for i in range(150):  # 8 x 150 x 4 KB = 4.8 MB: about 19 intervals
+            for i in range(300):  # 8 x 300 x 4 KB = 9.6 MB: about 38 intervals
                 await eng.push("t", [item(f"{w}/{i}/{j}", bytes(1000)) for j in range(4)])
 
         await asyncio.wait_for(asyncio.gather(*(pusher(w) for w in range(8))), timeout=60)
         await eng.flush()
         assert eng._processor is not None and eng._processor.horizon > 0
-        assert eng.storage_stats()["wal_bytes"] < 6 * 0.25 * 2**20
+        # about 3 intervals in steady state; a loaded machine lets a few more pile up
+        # before a checkpoint runs, but never the whole 9.6 MB
+        assert eng.storage_stats()["wal_bytes"] < 16 * 0.25 * 2**20
     finally:
         await eng.stop()
 
