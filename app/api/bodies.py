@@ -145,8 +145,16 @@ def check_key(key: object, where: str = "key") -> str:
 
 def check_priority(value: object, where: str = "priority") -> float:
     """A valid priority: a finite number ≥ 0 (booleans are not numbers here)."""
-    if type(value) is float or type(value) is int:
-        priority = float(value)
+    if type(value) is float:
+        priority = value
+    elif type(value) is int:
+        try:
+            priority = float(value)
+        except OverflowError:  # an integer past a float's range
+            raise ValidationFailed(
+                f"{where} must be a finite number >= 0, not an integer of "
+                f"{value.bit_length()} bits"
+            ) from None
     else:
         raise BadRequest(f"{where} must be a number, not {_kind(value)}")
     if not (priority >= 0.0 and math.isfinite(priority)):

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.logs import ACCESS_LOGGER, access_log
 from app.errors import error_response, wants_msgpack_header
 from app.metrics import Metrics
+from app.storage.faults import storage_error
 from clients.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
 
 __all__ = ["RequestContextMiddleware"]
@@ -159,18 +160,20 @@ class RequestContextMiddleware:
                 await self.app(scope, self._counting(receive), send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
-        except Exception:
+        except Exception as exc:
             _log.exception(
                 "unhandled error", extra={"request_id": request_id, "path": scope["path"]}
             )
             if started:
                 raise
-            await send_error(
-                scope,
-                receive,
-                send_with_id,
-                ReplayError(f"internal server error (request id {request_id})"),
+            # storage that fails under a read (RocksDB reopening, an I/O error) is the
+            # contract's 507 or 503, not a bug's 500
+            error = (
+                storage_error(exc, "the data directory")
+                if isinstance(exc, OSError)
+                else ReplayError(f"internal server error (request id {request_id})")
             )
+            await send_error(scope, receive, send_with_id, error)
         finally:
             self._record(scope, request_id, status, time.perf_counter() - start)
 

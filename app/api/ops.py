@@ -16,9 +16,16 @@ __all__ = ["router"]
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", response_model=None, responses=answers({200: (Health, "Alive.")}))
-async def healthz(msgpack_out: AcceptsMsgpack) -> Response:
-    """Liveness: the process answers."""
+@router.get(
+    "/healthz",
+    response_model=None,
+    responses=answers({200: (Health, "Alive.")}, Unavailable),
+)
+async def healthz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
+    """Liveness: 200 while the process makes progress (recovering too); 503 once its
+    writer has died, so that an orchestrator restarts it."""
+    if not engine.alive:
+        raise Unavailable(f"the writer died and cannot come back: {engine.writer_failure}")
     return encode({"status": "ok"}, msgpack_body=msgpack_out)
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: The largest count a config takes: the engine keeps counts in 64-bit signed integers.
+MAX_COUNT = 2**63 - 1
 
 
 class SamplerSpec(BaseModel):
@@ -13,6 +17,13 @@ class SamplerSpec(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     type: str = Field("uniform", min_length=1, max_length=128, examples=["prioritized"])
+
+    @model_validator(mode="after")
+    def _numbers_in_range(self) -> SamplerSpec:
+        """Numbers among the params fit what the engine stores (finite, 64-bit)."""
+        for name, value in (self.model_extra or {}).items():
+            _check_number(value, name)
+        return self
 
     @property
     def params(self) -> dict[str, Any]:
@@ -34,7 +45,7 @@ class MinSizeLimiter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["min_size"]
-    min_size: int = Field(1, ge=1)
+    min_size: int = Field(1, ge=1, le=MAX_COUNT)
 
 
 class SampleToInsertRatioLimiter(BaseModel):
@@ -43,9 +54,9 @@ class SampleToInsertRatioLimiter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["sample_to_insert_ratio"]
-    min_size_to_sample: int = Field(1, ge=1)
-    samples_per_insert: float = Field(1.0, gt=0)
-    error_buffer: float = Field(100.0, ge=0)
+    min_size_to_sample: int = Field(1, ge=1, le=MAX_COUNT)
+    samples_per_insert: float = Field(1.0, gt=0, allow_inf_nan=False)
+    error_buffer: float = Field(100.0, ge=0, allow_inf_nan=False)
 
 
 class QueueLimiter(BaseModel):
@@ -54,7 +65,7 @@ class QueueLimiter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["queue"]
-    size: int = Field(..., ge=1)
+    size: int = Field(..., ge=1, le=MAX_COUNT)
 
 
 RateLimiterSpec = Annotated[
@@ -69,10 +80,27 @@ class TableConfig(BaseModel):
 
     sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec(type="uniform"))
     remover: RemoverSpec = Field(default_factory=lambda: RemoverSpec())
-    max_size: int | None = Field(None, ge=1)
-    max_times_sampled: int = Field(0, ge=0)
+    max_size: int | None = Field(None, ge=1, le=MAX_COUNT)
+    max_times_sampled: int = Field(0, ge=0, le=MAX_COUNT)
     rate_limiter: RateLimiterSpec | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able form (what is stored and answered)."""
         return self.model_dump(mode="json")
+
+
+def _check_number(value: Any, where: str) -> None:
+    """Reject numbers a table cannot keep: integers past 64 bits, NaN and infinities
+    (also inside lists and maps), naming ``where``."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not -(2**63) <= value <= MAX_COUNT:
+        raise ValueError(f"{where} ({value.bit_length()}-bit integer) is out of range")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be finite, not {value}")
+    if isinstance(value, list | tuple):
+        for i, element in enumerate(value):
+            _check_number(element, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for key, element in value.items():
+            _check_number(element, f"{where}.{key}")

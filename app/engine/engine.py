@@ -326,6 +326,12 @@ class Engine:
         p = self._processor
         return p is None or p.failure is None
 
+    @property
+    def writer_failure(self) -> str | None:
+        """Why the writer died, if it did."""
+        p = self._processor
+        return None if p is None or p.failure is None else repr(p.failure)
+
     def _reserve(self, n: int, nbytes: int) -> None:
         s = self._s
         st = self.settings
