@@ -43,9 +43,11 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) -> LiveServer:
+def start_server(
+    workdir: Path, *flags: str, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> LiveServer:
     """Starts ``python -m app`` on 127.0.0.1 and waits until ``/readyz`` answers 200."""
-    server = launch_server(workdir, *flags, env=env)
+    server = launch_server(workdir, *flags, env=env, data_dir=data_dir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -58,10 +60,13 @@ def start_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) 
     raise RuntimeError(f"server not ready in 30 s:\n{server.log()}")
 
 
-def launch_server(workdir: Path, *flags: str, env: dict[str, str] | None = None) -> LiveServer:
-    """Starts ``python -m app`` on 127.0.0.1 without waiting for it."""
+def launch_server(
+    workdir: Path, *flags: str, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> LiveServer:
+    """Starts ``python -m app`` on 127.0.0.1 without waiting for it (data in
+    ``workdir/data`` unless ``data_dir`` is given; the log in ``workdir/server.log``)."""
     port = free_port()
-    data_dir = workdir / "data"
+    data_dir = data_dir or workdir / "data"
     log_path = workdir / "server.log"
     cmd = serve_command(port, data_dir, *flags)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLREPLAY_")}
