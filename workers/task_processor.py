@@ -139,6 +139,8 @@ class TaskProcessor:
             await task
         except asyncio.CancelledError:
             pass
+        except Exception:  # it died earlier: logged and reported then (see _on_done)
+            pass
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -152,8 +152,7 @@ def check_priority(value: object, where: str = "priority") -> float:
             priority = float(value)
         except OverflowError:  # an integer past a float's range
             raise ValidationFailed(
-                f"{where} must be a finite number >= 0, not an integer of "
-                f"{value.bit_length()} bits"
+                f"{where} must be a finite number >= 0, not an integer of {value.bit_length()} bits"
             ) from None
     else:
         raise BadRequest(f"{where} must be a number, not {_kind(value)}")

@@ -10,6 +10,7 @@ the log is fsynced, or once applied with ``wait=True``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -126,44 +127,51 @@ class Engine:
         self._state = state
         processor = TaskProcessor(state, p0_probability=st.p0_probability, seed=st.seed)
         self._processor = processor
-        covered = 0
-        if st.storage_mode != "memory":
-            state.store = await io.run(RocksStore, st.data_dir / "rocksdb")
-            covered = await self._load_store(state)
-        elif st.durability == "wal" and (st.data_dir / MEMORY_CHECKPOINT).exists():
-            covered = await self._load_memory_checkpoint(state)
-        processor.horizon = covered
-        if st.durability == "wal":
-            wal = WriteAheadLog(
-                st.data_dir / "wal",
-                io=io,
-                group_commit_s=st.wal_group_commit_ms / 1000,
-                writer=st.wal_writer,
-            )
-            strict = st.wal_recovery == "strict"
-            records = await io.run(lambda: list(wal.replay(covered, strict=strict)))
-            for i, record in enumerate(records):
-                try:
-                    op = self._op_from_record(state, record)
-                except (ValueError, TypeError, KeyError, IndexError) as exc:
-                    problem = f"log record {record[0]} cannot be applied: {exc}"
-                    if strict:
-                        raise LogRecoveryError(
-                            problem + " (--wal-recovery point-in-time skips it)"
-                        ) from exc
-                    log.error("%s: skipped (point-in-time recovery)", problem)
-                    continue
-                if op is not None:
-                    await processor.apply(op, replay=True)
-                if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
-                    await asyncio.sleep(0)  # let the loop answer probes
-            await io.run(wal.open, covered)
-            state.wal = wal
-            state.seq = wal.next_lsn - 1
-            self._recovered_records = len(records)
-            await processor.trim_all()
-            if records:
-                await processor.checkpoint(full=True)
+        opened: list[WriteAheadLog] = []
+        records: list[Any] = []
+        try:
+            covered = 0
+            if st.storage_mode != "memory":
+                state.store = await io.run(RocksStore, st.data_dir / "rocksdb")
+                covered = await self._load_store(state)
+            elif st.durability == "wal" and (st.data_dir / MEMORY_CHECKPOINT).exists():
+                covered = await self._load_memory_checkpoint(state)
+            processor.horizon = covered
+            if st.durability == "wal":
+                wal = WriteAheadLog(
+                    st.data_dir / "wal",
+                    io=io,
+                    group_commit_s=st.wal_group_commit_ms / 1000,
+                    writer=st.wal_writer,
+                )
+                opened.append(wal)
+                strict = st.wal_recovery == "strict"
+                records = await io.run(lambda: list(wal.replay(covered, strict=strict)))
+                for i, record in enumerate(records):
+                    try:
+                        op = self._op_from_record(state, record)
+                    except (ValueError, TypeError, KeyError, IndexError) as exc:
+                        problem = f"log record {record[0]} cannot be applied: {exc}"
+                        if strict:
+                            raise LogRecoveryError(
+                                problem + " (--wal-recovery point-in-time skips it)"
+                            ) from exc
+                        log.error("%s: skipped (point-in-time recovery)", problem)
+                        continue
+                    if op is not None:
+                        await processor.apply(op, replay=True)
+                    if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
+                        await asyncio.sleep(0)  # let the loop answer probes
+                await io.run(wal.open, covered)
+                state.wal = wal
+                state.seq = wal.next_lsn - 1
+                self._recovered_records = len(records)
+                await processor.trim_all()
+                if records:
+                    await processor.checkpoint(full=True)
+        except BaseException:
+            await self._release(state, opened)
+            raise
         for table in state.tables.values():
             table.visible = len(table.index)
             table.applied(state.seq, 0)
@@ -204,6 +212,16 @@ class Engine:
             if state.store is not None:
                 await state.io.run(state.store.close)
             state.io.close()
+
+    async def _release(self, state: EngineState, opened: list[WriteAheadLog]) -> None:
+        """After a failed start: let go of the log's lock, RocksDB and the threads, so the
+        data directory can be opened again (by a fixed start, in the same process)."""
+        for wal in opened:
+            with contextlib.suppress(OSError):
+                await state.io.run(wal.close)
+        if state.store is not None:
+            await state.io.run(state.store.close)
+        state.io.close()
 
     async def _load_store(self, state: EngineState) -> int:
         store = state.store
@@ -378,9 +396,7 @@ class Engine:
             raise TableExists(f"table {name!r} exists with another config")
         limit = self.settings.max_tables
         if sum(not t.dropping for t in self._s.tables.values()) >= limit:
-            raise StorageFull(
-                f"the server holds {limit} tables, its --max-tables: drop one first"
-            )
+            raise StorageFull(f"the server holds {limit} tables, its --max-tables: drop one first")
         await self._create(name, config)
         return True
 

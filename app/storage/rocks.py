@@ -42,7 +42,7 @@ from rocksdict import (
 log = logging.getLogger(__name__)
 
 META = struct.Struct("<ddIIQ")
-_REOPEN_SPACE = 16 << 20  # free space recover() wants beyond the values it writes back
+_REOPEN_SPACE = 4 << 20  # free space recover() wants beyond the values it writes back
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 
@@ -192,7 +192,7 @@ class RocksStore:
             return
         keys = list(self._unflushed)
         values = self.get_many(keys) if keys else []
-        need = sum(len(v) for v in values if v is not None) + 2 * _REOPEN_SPACE
+        need = sum(len(v) for v in values if v is not None) + _REOPEN_SPACE
         free = shutil.disk_usage(self._path).free
         if free < need:  # reopening on a full disk could leave no database at all
             raise OSError(

@@ -66,8 +66,16 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
 
 
 ops = st.one_of(
-    st.tuples(st.just("push"), st.sampled_from(TABLES), st.lists(st.sampled_from(KEYS), min_size=1, max_size=4)),
-    st.tuples(st.just("delete"), st.sampled_from(TABLES), st.lists(st.sampled_from(KEYS), min_size=1, max_size=3)),
+    st.tuples(
+        st.just("push"),
+        st.sampled_from(TABLES),
+        st.lists(st.sampled_from(KEYS), min_size=1, max_size=4),
+    ),
+    st.tuples(
+        st.just("delete"),
+        st.sampled_from(TABLES),
+        st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
+    ),
     st.tuples(st.just("create"), st.sampled_from(TABLES)),
     st.tuples(st.just("drop"), st.sampled_from(TABLES)),
     st.tuples(st.just("checkpoint")),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -129,7 +130,7 @@ async def test_a_full_disk_refuses_writes_and_they_come_back(tmp_path: Path) -> 
                 while status != 202 and time.monotonic() < deadline:
                     status = await _push(c, "back", b"z" * 1000)
                     if status != 202:
-                        time.sleep(0.2)
+                        await asyncio.sleep(0.2)
                 assert status == 202
                 answered.append("back")
                 r = await c.put("/v1/tables/t2", json={"max_size": 100})
