@@ -759,7 +759,18 @@ class Engine:
         if include_values:
             t.referenced[slots] = 1
             if None in batch.values:
-                await self._fill_sampled_misses(t, slot_list, batch)
+                try:  # RocksDB reads wait behind checkpoints in the I/O threads: keep the deadline
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        await self._fill_sampled_misses(t, slot_list, batch)
+                except TimeoutError:
+                    self._undraw(t, slots, exhausted)
+                    t.counters.samples -= len(slots)
+                    if t.gate.limited:
+                        t.gate.refund_sample(batch_size)
+                    raise DeadlineExceeded(
+                        f"table {table!r}: reading the sampled values from disk took more "
+                        f"than {timeout:g} s"
+                    ) from None
         if exhausted and not t.dropped:
             self._enqueue_delete(self._writer(), t, exhausted, wait=False)
         return batch

@@ -882,14 +882,18 @@ class WriteAheadLog:
             self._proc.close()
             self._proc = None
         if self._fd is not None:
-            if self._fill_count and self._fill is not None:
-                self._write_sync(
-                    self._fill.map, self._fill_used, self._fill_count, self._buffer_last_lsn
-                )
-                self._fill_used = self._fill_count = 0
-            if not self._failed:  # after a failed flush, replay stops at its torn region
-                os.ftruncate(self._fd, self._offset)
-            os.fsync(self._fd)
+            try:
+                if self._fill_count and self._fill is not None:
+                    # records no caller waits for any more (its request was cancelled)
+                    self._write_sync(
+                        self._fill.map, self._fill_used, self._fill_count, self._buffer_last_lsn
+                    )
+                    self._fill_used = self._fill_count = 0
+                if not self._failed:  # after a failed flush, replay stops at its torn region
+                    os.ftruncate(self._fd, self._offset)
+                os.fsync(self._fd)
+            except OSError as exc:  # nothing answered is lost: answers waited for fsyncs
+                log.error("write-ahead log in %s: the last write failed: %s", self._folder, exc)
             os.close(self._fd)
             self._fd = None
         for buf in [*self._free, *([self._fill] if self._fill is not None else [])]:

@@ -42,6 +42,7 @@ from rocksdict import (
 log = logging.getLogger(__name__)
 
 META = struct.Struct("<ddIIQ")
+_MAX_UNFLUSHED = 100_000  # keys remembered for recover() before write() flushes itself
 _REOPEN_SPACE = 4 << 20  # free space recover() wants beyond the values it writes back
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
@@ -148,6 +149,8 @@ class RocksStore:
         unflushed.update(dict.fromkeys(deletes))
         unflushed.update(dict.fromkeys([key for key, _ in puts]))
         self._unflushed_ranges.extend(delete_ranges)
+        if len(unflushed) > _MAX_UNFLUSHED:  # keeps what recover() must remember bounded
+            self.flush()
 
     def get(self, key: bytes) -> bytes | None:
         """One value, or None."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import msgpack
+import pytest
 
 from tests.faults.disk import fill, small_disk
 from tests.live import LiveServer, start_server, stop_server
@@ -89,12 +90,18 @@ async def test_refused_configs_and_priorities_leave_the_log_whole(tmp_path: Path
         stop_server(server)
 
 
-async def test_a_full_disk_refuses_writes_and_they_come_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wal_writer", ["thread", "process"])
+async def test_a_full_disk_refuses_writes_and_they_come_back(
+    tmp_path: Path, wal_writer: str
+) -> None:
     """On a full disk, pushes and table creation answer 507 and are not applied; reads go
     on; writes work again once space is freed, with no restart; after kill -9 every
     answered write is back and no refused one is."""
     with small_disk(tmp_path / "disk", 48) as disk:
-        flags = ("--wal-checkpoint-mb", "2", "--cache-memory-limit-mb", "4")
+        flags = (
+            *("--wal-checkpoint-mb", "2", "--cache-memory-limit-mb", "4"),
+            *("--wal-writer", wal_writer),
+        )
         server = start_server(tmp_path, *flags, data_dir=disk / "data")
         answered: list[str] = []
         refused: list[str] = []
@@ -148,3 +155,34 @@ async def test_a_full_disk_refuses_writes_and_they_come_back(tmp_path: Path) -> 
                 assert (await c.get("/v1/tables/t2/items/in-t2")).status_code == 200
         finally:
             stop_server(server)
+
+
+async def test_answers_past_the_cap_and_tables_past_the_limit_are_refused(
+    tmp_path: Path,
+) -> None:
+    server = start_server(tmp_path, "--max-response-mb", "1", "--max-tables", "3")
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            for i in range(40):
+                assert await _push(c, f"big-{i}", bytes(100_000)) == 202
+            started = time.monotonic()
+            r = await c.post(
+                "/v1/tables/default/sample", content=b'{"batch_size": 60000}', headers=JSON
+            )
+            assert r.status_code == 422, r.text
+            assert "max-response-mb" in r.json()["error"]["message"]
+            assert time.monotonic() - started < 10  # refused before it is built (loose bound)
+            r = await c.post("/v1/tables/default/sample", json={"batch_size": 5})
+            assert r.status_code == 200  # under the cap
+            keys = [f"big-{i}" for i in range(40)]
+            r = await c.post("/v1/tables/default/items:batchGet", json={"keys": keys})
+            assert r.status_code == 422
+            assert (await c.put("/v1/tables/t1", json={})).status_code == 201
+            assert (await c.put("/v1/tables/t2", json={})).status_code == 201
+            r = await c.put("/v1/tables/t3", json={})  # default, t1, t2 are the 3 allowed
+            assert r.status_code == 507, r.text
+            assert "--max-tables" in r.json()["error"]["message"]
+            assert (await c.delete("/v1/tables/t1")).status_code == 204
+            assert (await c.put("/v1/tables/t3", json={})).status_code == 201
+    finally:
+        stop_server(server)
