@@ -23,13 +23,12 @@ from pydantic.fields import FieldInfo
 from app import package_version
 from app.settings import Settings
 
-__all__ = ["UVICORN_OPTIONS", "build_parser", "main", "serve_command", "settings_from_args"]
+__all__ = ["build_parser", "main", "serve_command", "settings_from_args", "uvicorn_options"]
 
 _ENV_PREFIX = "RLREPLAY_"
-#: How ``rlreplay serve`` runs uvicorn (``bench.http`` serves its ceiling app the same way).
-UVICORN_OPTIONS: dict[str, Any] = {
+#: The options of uvicorn that no setting changes.
+_UVICORN_FIXED: dict[str, Any] = {
     "loop": "auto",
-    "http": "auto",
     "ws": "none",
     "lifespan": "on",
     "workers": 1,
@@ -145,6 +144,32 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(**given)
 
 
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """How ``rlreplay serve`` runs uvicorn (``bench.http`` serves its ceiling app the same
+    way): the fixed options, uvicorn's keep-alive timeout, and the HTTP protocol of
+    :mod:`app.api.connections` with the connection settings.
+
+    Args:
+        settings: The settings.
+
+    Returns:
+        Keyword arguments of ``uvicorn.Config`` (or ``uvicorn.run``).
+    """
+    from app.api.connections import ConnectionLimits, guarded_protocol
+
+    limits = ConnectionLimits(
+        head_timeout_s=settings.request_head_timeout_s,
+        body_timeout_s=settings.request_body_timeout_s,
+        body_min_bytes_per_s=settings.request_body_min_kb_per_s * 1024,
+        max_connections=settings.max_connections,
+    )
+    return {
+        **_UVICORN_FIXED,
+        "http": guarded_protocol(limits),
+        "timeout_keep_alive": settings.keep_alive_s,
+    }
+
+
 def serve_command(port: int, data_dir: Path, *flags: str) -> list[str]:
     """The command line of ``python -m app`` serving on 127.0.0.1:``port`` (the live tests
     and the HTTP benchmark start their servers with it)."""
@@ -165,10 +190,12 @@ def serve_command(port: int, data_dir: Path, *flags: str) -> list[str]:
 def _serve(settings: Settings) -> int:
     import uvicorn
 
+    from app.api.connections import raise_descriptor_limit
     from app.api.logs import configure_logging
     from app.main import create_app
 
     configure_logging(settings.log_level)
+    raise_descriptor_limit(settings.max_connections)
     failures: list[BaseException] = []
 
     def stop_serving(exc: BaseException) -> None:
@@ -187,8 +214,10 @@ def _serve(settings: Settings) -> int:
         port=settings.port,
         log_config=None,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=30,
-        **UVICORN_OPTIONS,
+        # requests in flight get this long after SIGTERM; then the engine's own stop
+        # (--stop-timeout-s with the log on), so a stop always ends within seconds
+        timeout_graceful_shutdown=5,
+        **uvicorn_options(settings),
     )
     server = uvicorn.Server(config)
     server.run()

@@ -96,6 +96,34 @@ class Settings(BaseSettings):
             "the start, naming the segment and byte; point-in-time: recover up to there."
         ),
     )
+    request_head_timeout_s: float = Field(
+        10,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds a client has to send a whole request head, else it is disconnected.",
+    )
+    request_body_timeout_s: float = Field(
+        30,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Window over which a request body's pace is checked: a client whose body brings "
+            "less than --request-body-min-kb-per-s (and at least a byte) over a window is "
+            "disconnected."
+        ),
+    )
+    request_body_min_kb_per_s: float = Field(
+        1,
+        ge=0,
+        allow_inf_nan=False,
+        description="Slowest mean pace of a request body over each window, in KiB/s.",
+    )
+    keep_alive_s: float = Field(
+        30, gt=0, allow_inf_nan=False, description="Seconds an idle keep-alive connection stays."
+    )
+    max_connections: int = Field(
+        2048, gt=0, description="Open connections past which new ones are closed at once."
+    )
     api_key: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys; when set, /v1 needs one."
     )

@@ -43,7 +43,8 @@ import httpx
 import msgpack
 from fastapi import FastAPI, Request, Response
 
-from app.cli import UVICORN_OPTIONS, serve_command
+from app.cli import serve_command, uvicorn_options
+from app.settings import Settings
 from bench.report import print_table
 
 ITEM_BYTES = 4096
@@ -151,7 +152,8 @@ def serve_ceiling(port: int) -> None:
     """Serves :func:`ceiling_app` with the uvicorn configuration of ``rlreplay serve``."""
     import uvicorn
 
-    uvicorn.run(ceiling_app(), host="127.0.0.1", port=port, log_level="warning", **UVICORN_OPTIONS)
+    options = uvicorn_options(Settings())
+    uvicorn.run(ceiling_app(), host="127.0.0.1", port=port, log_level="warning", **options)
 
 
 _LUA = """

@@ -118,7 +118,7 @@ class TaskProcessor:
         """True while the writer task runs."""
         return self._task is not None and not self._task.done()
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
+    async def stop(self, timeout_s: float | None = 10.0) -> None:
         """Apply every queued p0 op, then stop the task; idempotent. Past ``timeout_s`` (a
         writer stuck on a failing disk) it stops anyway: what is left is in the log."""
         if self._task is None:
@@ -131,7 +131,7 @@ class TaskProcessor:
             except Unavailable:
                 pass
             except TimeoutError:
-                log.error("the writer did not finish its queue in %g s: stopping it", timeout_s)
+                log.error("the writer did not finish its queue in %s s: stopping it", timeout_s)
         self._stopping = True
         task, self._task = self._task, None
         task.cancel()

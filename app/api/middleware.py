@@ -6,7 +6,8 @@ installs. For each request, in this order, it
 1. gives the request an id (``X-Request-ID``),
 2. answers 401 on ``/v1`` without a valid bearer key (only when keys are configured),
 3. answers 413 before a body over the limit is buffered,
-4. runs the app, turning an exception nothing else handled into a 500,
+4. runs the app, turning an exception nothing else handled into a 500 (a client that
+   disconnected mid-request is recorded as 499, nginx's "client closed request"),
 5. records the request's metrics and writes its access log line.
 
 One class rather than a stack of three: each ASGI layer costs a coroutine, a ``send``
@@ -24,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.logs import ACCESS_LOGGER, access_log
@@ -39,6 +41,8 @@ _access = logging.getLogger(ACCESS_LOGGER)
 
 _MAX_REQUEST_ID = 128
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+#: Status recorded for a request whose client disconnected before it was answered (nginx's).
+_CLIENT_CLOSED = 499
 _UNAUTHORIZED = "a valid 'Authorization: Bearer <key>' header is required"
 
 
@@ -160,6 +164,10 @@ class RequestContextMiddleware:
                 await self.app(scope, self._counting(receive), send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # The client went away, or was cut off for sending too slowly (see
+            # app.api.connections): nobody is left to answer and nothing is wrong here.
+            status = _CLIENT_CLOSED
         except Exception as exc:
             _log.exception(
                 "unhandled error", extra={"request_id": request_id, "path": scope["path"]}

@@ -188,23 +188,32 @@ class Engine:
         )
 
     async def stop(self) -> None:
-        """Apply what is queued, checkpoint, close storage; idempotent."""
+        """Apply what is queued, checkpoint, close storage; idempotent.
+
+        With the log on, the queue and the final checkpoint get ``stop_timeout_s`` together
+        (what they leave is in the log, replayed at the next start), so a stop on a failing
+        disk still ends. With ``durability="none"`` the final checkpoint is all there is, and
+        it is waited for.
+        """
         if self._stopping or self._state is None:
             return
         self._stopping = True
         self._ready = False
         state, processor = self._state, self._processor
         assert processor is not None
+        budget = self.settings.stop_timeout_s if state.wal is not None else None
+        deadline = None if budget is None else time.monotonic() + budget
         try:
             if processor.running:
                 if state.wal is not None or state.store is not None:
                     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     processor.submit(CheckpointOp(0, future=fut, weight=0, full=True))
                     try:
-                        await asyncio.wait_for(fut, self.settings.stop_timeout_s)
+                        await asyncio.wait_for(fut, budget)
                     except (ReplayError, TimeoutError) as exc:
                         log.warning("no final checkpoint (%s): the log keeps what it covers", exc)
-            await processor.stop(timeout_s=self.settings.stop_timeout_s)
+            left = None if deadline is None else max(0.5, deadline - time.monotonic())
+            await processor.stop(timeout_s=left)
         finally:
             if state.wal is not None:
                 await state.wal.drain()

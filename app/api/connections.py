@@ -1,0 +1,349 @@
+"""Connection hygiene: deadlines for a slow request head or body, and a cap on connections.
+
+uvicorn closes a keep-alive connection that stays idle after an answer, and nothing else: a
+socket that connects and never sends a byte, sends its request head a byte at a time, or
+stalls half-way through the body it announced keeps its descriptor and its protocol object
+for as long as the peer likes. A few hundred of them use up the process's descriptors and
+nobody else can connect. uvicorn's ``limit_concurrency`` does not help: it answers 503 to a
+request once its head is complete, so it never sees a socket that does not finish one, and
+it accepts the connection all the same.
+
+:func:`guarded_protocol` returns uvicorn's HTTP protocol (httptools, or h11) with the
+contract's rules added:
+
+* A connection accepted while ``max_connections`` are open is closed at once, before a
+  byte is read or written: the client sees its connection closed without an answer.
+* A request head must be complete within ``head_timeout_s`` of the connection being
+  accepted (its first request) or of the head's first byte (a later request on a
+  keep-alive connection; the idle time before that byte is uvicorn's keep-alive timeout).
+* A request body must keep arriving: each window of ``body_timeout_s`` seconds from the end
+  of the head must bring at least ``body_min_bytes_per_s * body_timeout_s`` bytes (and at
+  least one). A window in which the server held things up (reading paused because the app
+  has not taken the body buffered so far, or a ``100 Continue`` not yet sent) does not
+  count against the client.
+
+A connection that misses its deadline is closed; a request cut off in its body sees
+``http.disconnect``, as if the client had gone away.
+
+The cost on the hot path is a byte count, a clock read and a few attribute writes per
+request, in three parser callbacks: each connection has one timer, armed when it is accepted
+and re-armed only when it fires, at most every ``min(head_timeout_s, body_timeout_s)``
+seconds while the connection lives, never per request or per chunk. Closed connections are
+summed up in one warning every 10 s at most (logger ``rlreplay.connections``), so an attack
+of thousands of sockets is a few log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import resource
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, cast
+
+import h11
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["ConnectionLimits", "guarded_protocol", "raise_descriptor_limit"]
+
+_log = logging.getLogger("rlreplay.connections")
+
+#: A deadline this close counts as passed (timers may fire a little early, uvloop's in ms).
+_SLACK_S = 0.005
+#: Closed connections are summed up in one log line at most this often.
+_LOG_EVERY_S = 10.0
+#: Descriptors kept for everything but client connections (RocksDB, the log, listeners).
+_DESCRIPTOR_HEADROOM = 256
+
+# What the connection waits for from its client.
+_HEAD = 0  # a request head (since the connection or the head's first byte)
+_BODY = 1  # the rest of a request body
+_IDLE = 2  # nothing: between requests, or the whole request is in
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The deadlines and the cap that :func:`guarded_protocol` enforces."""
+
+    #: Seconds a request head may take.
+    head_timeout_s: float
+    #: Length of the windows in which a request body must keep arriving.
+    body_timeout_s: float
+    #: The slowest pace a body may keep up over a window (0: one byte per window will do).
+    body_min_bytes_per_s: float
+    #: Open connections past which a new one is closed at once.
+    max_connections: int
+
+    def __post_init__(self) -> None:
+        for name in ("head_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} ({value}) must be > 0 and finite")
+        if not (self.body_min_bytes_per_s >= 0 and math.isfinite(self.body_min_bytes_per_s)):
+            raise ValueError(f"body_min_bytes_per_s ({self.body_min_bytes_per_s}) must be >= 0")
+        if self.max_connections <= 0:
+            raise ValueError(f"max_connections ({self.max_connections}) must be > 0")
+
+    @property
+    def check_every_s(self) -> float:
+        """The longest a connection's timer sleeps: no deadline can be closer than this."""
+        return min(self.head_timeout_s, self.body_timeout_s)
+
+    @property
+    def body_window_bytes(self) -> int:
+        """Bytes a body must bring in each window to stay open."""
+        return max(1, int(self.body_min_bytes_per_s * self.body_timeout_s))
+
+
+class _Closures:
+    """Counts the connections closed by the rules and logs them in one line every 10 s at
+    most (the first at once, the rest when their 10 s are up)."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.counts: Counter[str] = Counter()
+        self.logged_at = -math.inf
+        self.flush_timer: asyncio.TimerHandle | None = None
+
+    def add(self, reason: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.counts[reason] += 1
+        if self.flush_timer is not None:
+            return
+        if loop.time() - self.logged_at >= _LOG_EVERY_S:
+            self.flush(loop)
+        else:
+            self.flush_timer = loop.call_at(self.logged_at + _LOG_EVERY_S, self.flush, loop)
+
+    def flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.flush_timer = None
+        _log.warning(
+            "connections closed",
+            extra={
+                "head_timeout": self.counts["head_timeout"],
+                "body_timeout": self.counts["body_timeout"],
+                "refused": self.counts["refused"],
+                "max_connections": self.limits.max_connections,
+            },
+        )
+        self.counts.clear()
+        self.logged_at = loop.time()
+
+
+class _Guard:
+    """The rules, shared by both parsers; a subclass moves ``_phase`` as its parser goes.
+
+    Attributes of uvicorn's protocols it uses: ``loop``, ``transport``, ``flow``, ``cycle``
+    and ``connections``.
+    """
+
+    limits: ClassVar[ConnectionLimits]
+    closures: ClassVar[_Closures]
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    flow: FlowControl
+    cycle: Any
+    connections: set[Any]
+
+    _phase = _HEAD
+    #: When the head began, or when the body's current window began.
+    _since = 0.0
+    #: Bytes received on the connection, and their count when the body's window began.
+    _received = 0
+    _window_mark = 0
+    _timer: asyncio.TimerHandle | None = None
+
+    def _refuse_or_start(self, transport: asyncio.Transport) -> bool:
+        """At ``connection_made``: closes the connection past the cap, or starts its timer.
+
+        Returns:
+            Whether the connection goes on.
+        """
+        now = self.loop.time()
+        if len(self.connections) >= self.limits.max_connections:
+            self.transport = transport  # uvicorn's connection_lost uses it
+            transport.close()
+            self.closures.add("refused", self.loop)
+            return False
+        self._since = now
+        self._timer = self.loop.call_at(now + self.limits.check_every_s, self._check)
+        return True
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_started(self) -> None:
+        if self._phase == _IDLE:
+            self._phase = _HEAD
+            self._since = self.loop.time()
+
+    def _body_started(self) -> None:
+        self._phase = _BODY
+        self._since = self.loop.time()
+        self._window_mark = self._received
+
+    def _server_holds_up(self) -> bool:
+        """Whether the client is waiting for the server rather than the other way round."""
+        if self.flow.read_paused:
+            return True
+        cycle = self.cycle
+        return cycle is not None and cycle.waiting_for_100_continue and not cycle.response_complete
+
+    def _check(self) -> None:
+        """The timer: closes a connection past its deadline, or sleeps until the next one."""
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        limits = self.limits
+        now = self.loop.time()
+        phase = self._phase
+        if phase == _HEAD:
+            if self._server_holds_up():
+                self._since = now
+            due = self._since + limits.head_timeout_s
+            if now + _SLACK_S >= due:
+                self._close("head_timeout")
+                return
+        elif phase == _BODY:
+            due = self._since + limits.body_timeout_s
+            if now + _SLACK_S >= due:
+                brought = self._received - self._window_mark
+                if brought < limits.body_window_bytes and not self._server_holds_up():
+                    self._close("body_timeout")
+                    return
+                self._since = now
+                self._window_mark = self._received
+                due = now + limits.body_timeout_s
+        else:
+            due = now + limits.check_every_s
+        self._timer = self.loop.call_at(min(due, now + limits.check_every_s), self._check)
+
+    def _close(self, reason: str) -> None:
+        self.closures.add(reason, self.loop)
+        self.transport.close()
+
+
+class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and the cap of :mod:`app.api.connections`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self._refuse_or_start(transport):
+            super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    # The hooks below run for every request: they call the base class directly (cheaper
+    # than super()) and inline the phase changes.
+
+    def data_received(self, data: bytes) -> None:
+        HttpToolsProtocol.data_received(self, data)
+        self._received += len(data)  # after: a body's first window counts the head's chunk
+
+    def on_message_begin(self) -> None:
+        if self._phase == _IDLE:
+            self._phase = _HEAD
+            self._since = self.loop.time()
+        HttpToolsProtocol.on_message_begin(self)
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._since = self.loop.time()
+        self._window_mark = self._received
+        HttpToolsProtocol.on_headers_complete(self)
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        HttpToolsProtocol.on_message_complete(self)
+
+
+class GuardedH11Protocol(_Guard, H11Protocol):
+    """uvicorn's h11 protocol with the deadlines and the cap of :mod:`app.api.connections`.
+
+    h11 reports no event for the start of a head, and may take up a buffered request only
+    when the previous answer is complete, so the phase follows ``their_state`` after each
+    chunk and after each answer.
+    """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self._refuse_or_start(transport):
+            super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._head_started()
+        super().data_received(data)
+        self._follow()
+        self._received += len(data)  # after: a body's first window counts the head's chunk
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def _follow(self) -> None:
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            if self._phase != _BODY:
+                self._body_started()
+        elif state is h11.IDLE:
+            if self._phase == _BODY:  # a new cycle took up a request already in
+                self._phase = _IDLE
+            if self._phase == _IDLE and self.conn.trailing_data[0]:
+                self._head_started()
+        else:  # DONE, MUST_CLOSE, CLOSED, ERROR: the client has nothing left to send
+            self._phase = _IDLE
+
+
+def guarded_protocol(
+    limits: ConnectionLimits, parser: Literal["httptools", "h11"] = "httptools"
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class enforcing ``limits``, for ``uvicorn.Config(http=...)``.
+
+    Args:
+        limits: The deadlines and the cap.
+        parser: Which of uvicorn's protocols to extend (``httptools`` is the one
+            ``http="auto"`` picks when it is installed, as ``uvicorn[standard]`` does).
+
+    Returns:
+        A subclass of the chosen protocol bound to ``limits``.
+    """
+    base = GuardedHttpToolsProtocol if parser == "httptools" else GuardedH11Protocol
+    bound = type(base.__name__, (base,), {"limits": limits, "closures": _Closures(limits)})
+    return cast("type[asyncio.Protocol]", bound)
+
+
+def raise_descriptor_limit(max_connections: int) -> None:
+    """Raises the soft limit of open files so that ``max_connections`` fit, when it is lower.
+
+    Below it, accepting a connection would fail before the cap refuses it (many systems
+    start processes with a soft limit of 1024). The hard limit is left alone; when it is
+    too low, a warning says so.
+
+    Args:
+        max_connections: The cap on open connections.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + _DESCRIPTOR_HEADROOM
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        _log.warning(
+            "the open-file limit (%d) is below max_connections (%d) + %d: connections may "
+            "fail to open before the cap refuses them",
+            target,
+            max_connections,
+            _DESCRIPTOR_HEADROOM,
+        )
