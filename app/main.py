@@ -35,8 +35,10 @@ An experience replay service for reinforcement learning.
 
 * Bodies are `application/json` or `application/msgpack`; answers are msgpack when `Accept`
   names it, JSON otherwise. Item values are stored as the msgpack bytes sent.
-* Over JSON, bytes are `{"$bytes": "<base64>"}` and arrays
-  `{"$ndarray": {"dtype", "shape", "data": "<base64>"}}`.
+* Over JSON, bytes are `{"$bytes": "<base64>"}`, arrays
+  `{"$ndarray": {"dtype", "shape", "data": "<base64>"}}`, and the floats JSON cannot spell
+  `{"$float": "NaN"}`, `{"$float": "Infinity"}` and `{"$float": "-Infinity"}`, in answers
+  and in requests alike.
 * Every error is `{"error": {"code", "message"}}`.
 * With API keys configured, `/v1` needs `Authorization: Bearer <key>`.
 """

@@ -11,6 +11,7 @@ from clients.codec import (
     jsonable_to_msgpack,
     msgpack_to_jsonable,
     packb,
+    spell_floats,
     to_jsonable,
     unpackb,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "jsonable_to_msgpack",
     "msgpack_to_jsonable",
     "packb",
+    "spell_floats",
     "to_jsonable",
     "unpackb",
 ]

@@ -19,19 +19,23 @@ any value the msgpack form can hold:
 
 * bytes → ``{"$bytes": "<base64>"}``
 * arrays → ``{"$ndarray": {"dtype": "<f4", "shape": [2, 3], "data": "<base64>"}}``
+* the floats JSON cannot spell → ``{"$float": "NaN"}``, ``{"$float": "Infinity"}`` and
+  ``{"$float": "-Infinity"}``; finite floats stay numbers.
 * maps whose keys are all strings stay JSON objects. A map with any other key, or a map that
-  could be mistaken for a tag (exactly one key, which is ``"$bytes"``, ``"$ndarray"`` or
-  ``"$map"``), becomes ``{"$map": [[key, value], ...]}``, keys and values in JSON form.
-* floats are left as they are: NaN and infinities need a JSON encoder that allows them.
+  could be mistaken for a tag (exactly one key, which is ``"$bytes"``, ``"$ndarray"``,
+  ``"$float"`` or ``"$map"``), becomes ``{"$map": [[key, value], ...]}``, keys and values in
+  JSON form.
 
 :func:`jsonable_to_msgpack` and :func:`msgpack_to_jsonable` convert between the two forms
-directly, without building NumPy arrays, for a server that stores msgpack and answers JSON.
+directly, without building NumPy arrays, for a server that stores msgpack and answers JSON;
+:func:`msgpack_to_jsonable` leaves non-finite floats to :func:`spell_floats` (see there).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -57,12 +61,15 @@ __all__ = [
     "jsonable_to_msgpack",
     "msgpack_to_jsonable",
     "packb",
+    "spell_floats",
     "to_jsonable",
     "unpackb",
 ]
 
-_BYTES, _NDARRAY, _MAP = "$bytes", "$ndarray", "$map"
-_TAGS = frozenset({_BYTES, _NDARRAY, _MAP})
+_BYTES, _NDARRAY, _FLOAT, _MAP = "$bytes", "$ndarray", "$float", "$map"
+_TAGS = frozenset({_BYTES, _NDARRAY, _FLOAT, _MAP})
+#: The ``$float`` spellings, as JavaScript's ``String(x)`` and Python's ``json`` write them.
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _PYTHON_SCALARS = (bool, int, float, str, bytes)
 _JSON_SCALARS = (bool, int, float, str)
 
@@ -213,6 +220,38 @@ def _ndarray_form(payload: bytes | memoryview) -> dict[str, Any]:
     return {_NDARRAY: {"dtype": dtype, "shape": shape, "data": _b64(data)}}
 
 
+def _float_form(number: float) -> dict[str, str]:
+    """``{"$float": ...}`` of a NaN or an infinity."""
+    if math.isnan(number):
+        return {_FLOAT: "NaN"}
+    return {_FLOAT: "Infinity" if number > 0 else "-Infinity"}
+
+
+def spell_floats(form: Any) -> Any:
+    """``form`` with each NaN and infinity replaced by its ``{"$float": ...}`` tag.
+
+    :func:`msgpack_to_jsonable` leaves these floats as they are, so that the common value
+    pays no check for them: a JSON encoder that refuses them (``json.dumps`` with
+    ``allow_nan=False``) tells when a form needs this walk. Finite floats, the other leaves
+    and the tags already in ``form`` are kept; dicts and lists are copied (tuples become
+    lists).
+
+    Args:
+        form: A JSON form (dicts with string keys, lists, scalars), or any JSON-able data
+            that holds such forms.
+
+    Returns:
+        The form with no float that JSON cannot spell.
+    """
+    if isinstance(form, float):
+        return form if math.isfinite(form) else _float_form(form)
+    if isinstance(form, dict):
+        return {key: spell_floats(value) for key, value in form.items()}
+    if isinstance(form, list | tuple):
+        return [spell_floats(item) for item in form]
+    return form
+
+
 def _map_form(obj: dict[Any, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
     tag_like = len(obj) == 1 and next(iter(obj)) in _TAGS
     if not tag_like and all(isinstance(key, str) for key in obj):
@@ -232,6 +271,8 @@ def to_jsonable(obj: Any) -> Any:
     Raises:
         TypeError: A value has no wire form.
     """
+    if type(obj) is float:
+        return obj if math.isfinite(obj) else _float_form(obj)
     if obj is None or type(obj) in _JSON_SCALARS:
         return obj
     if isinstance(obj, bytes | bytearray | memoryview):
@@ -242,7 +283,7 @@ def to_jsonable(obj: Any) -> Any:
         return [to_jsonable(item) for item in obj]
     for scalar_type in _JSON_SCALARS:  # subclasses: enums, np.float64, np.str_
         if isinstance(obj, scalar_type) and not isinstance(obj, np.generic):
-            return scalar_type(obj)
+            return to_jsonable(scalar_type(obj))
     encoded = _default(obj)
     if isinstance(encoded, msgpack.ExtType):
         return _ndarray_form(encoded.data)
@@ -274,7 +315,8 @@ def _ndarray_parts(value: Any) -> tuple[str, list[int], bytes]:
 
 
 def from_jsonable(obj: Any) -> Any:
-    """Turn the JSON form back into the value: ``$bytes`` to bytes, ``$ndarray`` to arrays.
+    """Turn the JSON form back into the value: ``$bytes`` to bytes, ``$ndarray`` to arrays,
+    ``$float`` to floats.
 
     Args:
         obj: A value in JSON form, as parsed by ``json.loads``.
@@ -283,8 +325,9 @@ def from_jsonable(obj: Any) -> Any:
         The value, with NumPy arrays (bfloat16 ones as :class:`BFloat16Array`).
 
     Raises:
-        ValueError: A tag is malformed (bad base64, inconsistent array) or a ``$map`` key
-            is unhashable.
+        ValueError: A tag is malformed (bad base64, inconsistent array, a ``$float`` other
+            than ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``) or a ``$map`` key is
+            unhashable.
     """
     return _untag(obj, decode_array)
 
@@ -293,9 +336,16 @@ def _wire_array(payload: bytes) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_NDARRAY, payload)
 
 
+def _nonfinite(name: Any) -> float:
+    if not isinstance(name, str) or name not in _NONFINITE:
+        raise ValueError('"$float" must be "NaN", "Infinity" or "-Infinity"')
+    return _NONFINITE[name]
+
+
 def _untag(obj: Any, array: Callable[[bytes], Any]) -> Any:
-    """The JSON form with its tags replaced: ``$bytes`` by bytes, ``$map`` by a map, and
-    ``$ndarray`` by ``array(payload)`` (a NumPy array, or the msgpack extension as is)."""
+    """The JSON form with its tags replaced: ``$bytes`` by bytes, ``$float`` by a float,
+    ``$map`` by a map, and ``$ndarray`` by ``array(payload)`` (a NumPy array, or the msgpack
+    extension as is)."""
     if isinstance(obj, list):
         return [_untag(item, array) for item in obj]
     if not isinstance(obj, dict):
@@ -303,6 +353,8 @@ def _untag(obj: Any, array: Callable[[bytes], Any]) -> Any:
     tag = _tag(obj)
     if tag == _BYTES:
         return _unb64(obj[_BYTES])
+    if tag == _FLOAT:
+        return _nonfinite(obj[_FLOAT])
     if tag == _NDARRAY:
         dtype, shape, data = _ndarray_parts(obj[_NDARRAY])
         return array(payload_from_parts(dtype, shape, data))
@@ -364,7 +416,8 @@ def msgpack_to_jsonable(data: bytes | bytearray | memoryview) -> Any:
     """The JSON form of msgpack bytes (as the server stores values).
 
     Extension type 1 becomes ``{"$ndarray": ...}`` and ``bin`` becomes ``{"$bytes": ...}``,
-    without building NumPy arrays.
+    without building NumPy arrays. NaN and infinities (float64, float32) are left as
+    floats: :func:`spell_floats` completes the form when a JSON encoder refuses them.
 
     Raises:
         ValueError: The bytes are not one well-formed msgpack value, or hold a malformed

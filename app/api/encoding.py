@@ -18,6 +18,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from app.errors import wants_msgpack_header
+from clients.codec import spell_floats
 from clients.errors import BadRequest, UnsupportedMediaType
 
 __all__ = [
@@ -112,7 +113,19 @@ def decode_body(body: bytes, fmt: BodyFormat) -> Any:
 
 
 def dump_json(data: Any) -> bytes:
-    """Compact JSON bytes (no NaN or infinity: they are not JSON)."""
+    """Compact JSON bytes; NaN and infinities, which JSON cannot spell, as ``{"$float": ...}``.
+
+    The encoder refuses those floats (``allow_nan=False``), and only then is ``data`` walked
+    to replace them (:func:`~clients.codec.spell_floats`): answers without one, nearly all
+    of them, pay nothing for the check.
+    """
+    try:
+        return _dumps(data)
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return _dumps(spell_floats(data))
+
+
+def _dumps(data: Any) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 

@@ -7,7 +7,8 @@ way out. Floats are packed as float64 and ``times_sampled`` as uint64, both vali
 In JSON each value is converted to the contract's JSON form with
 :func:`clients.codec.msgpack_to_jsonable`. A stored value that has no JSON form (an unknown
 extension type, a string that is not UTF-8) is answered as ``{"$msgpack": "<base64>"}``,
-its raw bytes, rather than failing the request.
+its raw bytes, rather than failing the request. NaN and infinities stay floats here;
+:func:`app.api.encoding.dump_json` spells them ``{"$float": ...}`` when it meets one.
 """
 
 from __future__ import annotations

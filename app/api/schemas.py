@@ -40,9 +40,10 @@ Priority = Annotated[float, Field(ge=0)]
 
 _VALUE_DOC = (
     "Any msgpack value. In msgpack bodies arrays are extension type 1 "
-    '(`[dtype, shape, data]`); in JSON, bytes are `{"$bytes": base64}` and arrays '
-    '`{"$ndarray": {"dtype", "shape", "data": base64}}`. A stored value with no JSON '
-    'form comes back over JSON as `{"$msgpack": base64}`.'
+    '(`[dtype, shape, data]`); in JSON, bytes are `{"$bytes": base64}`, arrays '
+    '`{"$ndarray": {"dtype", "shape", "data": base64}}`, and NaN, Infinity and -Infinity '
+    '`{"$float": "NaN"}`, `{"$float": "Infinity"}`, `{"$float": "-Infinity"}`. A stored '
+    'value with no JSON form comes back over JSON as `{"$msgpack": base64}`.'
 )
 _VALUE_EXAMPLE: dict[str, Any] = {"obs": [0.1, 0.2, 0.3], "action": 1, "reward": 1.0}
 

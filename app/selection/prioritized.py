@@ -26,7 +26,7 @@ class PrioritizedSampler(Selector):
     draws fall back to uniform over all the items held (probability ``1/N``, weight 1).
 
     Importance weights: ``weights`` returns ``(N·P(i))^-beta`` divided by the largest such
-    value in the batch, so the weights lie in ``(0, 1]``.
+    value in the batch, so the weights lie in ``[0, 1]`` (0 only where the ratio underflows).
     """
 
     name = "prioritized"
@@ -101,9 +101,16 @@ class PrioritizedSampler(Selector):
         return slots, self._tree.get(slots) / total
 
     def weights(self, probabilities: Floats, size: int) -> Floats:
-        """``(size · P(i))^-beta``, normalised by the batch's largest weight."""
-        raw = (size * np.asarray(probabilities, dtype=np.float64)) ** -self._is_exponent
-        return np.asarray(raw / raw.max(), dtype=np.float64)
+        """``(size · P(i))^-beta``, normalised by the batch's largest weight.
+
+        Computed as ``(P_min / P(i))^beta``, the same number: a ratio of at most 1 raised to
+        beta cannot overflow, where ``(size · P)^-beta`` is infinite for a large beta and a
+        small probability, and the normalised weight then NaN.
+        """
+        probs = np.asarray(probabilities, dtype=np.float64)
+        # a probability that underflowed to 0 is the batch's least likely pick: weight 1
+        ratio = np.divide(probs.min(), probs, out=np.ones_like(probs), where=probs > 0)
+        return np.asarray(ratio**self._is_exponent, dtype=np.float64)
 
     def __len__(self) -> int:
         """Number of slots held."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import httpx
@@ -143,6 +144,22 @@ async def test_json_answers_are_decoded_from_the_json_form() -> None:
         item = await rb.get("t", "k")
     assert item is not None and item["value"]["raw"] == b"\x01"
     assert item["value"]["obs"].dtype == np.dtype("<i2")
+
+
+async def test_json_answers_decode_nonfinite_floats() -> None:
+    content = (
+        b'{"key":"k","value":{"r":[{"$float":"NaN"},{"$float":"Infinity"}],'
+        b'"d":{"$float":"-Infinity"}},"priority":1.0}'
+    )
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=content, headers={"Content-Type": "application/json"})
+
+    async with ReplayClient("http://x", transport=httpx.MockTransport(handler)) as rb:
+        item = await rb.get("t", "k")
+    assert item is not None
+    nan, inf = item["value"]["r"]
+    assert math.isnan(nan) and inf == math.inf and item["value"]["d"] == -math.inf
 
 
 async def test_health(client: ReplayClient) -> None:

@@ -22,6 +22,7 @@ from clients.codec import (
     jsonable_to_msgpack,
     msgpack_to_jsonable,
     packb,
+    spell_floats,
     to_jsonable,
     unpackb,
 )
@@ -395,12 +396,19 @@ json_leaves = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(allow_nan=False)
+    # the NaN that "$float" spells back is math.nan, so msgpack bytes compare equal too
+    | st.sampled_from([math.nan, math.inf, -math.inf])
     | st.text(max_size=8)
     | st.binary(max_size=8)
     | raw_arrays()
 )
-keys = st.text(max_size=6) | st.sampled_from(["$bytes", "$ndarray", "$map"]) | st.integers(-5, 5)
+keys = (
+    st.text(max_size=6)
+    | st.sampled_from(["$bytes", "$ndarray", "$float", "$map"])
+    | st.integers(-5, 5)
+    | st.sampled_from([-0.5, math.inf])
+)
 values = st.recursive(
     json_leaves,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3),
@@ -419,7 +427,7 @@ def test_json_form_round_trips_through_json_text(value: Any) -> None:
 @settings(max_examples=200)
 def test_json_and_msgpack_forms_convert_into_each_other(value: Any) -> None:
     encoded = packb(value)
-    assert msgpack_to_jsonable(encoded) == to_jsonable(value)
+    assert spell_floats(msgpack_to_jsonable(encoded)) == to_jsonable(value)
     assert jsonable_to_msgpack(to_jsonable(value)) == encoded
 
 
@@ -468,6 +476,11 @@ def test_jsonable_to_msgpack_normalises_dtype_and_builds_ext_arrays() -> None:
         {"$map": [[1]]},
         {"$map": {"a": 1}},
         {"$map": [[[1], 2]]},  # unhashable key
+        {"$float": "nan"},
+        {"$float": "inf"},
+        {"$float": "1.5"},
+        {"$float": 1.5},
+        {"$float": None},
     ],
 )
 def test_malformed_json_forms_raise_value_error(form: Any) -> None:
@@ -482,4 +495,61 @@ def test_msgpack_to_jsonable_of_stored_value() -> None:
     assert msgpack_to_jsonable(stored) == {
         "obs": {"$ndarray": {"dtype": "|u1", "shape": [2], "data": "AAE="}},
         "raw": {"$bytes": "/w=="},
+    }
+
+
+NAN, INF = math.nan, math.inf
+
+
+def test_json_form_of_nonfinite_floats() -> None:
+    value = {
+        "a": [NAN, INF, -INF, 1.5],
+        "m": {"deep": [{"x": -INF}]},
+        "s": np.float32("nan"),
+        "h": np.float16("-inf"),  # NumPy scalars travel as msgpack floats
+    }
+    form = to_jsonable(value)
+    assert form == {
+        "a": [{"$float": "NaN"}, {"$float": "Infinity"}, {"$float": "-Infinity"}, 1.5],
+        "m": {"deep": [{"x": {"$float": "-Infinity"}}]},
+        "s": {"$float": "NaN"},
+        "h": {"$float": "-Infinity"},
+    }
+    assert spell_floats(msgpack_to_jsonable(packb(value))) == form
+    back = from_jsonable(json.loads(json.dumps(form, allow_nan=False)))
+    assert math.isnan(back["a"][0]) and back["a"][1:] == [INF, -INF, 1.5]
+    assert back["m"] == {"deep": [{"x": -INF}]} and math.isnan(back["s"]) and back["h"] == -INF
+    assert unpackb(jsonable_to_msgpack(form))["a"][1:] == [INF, -INF, 1.5]
+
+
+def test_a_map_that_looks_like_a_float_tag_is_escaped() -> None:
+    lookalike = {"$float": "NaN"}
+    assert to_jsonable(lookalike) == {"$map": [["$float", "NaN"]]}
+    assert msgpack_to_jsonable(packb(lookalike)) == {"$map": [["$float", "NaN"]]}
+    assert from_jsonable(to_jsonable(lookalike)) == lookalike
+
+
+@pytest.mark.parametrize(
+    ("stored", "spelled"),
+    [
+        (b"\xca\x7f\xc0\x00\x00", "NaN"),  # float32
+        (b"\xca\x7f\x80\x00\x00", "Infinity"),
+        (b"\xca\xff\x80\x00\x00", "-Infinity"),
+        (b"\xcb\x7f\xf8" + bytes(6), "NaN"),  # float64
+        (b"\xcb\xff\xf0" + bytes(6), "-Infinity"),
+        (b"\xcb\xff\xf8" + bytes(5) + b"\x01", "NaN"),  # negative, with a payload
+    ],
+)
+def test_msgpack_floats_of_either_width_are_spelled(stored: bytes, spelled: str) -> None:
+    form = spell_floats(msgpack_to_jsonable(b"\x81\xa1v\x91" + stored))
+    assert form == {"v": [{"$float": spelled}]}
+
+
+def test_spell_floats_keeps_finite_values_and_tags() -> None:
+    form = {"a": [1.0, -0.0, 1e308, "NaN"], "b": {"$bytes": "AQ=="}, "c": (INF,), "d": True}
+    assert spell_floats(form) == {
+        "a": [1.0, -0.0, 1e308, "NaN"],
+        "b": {"$bytes": "AQ=="},
+        "c": [{"$float": "Infinity"}],
+        "d": True,
     }

@@ -41,6 +41,22 @@ def test_prioritized_weights_are_normalised_is_weights() -> None:
     assert np.argmin(weights) == np.argmax(probs)  # the likeliest pick weighs least
 
 
+def test_prioritized_weights_stay_finite_with_a_large_beta() -> None:
+    # (N·P)^-beta overflows here ((2e-6)^-400 is past float64), and the old ratio was NaN
+    sampler = PrioritizedSampler(exponent=1.0, is_exponent=400.0)
+    probs = np.array([0.999999, 1e-6, 0.999, 1e-6 * (1 + 2**-40)])
+    weights = sampler.weights(probs, 2)
+    assert np.all(np.isfinite(weights)) and weights.max() == 1.0
+    expected = np.exp(-400.0 * (np.log(probs) - np.log(probs.min())))
+    np.testing.assert_allclose(weights, expected, rtol=1e-9)
+
+
+def test_a_probability_that_underflowed_to_zero_weighs_most() -> None:
+    # priority 5e-324 of a total over 1: its probability rounds to 0.0
+    sampler = PrioritizedSampler(exponent=1.0, is_exponent=0.4)
+    np.testing.assert_array_equal(sampler.weights(np.array([0.5, 0.0, 0.25]), 3), [0, 1, 0])
+
+
 def test_prioritized_weights_with_beta_zero_are_one() -> None:
     sampler = PrioritizedSampler(is_exponent=0.0)
     np.testing.assert_array_equal(sampler.weights(np.array([0.5, 0.1, 0.4]), 3), np.ones(3))
