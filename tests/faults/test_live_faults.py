@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
 from pathlib import Path
 
@@ -184,5 +186,26 @@ async def test_answers_past_the_cap_and_tables_past_the_limit_are_refused(
             assert "--max-tables" in r.json()["error"]["message"]
             assert (await c.delete("/v1/tables/t1")).status_code == 204
             assert (await c.put("/v1/tables/t3", json={})).status_code == 201
+    finally:
+        stop_server(server)
+
+
+async def test_sigterm_stops_within_seconds_while_a_sample_waits(tmp_path: Path) -> None:
+    """A sample waiting a minute for an item does not hold a SIGTERM for that long."""
+    server = start_server(tmp_path)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            await c.put("/v1/tables/empty", json={})
+            waiting = asyncio.ensure_future(
+                c.post("/v1/tables/empty/sample", json={"batch_size": 1, "timeout_ms": 60_000})
+            )
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(server.process.wait, 60)
+            assert time.monotonic() - started < 25  # uvicorn's 5 s grace, then the stop
+            assert code in (0, -signal.SIGTERM)  # uvicorn ends by re-raising the signal
+            with contextlib.suppress(httpx.HTTPError):
+                await waiting
     finally:
         stop_server(server)
