@@ -40,7 +40,8 @@ An experience replay service for reinforcement learning.
   `{"$float": "NaN"}`, `{"$float": "Infinity"}` and `{"$float": "-Infinity"}`, in answers
   and in requests alike.
 * Every error is `{"error": {"code", "message"}}`.
-* With API keys configured, `/v1` needs `Authorization: Bearer <key>`.
+* With API keys configured, `/v1` needs `Authorization: Bearer <key>` (and `/metrics` too
+  with `--metrics-require-key`).
 """
 
 
@@ -99,8 +100,8 @@ def create_app(
         The ASGI app.
     """
     the_engine = engine if engine is not None else Engine(settings)
-    metrics = Metrics()
-    metrics.watch_engine(the_engine)
+    metrics = Metrics(cache_s=settings.metrics_cache_s)
+    metrics.watch_engine(the_engine, max_tables=settings.metrics_max_tables)
 
     async def recover() -> None:
         tables = {DEFAULT_TABLE: default_table_config(settings)} if settings.default_table else {}
@@ -162,6 +163,7 @@ def create_app(
         "metrics": metrics,
         "max_body_bytes": int(settings.max_request_mb * 1024 * 1024),
         "api_keys": settings.api_key,
+        "metrics_require_key": settings.metrics_require_key,
     }
     app.add_middleware(RequestContextMiddleware, **context)
     if hot_routes:

@@ -127,6 +127,20 @@ class Settings(BaseSettings):
     api_key: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys; when set, /v1 needs one."
     )
+    metrics_require_key: bool = Field(
+        False, description="With API keys set, /metrics needs one too (health checks stay open)."
+    )
+    metrics_max_tables: int | None = Field(
+        100,
+        ge=0,
+        description=(
+            "Tables with series of their own in /metrics, the largest first (none: every "
+            "table); every table counts in the rlreplay_all_tables_* totals."
+        ),
+    )
+    metrics_cache_s: float = Field(
+        1.0, ge=0, description="Seconds a rendered /metrics answer is reused (0: render each)."
+    )
     default_table: bool = Field(True, description="Create the table 'default' at start-up.")
     default_table_max_size: int | None = Field(
         None, gt=0, description="max_size of the 'default' table (none: unbounded)."

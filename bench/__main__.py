@@ -1,7 +1,8 @@
 """``python -m bench [section ...] [--quick]``: run the benchmark sections and print their tables.
 
 Sections: engine (storage and writer), selection (samplers vs TorchRL), http (the
-service vs the framework's ceiling). With no section named, all run.
+service vs the framework's ceiling), metrics (a /metrics scrape's cost by table count).
+With no section named, all run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import platform
 import sys
 
-SECTIONS = ("engine", "selection", "http")
+SECTIONS = ("engine", "selection", "http", "metrics")
 
 
 def main(argv: list[str] | None = None) -> None:

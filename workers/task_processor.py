@@ -716,6 +716,7 @@ class TaskProcessor:
             return
         table.dropped = True
         s.tables.pop(table.name, None)
+        s.dropped_counters.add(table.counters)
         s.ledger.drop_table(table)
         table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))

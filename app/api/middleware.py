@@ -4,7 +4,8 @@
 installs. For each request, in this order, it
 
 1. gives the request an id (``X-Request-ID``),
-2. answers 401 on ``/v1`` without a valid bearer key (only when keys are configured),
+2. answers 401 on ``/v1`` (and ``/metrics`` when asked) without a valid bearer key (only
+   when keys are configured),
 3. answers 413 before a body over the limit is buffered,
 4. runs the app, turning an exception nothing else handled into a 500 (a client that
    disconnected mid-request is recorded as 499, nginx's "client closed request"),
@@ -94,8 +95,9 @@ class RequestContextMiddleware:
     * The id is the client's ``X-Request-ID`` when it is a short token, a fresh one
       otherwise, and comes back in the ``X-Request-ID`` response header.
     * With API keys configured, ``/v1`` needs ``Authorization: Bearer <key>`` with one of
-      them (401 ``unauthorized`` otherwise); health, readiness, metrics and the documentation
-      stay open. Keys are compared with :func:`hmac.compare_digest` against every key.
+      them (401 ``unauthorized`` otherwise), and so does ``/metrics`` with
+      ``metrics_require_key``; health, readiness and the documentation stay open. Keys are
+      compared with :func:`hmac.compare_digest` against every key.
     * A body over ``max_body_bytes`` is 413 ``payload_too_large``: a ``Content-Length`` over
       the limit is refused at once; a chunked body is counted as it streams in and the
       request fails as soon as the count passes the limit.
@@ -112,6 +114,7 @@ class RequestContextMiddleware:
         metrics: Metrics,
         max_body_bytes: int,
         api_keys: Sequence[str] = (),
+        metrics_require_key: bool = False,
     ) -> None:
         """Wraps ``app``.
 
@@ -120,11 +123,13 @@ class RequestContextMiddleware:
             metrics: Where requests are recorded.
             max_body_bytes: The largest request body accepted.
             api_keys: The bearer keys ``/v1`` requires; none required when empty.
+            metrics_require_key: ``/metrics`` requires one of ``api_keys`` too.
         """
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.keys = [k.encode() for k in api_keys]
+        self.metrics_require_key = metrics_require_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Runs one request through the checks and the app, then records it."""
@@ -189,7 +194,7 @@ class RequestContextMiddleware:
         self, path: str, authorization: bytes | None, declared: bytes | None
     ) -> ReplayError | None:
         """Why the request is refused before the app runs: no valid key, or a body too large."""
-        if self.keys and (path == "/v1" or path.startswith("/v1/")):
+        if self.keys and self._needs_key(path):
             scheme, _, token = (authorization or b"").strip().partition(b" ")
             token = token.strip()
             ok = False
@@ -206,6 +211,14 @@ class RequestContextMiddleware:
             if length > self.max_body_bytes:
                 return self._too_large()
         return None
+
+    def _needs_key(self, path: str) -> bool:
+        """Whether ``path`` is one that API keys protect."""
+        return (
+            path == "/v1"
+            or path.startswith("/v1/")
+            or (self.metrics_require_key and path == "/metrics")
+        )
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"the request body is over the limit of {self.max_body_bytes} bytes")

@@ -1,4 +1,8 @@
-"""Operations: liveness, readiness and Prometheus metrics (open even with API keys)."""
+"""Operations: liveness, readiness and Prometheus metrics.
+
+They stay open with API keys configured, except ``/metrics`` with ``--metrics-require-key``
+(the check is :class:`app.api.middleware.RequestContextMiddleware`'s, as for ``/v1``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from app.api.encoding import encode
 from app.api.openapi import answers
 from app.api.schemas import Health
 from app.metrics import CONTENT_TYPE
-from clients.errors import Unavailable
+from clients.errors import Unauthorized, Unavailable
 
 __all__ = ["router"]
 
@@ -44,8 +48,17 @@ async def readyz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
 @router.get(
     "/metrics",
     response_model=None,
-    responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE: {}}}},
+    responses={
+        200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE: {}}},
+        **answers({}, Unauthorized),
+    },
 )
 async def metrics(metrics: AppMetrics) -> Response:
-    """Prometheus metrics: requests, ops, tables and write queues."""
+    """Prometheus metrics: requests, ops, tables and write queues.
+
+    Totals over every table, and series of their own for the largest tables only (up to
+    `--metrics-max-tables`, default 100). A rendering is reused for `--metrics-cache-s`
+    (default 1 s). Open, unless `--metrics-require-key` is set and API keys are configured:
+    then it needs `Authorization: Bearer <key>` like `/v1`.
+    """
     return Response(metrics.render(), media_type=CONTENT_TYPE)

@@ -42,7 +42,7 @@ from app.engine.ops import (
     PutOp,
 )
 from app.engine.state import EngineState, cache_charge, value_key
-from app.engine.table import Table
+from app.engine.table import Table, TablesSummary, summarize_tables
 from app.engine.wal import LogRecoveryError, WriteAheadLog
 from app.settings import Settings
 from app.storage.allocator import tune_allocator
@@ -453,6 +453,11 @@ class Engine:
     def describe(self, name: str) -> dict[str, Any]:
         """``{"name", "config", "stats"}`` of a table; TableNotFound when missing."""
         return self._table(name).describe()
+
+    def tables_summary(self, largest: int | None) -> TablesSummary:
+        """Every table's stats summed, and those of the ``largest`` biggest tables (all: None)."""
+        s = self._s
+        return summarize_tables(s.tables.values(), dropped=s.dropped_counters, largest=largest)
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from app.engine.table import Table
+from app.engine.table import Table, TableCounters
 from app.engine.wal import WriteAheadLog
 from app.settings import Settings
 from app.storage.blocking import BlockingIO
@@ -25,6 +25,8 @@ class EngineState:
     store: RocksStore | None = None
     wal: WriteAheadLog | None = None
     tables: dict[str, Table] = field(default_factory=dict)
+    #: The counters of the tables dropped since start, summed (for the metrics' totals).
+    dropped_counters: TableCounters = field(default_factory=TableCounters)
     next_tid: int = 1
     seq: int = 0  # last op sequence number handed out (the WAL's LSN when the log is on)
     queued_items: int = 0

@@ -78,8 +78,14 @@ async def test_every_route_over_the_wire(live: LiveServer, fmt: str) -> None:
         )
         status, body = await wire(c, "GET", base, fmt=fmt)
         assert body["stats"]["size"] == 2
-        r = await c.get("/metrics")
-        assert f'rlreplay_table_items{{table="{table}"}}' in r.text
+        # A scrape reuses a rendering up to --metrics-cache-s (1 s) old: poll, bounded.
+        deadline = time.monotonic() + 10
+        while (
+            f'rlreplay_table_items{{table="{table}"}} 2.0'
+            not in (r := await c.get("/metrics")).text
+        ):
+            assert time.monotonic() < deadline, r.text
+            await asyncio.sleep(0.1)
         assert await wire(c, "DELETE", base, fmt=fmt) == (204, None)
         status, body = await wire(c, "GET", base, fmt=fmt)
         assert (status, body["error"]["code"]) == (404, "table_not_found")
