@@ -91,6 +91,11 @@ _STORAGE_GAUGES = {
     "wal_bytes": ("rlreplay_wal_bytes", "Bytes of the write-ahead log on disk."),
     "applied_ops": ("rlreplay_writer_applied_ops", "Ops the writer has applied since start."),
     "recovered_records": ("rlreplay_recovered_records", "Log records replayed at start."),
+    "writer_alive": ("rlreplay_writer_alive", "1 while the writer runs; 0 once it has died."),
+    "storage_failing": (
+        "rlreplay_storage_failing",
+        "1 while writes to disk fail (the log, checkpoints, evictions): a full disk, I/O errors.",
+    ),
 }
 
 
@@ -207,6 +212,20 @@ class EngineExposition:
         for stat, (name, doc) in _STORAGE_GAUGES.items():
             if isinstance(storage.get(stat), int | float):
                 out.append(_head(name, "gauge", doc) + f"{name} {_value(storage[stat])}\n")
+        failures = storage.get("failures")
+        if isinstance(failures, dict) and failures:
+            out.append(
+                _head(
+                    "rlreplay_storage_failures_total",
+                    "counter",
+                    "Storage writes that failed, by kind (log_flush, checkpoint, evict, store); "
+                    "background ones are retried with backoff.",
+                )
+            )
+            for kind, count in failures.items():
+                out.append(
+                    f'rlreplay_storage_failures_total{{kind="{_label(kind)}"}} {_value(count)}\n'
+                )
         lag = getattr(self._engine, "writer_lag_s", None)
         if isinstance(lag, int | float):
             out.append(

@@ -910,6 +910,18 @@ class Engine:
             "wal_bytes": s.wal.disk_bytes() if s.wal is not None else 0,
             "applied_ops": self._processor.applied_ops if self._processor else 0,
             "recovered_records": self._recovered_records,
+            "writer_alive": int(self.alive),
+            "storage_failing": int(
+                self._processor is not None
+                and (
+                    self._processor.storage_failing
+                    or (s.wal is not None and s.wal.last_error is not None)
+                )
+            ),
+            "failures": {
+                "log_flush": s.wal.flush_failures if s.wal is not None else 0,
+                **(self._processor.background_failures if self._processor else {}),
+            },
         }
 
 

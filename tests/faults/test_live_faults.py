@@ -32,6 +32,16 @@ async def _push(c: httpx.AsyncClient, key: str, value: bytes, table: str = "defa
     return r.status_code
 
 
+async def _metric(c: httpx.AsyncClient, series: str) -> float:
+    """The value of one series in /metrics, once it is there (answers are cached 1 s)."""
+    for _ in range(100):
+        for line in (await c.get("/metrics")).text.splitlines():
+            if line.startswith(series + " ") and float(line.split()[-1]) > 0:
+                return float(line.split()[-1])
+        await asyncio.sleep(0.1)
+    return 0.0
+
+
 async def _sample_answers_in_time(c: httpx.AsyncClient) -> None:
     """A sample with timeout_ms 200 answers (200, 504 or 503), and not long after its
     deadline: the bound is loose, as CI machines are loaded; a hang fails it."""
@@ -132,6 +142,7 @@ async def test_a_full_disk_refuses_writes_and_they_come_back(
                 assert all(it is not None for it in r.json()["items"])
                 await _sample_answers_in_time(c)
                 assert (await c.get("/healthz")).status_code == 200
+                assert await _metric(c, 'rlreplay_storage_failures_total{kind="log_flush"}') >= 1
                 # space comes back: writes work again by themselves
                 filler.unlink()
                 deadline = time.monotonic() + 60
