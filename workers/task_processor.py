@@ -302,8 +302,8 @@ class TaskProcessor:
             if table is not None and table not in tables:
                 tables.append(table)
         for t in tables:
-            waiting = [op for op in kept if getattr(op, "table", None) is t]
-            if current is not None and not current.refused and getattr(current, "table", None) is t:
+            waiting = [op for op in kept if _item_op_of(op, t)]
+            if current is not None and not current.refused and _item_op_of(current, t):
                 if self._applying:
                     t.rebuild_pending(waiting, applying=current)
                 else:
@@ -725,7 +725,11 @@ class TaskProcessor:
                 (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1))
                 for tag in (b"v", b"m")
             ]
-            self._disk_deletes.append(b"t" + table.name.encode())
+            record = b"t" + table.name.encode()
+            # a table record put off by a failed write must not outlive the table: the
+            # checkpoint's batch applies its deletes before its puts
+            self._deferred_puts = [(k, v) for k, v in self._deferred_puts if k != record]
+            self._disk_deletes.append(record)
             await self._store_write_or_defer([], ranges)
 
     async def _store_write_or_defer(
@@ -858,6 +862,11 @@ class TaskProcessor:
             header,
             list(s.tables.values()),
         )
+
+
+def _item_op_of(op: Op, table: Table) -> bool:
+    """Whether ``op`` is one of ``table``'s item ops (those its pending index counts)."""
+    return isinstance(op, PutOp | DeleteOp | PriorityOp) and op.table is table
 
 
 def raise_into(op: Op, exc: BaseException) -> None:

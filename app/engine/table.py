@@ -298,7 +298,8 @@ class Table:
     def rebuild_pending(self, ops: Iterable[Any], applying: Any = None) -> None:
         """Recompute what readers see from the ops accepted for this table and not applied
         yet, in order (``applying``: the one the writer is applying, whose pending entries
-        it has taken): after refused ops were taken out of the writer's queue."""
+        it has taken): after refused ops were taken out of the writer's queue. ``ops`` are
+        the table's pushes, deletes and priority updates only."""
         pending: dict[str, PendingEntry] = {}
         weight, last = 0, self.applied_seq
         for op in [applying, *ops] if applying is not None else ops:
@@ -307,10 +308,10 @@ class Table:
             if op is applying:
                 continue
             items = getattr(op, "items", None)
-            if items is not None:
+            if items is not None:  # a push
                 for it in items:
                     pending[it.key] = (op.seq, it, op.inserted_at)
-            elif not hasattr(op, "priorities"):  # a delete
+            elif not hasattr(op, "priorities"):  # a delete; priorities have no entries
                 for key in op.keys:
                     pending[key] = (op.seq, None, 0.0)
         self.pending.clear()

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import app.engine.wal as wal_module
@@ -159,13 +159,14 @@ async def run(ops_list: list[tuple[Any, ...]], mode: str, data_dir: Path, faults
 
 @pytest.mark.parametrize("mode", ["hybrid", "memory", "disk"])
 @settings(
-    max_examples=25,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(ops_list=st.lists(ops, min_size=1, max_size=25))
+@given(ops_list=st.lists(ops, min_size=1, max_size=30))
 def test_no_answered_write_lost_and_no_refused_write_applied(
     mode: str, ops_list: list[tuple[Any, ...]], faults: Faults
 ) -> None:
+    note(f"ops: {ops_list}")
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(ops_list, mode, Path(tmp) / "data", faults))
