@@ -231,7 +231,8 @@ class TaskProcessor:
                 if op.seq and wal is not None and op.seq > wal.durable_lsn:
                     try:  # applied only once durable: a record the log lost is refused
                         await wal.commit(op.seq)
-                    except OSError:
+                    except OSError as exc:
+                        wal.refuse(op.seq, op.seq, exc)  # (a no-op: commit raised for that)
                         self.drop_refused()
                         continue
                 self._applying = True

@@ -570,9 +570,10 @@ class WriteAheadLog:
                 return None
         return None
 
-    def _refuse(self, first: int, last: int, error: BaseException) -> None:
-        """Records ``first``..``last`` were lost in a failed flush."""
-        if first > last:
+    def refuse(self, first: int, last: int, error: BaseException) -> None:
+        """Records ``first``..``last`` were lost in a failed flush (those already known
+        refused are left as they are)."""
+        if first > last or (first == last and self.refusal(first) is not None):
             return
         if not isinstance(error, OSError):
             error = OSError(errno.EIO, repr(error))
@@ -583,8 +584,11 @@ class WriteAheadLog:
         if prev is not None and prev.last + 1 == first:
             prev.last = last
             prev.error = error
-        else:
+        elif prev is None or prev.last < first:
             self._refused.append(Refusal(first, last, error))
+        else:  # below the newest range (never in practice): keep them ordered for refusal()
+            ranges = sorted([*self._refused, Refusal(first, last, error)], key=lambda r: r.first)
+            self._refused = deque(ranges[-_REFUSALS_KEPT:], maxlen=_REFUSALS_KEPT)
 
     # -- flushing through the log writer process ----------------------------------------
 
@@ -658,7 +662,7 @@ class WriteAheadLog:
                     flush.done.set_result(None)
                 else:  # lost, and so is every later one: the next flush starts a new segment
                     self._failed = True
-                    self._refuse(flush.first, flush.upto, reply.error)
+                    self.refuse(flush.first, flush.upto, reply.error)
                     flush.done.set_exception(reply.error)
                     flush.done.exception()  # retrieved: waiters get it through shield
                 self._recycle(flush.buf)
@@ -676,7 +680,7 @@ class WriteAheadLog:
         while self._in_flight:
             flush = self._in_flight.popleft()
             error = OSError(errno.EIO, f"log writer process lost: {exc}")
-            self._refuse(flush.first, flush.upto, error)
+            self.refuse(flush.first, flush.upto, error)
             flush.done.set_exception(error)
             flush.done.exception()
             flush.buf.release()
@@ -723,7 +727,7 @@ class WriteAheadLog:
                     if isinstance(exc, OSError):
                         self.last_error = exc
                 elif count:
-                    self._refuse(upto - count + 1, upto, exc)
+                    self.refuse(upto - count + 1, upto, exc)
                 else:
                     self.flush_failures += 1
                     if isinstance(exc, OSError):

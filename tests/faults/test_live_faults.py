@@ -220,3 +220,40 @@ async def test_sigterm_stops_within_seconds_while_a_sample_waits(tmp_path: Path)
                 await waiting
     finally:
         stop_server(server)
+
+
+async def test_samples_keep_their_deadline_under_back_pressure(tmp_path: Path) -> None:
+    """Pushers keep the write queue full (503 overloaded answers) while a client samples with
+    timeout_ms 50: every sample answers, none waits seconds for the writer to catch up."""
+    server = start_server(tmp_path, "--write-queue-ops", "4000", "--durability", "none")
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            await _push(c, "seed", b"s")
+            value = bytes(2000)
+            stop = asyncio.Event()
+
+            async def pusher(w: int) -> None:
+                for i in range(400):  # bounded, and ends early once the sampler is done
+                    if stop.is_set():
+                        return
+                    body = msgpack.packb(
+                        {"items": [{"key": f"{w}-{i}-{j}", "value": value} for j in range(200)]}
+                    )
+                    await c.post("/v1/tables/default/items", content=body, headers=MSGPACK)
+
+            pushers = [asyncio.ensure_future(pusher(w)) for w in range(6)]
+            worst = 0.0
+            try:
+                for _ in range(40):
+                    started = time.monotonic()
+                    r = await c.post(
+                        "/v1/tables/default/sample", json={"batch_size": 8, "timeout_ms": 50}
+                    )
+                    worst = max(worst, time.monotonic() - started)
+                    assert r.status_code in (200, 504), r.text
+            finally:
+                stop.set()
+                await asyncio.gather(*pushers)
+            assert worst < 5, worst  # loose: the deadline is 50 ms; before, up to 2.8 s
+    finally:
+        stop_server(server)
