@@ -785,7 +785,7 @@ class Engine:
                         f"table {table!r}: reading the sampled values from disk took more "
                         f"than {timeout:g} s"
                     ) from None
-        if exhausted and not t.dropped:
+        if exhausted and not t.dropped and not t.dropping:  # no log record past its drop
             self._enqueue_delete(self._writer(), t, exhausted, wait=False)
         return batch
 
