@@ -232,7 +232,10 @@ async def measure(
     n: int, repeats: int, push_s: float, data: Path
 ) -> tuple[list[Any], list[list[Any]]]:
     """The scrape row at ``n`` tables; at the largest size also the push-latency rows."""
-    app = create_app(Settings(data_dir=data, metrics_cache_s=1.0, metrics_max_tables=CAP))
+    settings = Settings(
+        data_dir=data, metrics_cache_s=1.0, metrics_max_tables=CAP, max_tables=n + 1
+    )
+    app = create_app(settings)
     engine: Engine = app.state.engine
     metrics: Metrics = app.state.metrics
     latency_rows: list[list[Any]] = []
