@@ -21,6 +21,7 @@ from app.settings import Settings
 from app.storage.blocking import BlockingIO
 from clients.errors import (
     DeadlineExceeded,
+    Overloaded,
     StorageFull,
     Unavailable,
     ValidationFailed,
@@ -246,4 +247,38 @@ async def test_a_server_refuses_to_start_on_a_log_with_a_gap_unless_told(
     try:
         assert (await eng.get("t", "p0-0")) is not None
     finally:
+        await eng.stop()
+
+
+async def test_a_sample_keeps_its_deadline_under_back_pressure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer slower than the pushers fills the write queue (503 overloaded); a sample
+    behind those pushes answers 504 at its deadline instead of waiting for the queue."""
+    eng = Engine(settings(tmp_path / "d", storage_mode="memory", write_queue_ops=64))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        await eng.push("t", items("seed", 1, 10), wait=True)
+        processor = eng._processor
+        assert processor is not None
+        real_apply = processor.apply
+
+        async def slow_apply(op: Any, **kwargs: Any) -> None:
+            await asyncio.sleep(0.05)  # a writer behind: each op takes 50 ms
+            await real_apply(op, **kwargs)
+
+        monkeypatch.setattr(processor, "apply", slow_apply)
+        overloaded = 0
+        for i in range(200):  # until the queue is full
+            try:
+                await eng.push("t", items(f"p{i}-", 8, 10))
+            except Overloaded:
+                overloaded += 1
+                break
+        assert overloaded, "the write queue never filled"
+        with pytest.raises(DeadlineExceeded, match="not applied"):
+            await asyncio.wait_for(eng.sample_batch("t", 4, timeout_s=0.05), 30)
+    finally:
+        monkeypatch.undo()
         await eng.stop()
