@@ -100,7 +100,6 @@ class TaskProcessor:
         #: background failures by kind (checkpoint, evict, store), for /metrics
         self.background_failures: dict[str, int] = {"checkpoint": 0, "evict": 0, "store": 0}
         self.last_background_error: str | None = None
-        self._stopping = False
         # RocksDB work put off by a failed write, done by the next checkpoint's batch
         self._deferred_puts: list[tuple[bytes, bytes]] = []
         self._deferred_ranges: list[tuple[bytes, bytes]] = []
@@ -132,7 +131,6 @@ class TaskProcessor:
                 pass
             except TimeoutError:
                 log.error("the writer did not finish its queue in %s s: stopping it", timeout_s)
-        self._stopping = True
         task, self._task = self._task, None
         task.cancel()
         try:
@@ -215,7 +213,7 @@ class TaskProcessor:
             s = self._s
             if (
                 s.ledger.over
-                and s.mode == "hybrid"
+                and s.mode != "memory"
                 and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR
             ):
                 await self._evict()
@@ -348,30 +346,27 @@ class TaskProcessor:
         """Whether background writes to storage are failing now."""
         return self.checkpoint_retry.failing or self.evict_retry.failing or self.store_retry.failing
 
-    async def _store_write(
-        self,
-        puts: list[tuple[bytes, bytes]],
-        deletes: list[bytes] = [],  # noqa: B006 - never changed
-        ranges: list[tuple[bytes, bytes]] = [],  # noqa: B006 - never changed
-    ) -> None:
-        """Write to RocksDB, trying again (with backoff, reopening it) until it works: for
-        the writes an op cannot do without (a disk-mode push). Gives up only when the
-        writer stops; the op is then in the log, for the next start."""
+    async def _write_through(self, t: Table, items: Any, slots: list[int]) -> bool:
+        """Disk mode: write a push's values and metadata to RocksDB; False if it failed (the
+        values then stay in the cache, dirty, until a checkpoint or eviction writes them: the
+        op is in the log and must be applied all the same)."""
         s = self._s
         assert s.store is not None
-        while True:
-            try:
-                if s.store.failure is not None:
-                    await s.io.run(s.store.recover)
-                await s.io.run(s.store.write, puts, deletes, ranges)
-            except OSError as exc:
-                if self._stopping:
-                    raise Unavailable("shutting down while storage fails") from exc
-                self._background_failed("store", exc, self.store_retry)
-                await asyncio.sleep(max(0.0, self.store_retry.next_try - time.monotonic()))
-                continue
-            self.store_retry.succeeded()
-            return
+        puts: list[tuple[bytes, bytes]] = []
+        for it, slot in zip(items, slots, strict=True):
+            puts.append((value_key(t, it.key), it.value))
+            puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
+        deletes = self._take_disk_deletes()
+        try:
+            if s.store.failure is not None:
+                await s.io.run(s.store.recover)
+            await s.io.run(s.store.write, puts, deletes)
+        except OSError as exc:
+            self._disk_deletes[:0] = deletes
+            self._background_failed("store", exc, self.store_retry)
+            return False
+        self.store_retry.succeeded()
+        return True
 
     # -- applying -------------------------------------------------------------------------
 
@@ -433,7 +428,7 @@ class TaskProcessor:
                 found[i] = slot
         slot_list = cast(list[int], found)
         # the pending entries this op made, unless a later op replaced them (in disk mode
-        # they stay until RocksDB has the values: readers find them there meanwhile)
+        # they stay while RocksDB writes the values: readers find them there meanwhile)
         mine = [
             key
             for key, e in zip(keys, map(pending_get, keys), strict=True)
@@ -468,19 +463,17 @@ class TaskProcessor:
         if t.index_fields:
             fields = [index_fields_of(it.value, t.index_fields) for it in items]
             t.fields.update(zip(slot_list, fields, strict=True))
-        if mode == "disk":
+        written = mode == "disk" and await self._write_through(t, items, slot_list)
+        if written:
             t.meta_dirty[slots] = 0
-            disk_puts: list[tuple[bytes, bytes]] = []
-            for it, slot, size in zip(items, slot_list, sizes.tolist(), strict=True):
+            for slot, size in zip(slot_list, sizes.tolist(), strict=True):
                 retired[slot] = 0
                 values[slot] = None
                 t.on_disk[slot] = 1
                 t.dirty[slot] = 0
                 t.bytes_on_disk += size - int(t.disk_size[slot])
                 t.disk_size[slot] = size
-                disk_puts.append((value_key(t, it.key), it.value))
-                disk_puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
-        else:
+        else:  # hybrid and memory; disk mode when RocksDB failed: the cache holds it meanwhile
             t.meta_dirty[slots] = 1
             for slot, value in zip(slot_list, new_values, strict=True):
                 values[slot] = value
@@ -496,7 +489,6 @@ class TaskProcessor:
         if t.remover is not None:
             t.remover.insert(slots, prios, times, fields)
         if mode == "disk":
-            await self._store_write(disk_puts, self._take_disk_deletes())
             for key in mine:
                 entry = t.pending.get(key)
                 if entry is not None and entry[0] == seq:
@@ -505,7 +497,7 @@ class TaskProcessor:
         if not replay:
             await self._trim(t)
         t.applied(op.seq, op.weight)
-        if s.ledger.over and mode == "hybrid":
+        if s.ledger.over and mode != "memory":
             if replay:
                 await self._evict()
             elif not self._evict_queued:

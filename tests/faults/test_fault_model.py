@@ -169,4 +169,21 @@ def test_no_answered_write_lost_and_no_refused_write_applied(
 ) -> None:
     note(f"ops: {ops_list}")
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run(ops_list, mode, Path(tmp) / "data", faults))
+        asyncio.run(_in_time(run(ops_list, mode, Path(tmp) / "data", faults)))
+
+
+async def _in_time(work: Any) -> None:
+    """Run ``work``; a hang fails the example with every task's stack instead of waiting
+    forever."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=120)
+    if not done:
+        stacks = []
+        for other in asyncio.all_tasks():
+            if other is not asyncio.current_task():
+                frames = other.get_stack(limit=12)
+                where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames)
+                stacks.append(f"{other.get_name()}: {where}")
+        task.cancel()
+        raise AssertionError("hung:\n" + "\n".join(stacks))
+    task.result()
