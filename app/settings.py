@@ -93,7 +93,8 @@ class Settings(BaseSettings):
         "strict",
         description=(
             "strict: a gap or a record that cannot be applied in the middle of the log stops "
-            "the start, naming the segment and byte; point-in-time: recover up to there."
+            "the start, naming them; point-in-time: replay ends at a gap (later segments are "
+            "set aside as *.skipped) and a record that cannot be applied is skipped, logged."
         ),
     )
     request_head_timeout_s: float = Field(

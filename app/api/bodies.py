@@ -31,7 +31,7 @@ import msgpack
 from pydantic import ValidationError
 
 from app.api.encoding import BodyFormat, decode_body
-from app.engine.config import TableConfig
+from app.engine.config import TableConfig, check_numbers
 from app.engine.items import MAX_KEY_BYTES, NewItem, decode_push_body
 from clients.codec import jsonable_to_msgpack
 from clients.errors import BadRequest, ValidationFailed
@@ -241,6 +241,10 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
         try:
             value = jsonable_to_msgpack(entry["value"])
         except (ValueError, TypeError, RecursionError) as exc:
+            if isinstance(exc.__cause__, OverflowError):  # well formed, but past 64 bits
+                raise ValidationFailed(
+                    f"{where}.value: an integer does not fit in 64 bits"
+                ) from exc
             raise BadRequest(f"{where}.value: {exc}") from exc
         items.append(NewItem(key, value, priority))
     return PushBody(items, wait)
@@ -447,6 +451,10 @@ def parse_table_config(body: bytes, fmt: BodyFormat | None) -> TableConfig:
     if not body or fmt is None:
         return TableConfig.model_validate({})
     obj = _as_map(decode_body(body, fmt), "the body")
+    try:
+        check_numbers(obj, "")
+    except ValueError as exc:
+        raise ValidationFailed(str(exc)) from exc
     try:
         return TableConfig.model_validate(obj)
     except ValidationError as exc:

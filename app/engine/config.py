@@ -22,7 +22,7 @@ class SamplerSpec(BaseModel):
     def _numbers_in_range(self) -> SamplerSpec:
         """Numbers among the params fit what the engine stores (finite, 64-bit)."""
         for name, value in (self.model_extra or {}).items():
-            _check_number(value, name)
+            check_numbers(value, name)
         return self
 
     @property
@@ -89,9 +89,9 @@ class TableConfig(BaseModel):
         return self.model_dump(mode="json")
 
 
-def _check_number(value: Any, where: str) -> None:
+def check_numbers(value: Any, where: str) -> None:
     """Reject numbers a table cannot keep: integers past 64 bits, NaN and infinities
-    (also inside lists and maps), naming ``where``."""
+    (also inside lists and maps), raising ValueError that names ``where``."""
     if isinstance(value, bool):
         return
     if isinstance(value, int) and not -(2**63) <= value <= MAX_COUNT:
@@ -100,7 +100,7 @@ def _check_number(value: Any, where: str) -> None:
         raise ValueError(f"{where} must be finite, not {value}")
     if isinstance(value, list | tuple):
         for i, element in enumerate(value):
-            _check_number(element, f"{where}[{i}]")
+            check_numbers(element, f"{where}[{i}]")
     elif isinstance(value, dict):
         for key, element in value.items():
-            _check_number(element, f"{where}.{key}")
+            check_numbers(element, f"{where}.{key}" if where else str(key))

@@ -159,7 +159,18 @@ class Engine:
                         log.error("%s: skipped (point-in-time recovery)", problem)
                         continue
                     if op is not None:
-                        await processor.apply(op, replay=True)
+                        try:
+                            await processor.apply(op, replay=True)
+                        except (ValueError, TypeError, KeyError, IndexError) as exc:
+                            problem = (
+                                f"log record {record[0]} ({record[1]} on {record[2]!r}) "
+                                f"cannot be applied: {exc!r}"
+                            )
+                            if strict:
+                                raise LogRecoveryError(
+                                    problem + " (--wal-recovery point-in-time skips it)"
+                                ) from exc
+                            log.error("%s: skipped (point-in-time recovery)", problem)
                     if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # let the loop answer probes
                 await io.run(wal.open, covered)

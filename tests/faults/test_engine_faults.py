@@ -291,3 +291,29 @@ async def test_a_sample_keeps_its_deadline_under_back_pressure(
     finally:
         monkeypatch.undo()
         await eng.stop()
+
+
+@pytest.mark.parametrize("recovery", ["strict", "point-in-time"])
+async def test_a_record_that_cannot_be_applied_is_named_not_skipped_silently(
+    tmp_path: Path, recovery: str
+) -> None:
+    data = tmp_path / "d"
+    io = BlockingIO(threads=1)
+    wal = WriteAheadLog(data / "wal", io=io, writer="thread")
+    list(wal.replay(0))
+    wal.open(0)
+    await wal.commit(wal.append(["create", "t", TableConfig().to_wire()]))
+    await wal.commit(wal.append(["del", "t"]))  # no keys: a record no version writes
+    await wal.commit(wal.append(["put", "t", ["k"], [msgpack.packb(1)], [1.0], 1.0]))
+    wal.close()
+    io.close()
+    eng = Engine(settings(data, storage_mode="memory", wal_recovery=recovery))
+    if recovery == "strict":
+        with pytest.raises(LogRecoveryError, match="log record 2"):
+            await eng.start()
+        return
+    await eng.start()
+    try:
+        assert (await eng.get("t", "k")) is not None  # the records around it are applied
+    finally:
+        await eng.stop()
