@@ -3,6 +3,7 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -79,3 +80,32 @@ async def test_body_numbers_out_of_range(
     assert r.status_code == 422, r.text
     assert field in r.json()["error"]["message"]
     assert (await client.get("/v1/tables/default/items/a")).status_code == 404
+
+
+async def test_a_dead_writer_makes_healthz_503(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So that an orchestrator restarts the process; /metrics says so too."""
+    assert (await client.get("/healthz")).status_code == 200
+    app = client._transport.app  # type: ignore[attr-defined]
+    processor = app.state.engine._processor
+
+    async def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the writer")
+
+    monkeypatch.setattr(processor, "apply", boom)
+    r = await client.post(
+        "/v1/tables/default/items", json={"items": [{"key": "a", "value": 1}], "wait": True}
+    )
+    assert r.status_code == 500
+    for _ in range(500):
+        r = await client.get("/healthz")
+        if r.status_code != 200:
+            break
+        await asyncio.sleep(0.01)
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "unavailable"
+    assert "writer" in r.json()["error"]["message"]
+    assert (await client.get("/readyz")).status_code == 503
+    text = (await client.get("/metrics")).text  # the first scrape: nothing cached yet
+    assert "rlreplay_writer_alive 0" in text
