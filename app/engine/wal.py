@@ -1,46 +1,21 @@
 """The write-ahead log: accepted writes are appended here and fsynced before they are answered.
 
-Records are framed ``<length:u32><xxh3_64:u64><msgpack payload>``; the payload is a list
-whose first element is the record's LSN. The log is a folder of segment files named by
-the first LSN they may hold; within a segment, LSNs follow each other without gaps. A torn
-or corrupt tail (a crash in mid-write) ends replay at the last whole record, so recovery
-never applies half a record, nor a record whose predecessor is missing.
-
 Group commit: :meth:`WriteAheadLog.append` only buffers; :meth:`WriteAheadLog.commit`
 makes the caller wait until its record is on disk. While one fsync runs, every record
 appended meanwhile waits for the next one, so many concurrent pushes share one fsync.
 
-``append`` frames each record on the event loop, straight into a page-aligned shared buffer
-(checksum and copy: about 6 µs for 256 KiB); a flush only pads, writes and fdatasyncs that
-buffer while the next one fills. (With CRC32 computed per record in a flush thread, a flush
-of 8 pushes of 256 KiB spent 3 ms of its 5.5 ms waiting for the GIL between the records'
-checksums and copies, measured: that was the ceiling on pushes per second.) The writes are
-done by the log writer process (:mod:`app.engine.log_writer`), up to ``_MAX_IN_FLIGHT``
-flushes at a time, once a first write in the flush thread has settled ``O_DIRECT``; the
-thread also does rotations, the flushes after a failure, and all of them with
-``writer="thread"``. Only one of the two writes at a time.
-
-Each flush writes one region that starts and ends on a 4096-byte boundary of the segment:
-its frames back to back, then zero padding (none, or at least one frame header's worth).
-A zero frame header (length 0, CRC 0; payloads are never empty) reads as "padding: skip to
-the next boundary". Aligned regions let the log write with ``O_DIRECT`` from one reusable
-page-aligned buffer, bypassing the page cache (several times less kernel CPU per byte than
-buffered writes plus writeback); where the filesystem refuses ``O_DIRECT`` (older tmpfs, some
-network filesystems) the same regions are written buffered, so there is one on-disk format.
+``append`` frames each record on the event loop, straight into a page-aligned shared buffer;
+a flush only pads, writes and fdatasyncs that buffer while the next one fills, in the log
+writer process (:mod:`app.engine.log_process`) or in the flush thread. The on-disk format is
+in :mod:`app.engine.log_format`, replay in :mod:`app.engine.log_replay`, and what a failed
+flush lost in :mod:`app.engine.log_refusals`.
 
 Segments are recycled (as RocksDB's ``recycle_log_file_num`` and PostgreSQL's WAL files are):
 a segment the checkpoint no longer needs is renamed ``*.spare`` and becomes the next new
-segment, whose writes then overwrite blocks the file already has. An fdatasync after
-overwriting allocated blocks commits no metadata; after writes that extend a file it commits
-the allocation too. Measured here (ext4, O_DIRECT): 0.18 ms against 0.32 ms for 256 KiB,
-0.42 ms against 0.68 ms for 1 MiB. A recycled segment holds the old records after the
-new ones: they have LSNs below the segment's name (and below the new records), and replay
-stops at the first of them. A segment is cut to its written length when it is closed, so
-only the segment being written at a crash can have them.
-
-Segments named ``*.log`` come from older versions, whose frames were
-``<length:u32><crc32:u32>``: replay reads them with that framing, and new segments are
-``*.wal``.
+segment, whose writes then overwrite blocks the file already has, so an fdatasync commits no
+block allocation. A recycled segment holds the old records after the new ones: they have
+LSNs below the segment's name, and replay stops at the first of them. A segment is cut to its
+written length when it is closed, so only the segment being written at a crash can have them.
 """
 
 from __future__ import annotations
@@ -51,88 +26,52 @@ import fcntl
 import logging
 import mmap
 import os
-import struct
 import threading
 import time
-import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
 from xxhash import xxh3_64_intdigest
 
+from app.engine.log_format import (
+    BIN32,
+    FRAME,
+    O_DIRECT,
+    SEGMENT_SUFFIX,
+    SPARE_SUFFIX,
+    ZEROS,
+    LogRecoveryError,
+    region_size,
+    segment_name,
+)
+from app.engine.log_process import MAX_IN_FLIGHT, Flush, ProcessFlushes
+from app.engine.log_refusals import Refusal, Refusals
+from app.engine.log_replay import replay_segments
 from app.engine.log_writer import SUPPORTED, LogWriterProcess, SharedBuffer
 from app.storage.blocking import BlockingIO
 
+__all__ = [
+    "FRAME",
+    "MAX_IN_FLIGHT",
+    "O_DIRECT",
+    "SEGMENT_SUFFIX",
+    "SPARE_SUFFIX",
+    "LogRecoveryError",
+    "Refusal",
+    "WriteAheadLog",
+]
+
 log = logging.getLogger(__name__)
 
-FRAME = struct.Struct("<IQ")  # payload length, xxh3_64 of the payload
-_BIN32 = struct.Struct(">BI")  # msgpack's bin 32 header (0xc6, length)
-SEGMENT_SUFFIX = ".wal"
-SPARE_SUFFIX = ".spare"  # a segment no longer needed, kept to be reused as a new one
-LEGACY_FRAME = struct.Struct("<II")  # payload length, crc32: segments written before .wal
-LEGACY_SUFFIX = ".log"
-_FRAMING: dict[str, tuple[struct.Struct, Callable[[Any], int]]] = {
-    SEGMENT_SUFFIX: (FRAME, xxh3_64_intdigest),
-    LEGACY_SUFFIX: (LEGACY_FRAME, zlib.crc32),
-}
-_BLOCK = 4096  # O_DIRECT alignment of file offsets, write lengths and the buffer's address
 _BUFFER_BYTES = 4 << 20  # a write buffer's smallest size
-_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
-_ZEROS = bytes(2 * _BLOCK)  # the longest padding is _BLOCK + FRAME.size - 1 bytes
-_MAX_IN_FLIGHT = 3  # flushes handed to the log writer process and not answered yet
-_PROCESS_AFTER_FLUSHES = 64  # writer="auto": the process starts once the log is this busy
 _SPARES = 1  # spare segments kept (each rotation takes one, each truncation gives one)
 _LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
-_REFUSALS_KEPT = 1024  # ranges of refused LSNs remembered (adjacent ones merge)
 
 
-class LogRecoveryError(RuntimeError):
-    """The log cannot be replayed whole: a gap between segments, or a record that cannot be
-    read or applied in the middle of the log. The message names the segment and byte."""
-
-
-@dataclass(slots=True)
-class Refusal:
-    """LSNs ``first`` to ``last`` were lost in a failed flush: their writes are refused."""
-
-    first: int
-    last: int
-    error: OSError
-
-
-@dataclass(slots=True)
-class _Flush:
-    """A flush the log writer process was asked for."""
-
-    number: int
-    first: int  # its first LSN
-    upto: int  # its last LSN
-    buf: SharedBuffer
-    padding: int
-    done: asyncio.Future[None]
-
-
-def _segment_name(first_lsn: int) -> str:
-    return f"{first_lsn:020d}{SEGMENT_SUFFIX}"
-
-
-def _region_size(framed: int) -> int:
-    """Bytes one flush of ``framed`` bytes of frames takes on disk, padding included.
-
-    The region ends on a block boundary and its padding is either empty or long enough
-    to hold a zero frame header (so it is never 1..7 bytes: those get a block more).
-    """
-    end = -(-framed // _BLOCK) * _BLOCK
-    if 0 < end - framed < FRAME.size:
-        end += _BLOCK
-    return end
-
-
-class WriteAheadLog:
+class WriteAheadLog(ProcessFlushes):
     """Append-only, segment-rotated, fsync-on-commit log of engine records.
 
     Args:
@@ -164,7 +103,7 @@ class WriteAheadLog:
         # the log writer process (None: not started, or gone) and its flushes in flight
         self._writer = writer if SUPPORTED else "thread"
         self._proc: LogWriterProcess | None = None
-        self._in_flight: deque[_Flush] = deque()
+        self._in_flight: deque[Flush] = deque()
         self._submitted_lsn = 0  # the last LSN handed to the process
         self._thread_flushes = 0
         self._segment_token = object()  # replaced whenever _fd changes
@@ -173,7 +112,7 @@ class WriteAheadLog:
         self._durable_lsn = 0
         # LSNs lost in failed flushes, oldest first: commit() raises for them, even once
         # later records are durable (the writer then drops their ops: nothing refused is applied)
-        self._refused: deque[Refusal] = deque(maxlen=_REFUSALS_KEPT)
+        self._refused = Refusals()
         self.flush_failures = 0  # flushes that failed (counted in /metrics)
         self._written_upto = 0  # the last LSN the flush thread wrote and synced
         self.last_error: OSError | None = None  # the last flush's error; None once one succeeds
@@ -189,7 +128,7 @@ class WriteAheadLog:
         self._offset = 0  # where the next region goes in the current segment (a block boundary)
         self._failed = False  # a flush failed: the next one starts a new segment
         # None: O_DIRECT opened but no write yet proved it works; True / False: settled
-        self._direct: bool | None = None if direct and _O_DIRECT else False
+        self._direct: bool | None = None if direct and O_DIRECT else False
         self._mode_logged = False
         self._region_peak = 0  # the largest region flushed since the last rotation
         self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
@@ -202,123 +141,19 @@ class WriteAheadLog:
     # -- opening and replay -------------------------------------------------------------
 
     def replay(self, after_lsn: int, *, strict: bool = True) -> Iterator[list[Any]]:
-        """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking).
-
-        A segment's name is the first LSN it may hold: records that a failed flush left in
-        the segment before it, at or past that name, were refused and are skipped (a gap
-        after a segment's name is those refused records). A torn tail ends a segment: a
-        crash interrupted it, and the next process started the next segment right after
-        its last whole record. So a segment that starts past the end of the one before is
-        a gap: :class:`LogRecoveryError` names it, unless ``strict`` is False; replay then
-        stops at the gap with a warning and sets the later segments aside, as RocksDB's
-        point-in-time recovery does.
-        """
+        """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking); see
+        :func:`~app.engine.log_replay.replay_segments` (``strict``: a gap raises)."""
         self._lock()
-        paths = sorted(
-            (p for suffix in _FRAMING for p in self._folder.glob(f"*{suffix}")),
-            key=lambda p: (int(p.stem), p.suffix != LEGACY_SUFFIX),
-        )
+        found: list[tuple[int, Path, int]] = []
         last = after_lsn
-        previous: tuple[Path, int] | None = None  # the segment before: path, last LSN
-        for i, path in enumerate(paths):
-            name = int(path.stem)
-            limit = int(paths[i + 1].stem) if i + 1 < len(paths) else None
-            if previous is not None and name > max(previous[1], after_lsn) + 1:
-                expected = max(previous[1], after_lsn) + 1
-                problem = (
-                    f"log {path.name} starts at record {name}, but {previous[0].name} ends at "
-                    f"record {previous[1]}: records {expected} to {name - 1} are missing"
-                )
-                if strict:
-                    raise LogRecoveryError(
-                        problem + " (--wal-recovery point-in-time recovers up to the gap)"
-                    )
-                log.warning("%s: replay stops at the gap (point-in-time recovery)", problem)
-                self._set_aside(paths[i:])
-                break
-            seg_last = name - 1
-            for record, pos in self._read_segment(path):
-                if limit is not None and record[0] >= limit:
-                    log.warning(
-                        "log %s: records from %d (byte %d) were refused by a failed flush: skipped",
-                        path.name,
-                        record[0],
-                        pos,
-                    )
-                    break
-                seg_last = record[0]
-                if record[0] > after_lsn:
-                    last = max(last, record[0])
-                    yield record
+        for record in replay_segments(self._folder, after_lsn, strict=strict, found=found):
+            last = max(last, record[0])
+            yield record
+        for name, path, seg_last in found:
             self._segments.append((name, path))
             self._segment_last_lsn[path] = seg_last
-            previous = (path, seg_last)
         self._next_lsn = last + 1
         self._durable_lsn = last
-
-    def _set_aside(self, paths: list[Path]) -> None:
-        """Rename segments past a gap to ``*.skipped``: kept for a person to look at, out
-        of the way of the segments that take their names."""
-        for path in paths:
-            aside = path.with_name(path.name + ".skipped")
-            log.warning("log %s: set aside as %s, not replayed", path.name, aside.name)
-            os.rename(path, aside)
-
-    @staticmethod
-    def _read_segment(path: Path) -> Iterator[tuple[list[Any], int]]:
-        """Yield the whole records of one segment and their byte offsets, stopping at the
-        first damaged one.
-
-        A zero frame header is padding up to the next block boundary. A record whose LSN
-        does not follow the previous one's ends the segment too: a crash in mid-flush may
-        have left a later block of it on disk without an earlier one.
-        """
-        frame, checksum = _FRAMING[path.suffix]
-        data = path.read_bytes()
-        pos, prev_lsn, first_lsn = 0, None, int(path.stem)
-        while pos + frame.size <= len(data):
-            length, crc = frame.unpack_from(data, pos)
-            if length == 0 and crc == 0:
-                end = min((pos // _BLOCK + 1) * _BLOCK, len(data))
-                if data.count(0, pos, end) != end - pos:
-                    log.warning("log %s: bad padding at byte %d, it ends there", path.name, pos)
-                    break
-                pos = end
-                continue
-            start, end = pos + frame.size, pos + frame.size + length
-            if end > len(data) or checksum(memoryview(data)[start:end]) != crc:
-                log.warning("log %s: torn record at byte %d, it ends there", path.name, pos)
-                break
-            try:
-                record = msgpack.unpackb(data[start:end], raw=False, strict_map_key=False)
-                lsn = record[0]
-                if not isinstance(lsn, int):
-                    raise TypeError(f"LSN {lsn!r}")
-            except (ValueError, TypeError, IndexError, KeyError) as exc:
-                raise LogRecoveryError(
-                    f"log {path.name}: the record at byte {pos} passes its checksum but "
-                    f"cannot be read ({exc})"
-                ) from exc
-            if lsn < first_lsn or (prev_lsn is not None and lsn <= prev_lsn):
-                log.info(
-                    "log %s: records of the file's previous use from byte %d (it is a "
-                    "recycled segment): it ends there",
-                    path.name,
-                    pos,
-                )
-                break
-            if prev_lsn is not None and lsn != prev_lsn + 1:
-                log.warning(
-                    "log %s: record %d follows %d at byte %d, it ends there",
-                    path.name,
-                    lsn,
-                    prev_lsn,
-                    pos,
-                )
-                break
-            prev_lsn = lsn
-            yield record, pos
-            pos = end
 
     def _lock(self) -> None:
         """Take the folder's lock (blocking), waiting up to _LOCK_WAIT_S for another holder.
@@ -364,7 +199,7 @@ class WriteAheadLog:
         Otherwise a spare segment becomes the new one, if there is one. The segment closed
         is cut to its written length (a recycled one had old records after it).
         """
-        path = self._folder / _segment_name(first_lsn)
+        path = self._folder / segment_name(first_lsn)
         if self._fd is not None:
             if self._segments[-1][1] == path and not self._failed:
                 return
@@ -400,7 +235,7 @@ class WriteAheadLog:
         flags = os.O_WRONLY | os.O_CREAT | extra_flags
         if self._direct is not False:
             try:
-                return os.open(path, flags | _O_DIRECT, 0o644)
+                return os.open(path, flags | O_DIRECT, 0o644)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
@@ -456,11 +291,11 @@ class WriteAheadLog:
                     packer.pack(element)
             with packer.getbuffer() as head:
                 head_size = len(head)
-                size = head_size if blob is None else head_size + _BIN32.size + len(blob)
+                size = head_size if blob is None else head_size + BIN32.size + len(blob)
                 start = self._fill_used
                 end = start + FRAME.size + size
                 buf = self._fill
-                if buf is None or len(buf) < _region_size(end):
+                if buf is None or len(buf) < region_size(end):
                     buf = self._grow(end)
                 region = buf.map
                 at = start + FRAME.size
@@ -469,8 +304,8 @@ class WriteAheadLog:
             packer.reset()
         if blob is not None:
             at += head_size
-            _BIN32.pack_into(region, at, 0xC6, len(blob))
-            region[at + _BIN32.size : end] = blob
+            BIN32.pack_into(region, at, 0xC6, len(blob))
+            region[at + BIN32.size : end] = blob
         with memoryview(region) as view:
             checksum = xxh3_64_intdigest(view[start + FRAME.size : end])
         FRAME.pack_into(region, start, size, checksum)
@@ -485,7 +320,7 @@ class WriteAheadLog:
         """The fill buffer, replaced by one (a free one, or a new one of _BUFFER_BYTES
         doubled until it fits) whose region for ``framed`` bytes of frames fits; what it
         held is copied over."""
-        need, old = _region_size(framed), self._fill
+        need, old = region_size(framed), self._fill
         new = next((b for b in self._free if len(b) >= need), None)
         if new is not None:
             self._free.remove(new)
@@ -502,7 +337,7 @@ class WriteAheadLog:
 
     def _recycle(self, buf: SharedBuffer) -> None:
         """``buf`` is free again: kept for the next flushes, or dropped if enough are."""
-        if len(self._free) < _MAX_IN_FLIGHT + 1:
+        if len(self._free) < MAX_IN_FLIGHT + 1:
             self._free.append(buf)
         else:
             self._drop(buf)
@@ -548,7 +383,7 @@ class WriteAheadLog:
                 if lsn <= self._submitted_lsn:
                     continue
             if self._use_process():
-                if len(self._in_flight) < _MAX_IN_FLIGHT:
+                if len(self._in_flight) < MAX_IN_FLIGHT:
                     self._submit()
                 else:
                     await asyncio.wait({self._in_flight[0].done})
@@ -561,18 +396,20 @@ class WriteAheadLog:
             except OSError:
                 continue  # the record's refusal, or a later one's: the loop's top tells
 
+    async def drain(self) -> None:
+        """Wait until no flush is in flight (failed ones included, without raising)."""
+        while self._in_flight or self._flushing is not None:
+            pending = self._in_flight[-1].done if self._in_flight else self._flushing
+            assert pending is not None
+            await asyncio.wait({pending})
+
     def refusal(self, lsn: int) -> Refusal | None:
         """The failed flush that lost record ``lsn``, if one did."""
-        for refusal in reversed(self._refused):
-            if refusal.first <= lsn <= refusal.last:
-                return refusal
-            if refusal.last < lsn:
-                return None
-        return None
+        return self._refused.find(lsn)
 
     def refuse(self, first: int, last: int, error: BaseException) -> None:
-        """Records ``first``..``last`` were lost in a failed flush (those already known
-        refused are left as they are)."""
+        """Records ``first``..``last`` were lost in a failed flush (a single record already
+        known refused is left as it is)."""
         if first > last or (first == last and self.refusal(first) is not None):
             return
         if not isinstance(error, OSError):
@@ -580,119 +417,7 @@ class WriteAheadLog:
         self.flush_failures += 1
         self.last_error = error
         log.error("write-ahead log: a flush of records %d-%d failed: %s", first, last, error)
-        prev = self._refused[-1] if self._refused else None
-        if prev is not None and prev.last + 1 == first:
-            prev.last = last
-            prev.error = error
-        elif prev is None or prev.last < first:
-            self._refused.append(Refusal(first, last, error))
-        else:  # below the newest range (never in practice): keep them ordered for refusal()
-            ranges = sorted([*self._refused, Refusal(first, last, error)], key=lambda r: r.first)
-            self._refused = deque(ranges[-_REFUSALS_KEPT:], maxlen=_REFUSALS_KEPT)
-
-    # -- flushing through the log writer process ----------------------------------------
-
-    def _use_process(self) -> bool:
-        """Whether the next flush goes to the log writer process."""
-        return self._proc is not None and not self._failed and self._fd is not None
-
-    def _process_due(self) -> bool:
-        """Whether to start the log writer process now (after a flush in the thread)."""
-        return (
-            self._proc is None
-            and self._writer != "thread"
-            and not self._failed
-            and self._direct is not None  # the first write settles O_DIRECT, in the thread
-            and (self._writer == "process" or self._thread_flushes >= _PROCESS_AFTER_FLUSHES)
-        )
-
-    def _start_process(self) -> LogWriterProcess | None:
-        """Start the log writer process (blocking: fork and exec); None if it cannot be."""
-        assert self._lock_fd is not None
-        try:
-            proc = LogWriterProcess(keep_fds=(self._lock_fd,))
-        except OSError as exc:
-            log.warning("no log writer process (%s): flushing in a thread", exc)
-            self._writer = "thread"
-            return None
-        log.info("write-ahead log in %s: flushes in a log writer process", self._folder)
-        return proc
-
-    def _submit(self) -> None:
-        """Hand the fill buffer to the process (no await: nothing interleaves)."""
-        assert self._proc is not None and self._fd is not None
-        buf, used, upto = self._fill, self._fill_used, self._buffer_last_lsn
-        assert buf is not None
-        size = _region_size(used)
-        buf.map[used:size] = _ZEROS[: size - used]
-        try:
-            self._proc.ensure(buf, self._fd, self._segment_token)
-            number = self._proc.write(buf, size, self._offset)
-        except OSError as exc:
-            self._lose_process(exc)  # the records stay in the fill buffer, for the thread
-            return
-        loop = asyncio.get_running_loop()
-        first = upto - self._fill_count + 1
-        self._in_flight.append(_Flush(number, first, upto, buf, size - used, loop.create_future()))
-        self._submitted_lsn = upto
-        self._offset += size
-        self._region_peak = max(self._region_peak, size)
-        self._fill = self._free.pop() if self._free else None
-        self._fill_used = self._fill_count = 0
-        if len(self._in_flight) == 1:  # replies are read while flushes are in flight
-            loop.add_reader(self._proc.fileno(), self._on_replies)
-
-    def _on_replies(self) -> None:
-        """The process answered (an event loop reader callback)."""
-        assert self._proc is not None
-        try:
-            replies = self._proc.replies()
-        except OSError as exc:
-            self._lose_process(exc)
-            return
-        segment = self._segments[-1][1]  # no rotation while flushes are in flight
-        for reply in replies:
-            while self._in_flight and self._in_flight[0].number <= reply.number:
-                flush = self._in_flight.popleft()
-                if reply.error is None:
-                    self._durable_lsn = max(self._durable_lsn, flush.upto)
-                    self._segment_last_lsn[segment] = flush.upto
-                    self.bytes_since_checkpoint += flush.padding
-                    self.last_error = None
-                    flush.done.set_result(None)
-                else:  # lost, and so is every later one: the next flush starts a new segment
-                    self._failed = True
-                    self.refuse(flush.first, flush.upto, reply.error)
-                    flush.done.set_exception(reply.error)
-                    flush.done.exception()  # retrieved: waiters get it through shield
-                self._recycle(flush.buf)
-        if not self._in_flight:
-            asyncio.get_running_loop().remove_reader(self._proc.fileno())
-
-    def _lose_process(self, exc: BaseException) -> None:
-        """The process is gone: fail its flushes, go on with the flush thread."""
-        log.warning("log writer process lost (%s): flushing in a thread from now on", exc)
-        proc, self._proc, self._writer = self._proc, None, "thread"
-        if proc is not None and self._in_flight:
-            asyncio.get_running_loop().remove_reader(proc.fileno())
-        if self._in_flight:
-            self._failed = True  # some of them may be half written
-        while self._in_flight:
-            flush = self._in_flight.popleft()
-            error = OSError(errno.EIO, f"log writer process lost: {exc}")
-            self.refuse(flush.first, flush.upto, error)
-            flush.done.set_exception(error)
-            flush.done.exception()
-            flush.buf.release()
-        if proc is not None:
-            proc.abandon()
-
-    async def drain(self) -> None:
-        """Wait until no flush is in flight (failed ones included, without raising)."""
-        while self._in_flight or self._flushing is not None:
-            pending = self._in_flight[-1].done if self._in_flight else self._flushing
-            assert pending is not None
-            await asyncio.wait({pending})
+        self._refused.add(first, last, error)
 
     # -- flushing in a thread -----------------------------------------------------------
 
@@ -712,7 +437,7 @@ class WriteAheadLog:
             buf = self._fill
             self._fill = self._free.pop() if self._free else None
             self._fill_used = self._fill_count = 0
-            self._region_peak = max(self._region_peak, _region_size(used))
+            self._region_peak = max(self._region_peak, region_size(used))
         try:
             try:
                 padding = await self._io.run(
@@ -779,8 +504,8 @@ class WriteAheadLog:
         """Pad ``buf[:used]`` to a block boundary, write it at the segment's offset and
         fdatasync; returns the padding."""
         assert self._fd is not None
-        size = _region_size(used)
-        buf[used:size] = _ZEROS[: size - used]
+        size = region_size(used)
+        buf[used:size] = ZEROS[: size - used]
         with memoryview(buf) as view:
             self._write_region(view[:size])
         os.fdatasync(self._fd)

@@ -15,9 +15,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.engine import log_writer
+from app.engine import log_process, log_writer
 from app.engine import wal as wal_module
-from app.engine.wal import FRAME, LEGACY_FRAME, SEGMENT_SUFFIX, WriteAheadLog
+from app.engine.log_format import LEGACY_FRAME
+from app.engine.wal import FRAME, SEGMENT_SUFFIX, WriteAheadLog
 from app.storage.blocking import BlockingIO
 
 
@@ -176,7 +177,7 @@ async def test_the_buffered_fallback_writes_the_same_log(
     direct.close()
     buffered = await write(tmp_path / "buffered", direct=False)
     assert buffered._fd is not None
-    assert not fcntl.fcntl(buffered._fd, fcntl.F_GETFL) & wal_module._O_DIRECT
+    assert not fcntl.fcntl(buffered._fd, fcntl.F_GETFL) & wal_module.O_DIRECT
     buffered.close()
 
     # a filesystem that refuses O_DIRECT, at open (tmpfs) or at the first write
@@ -184,10 +185,10 @@ async def test_the_buffered_fallback_writes_the_same_log(
     direct_fds: set[int] = set()
 
     def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & wal_module._O_DIRECT and fail_at == "open":
+        if flags & wal_module.O_DIRECT and fail_at == "open":
             raise OSError(errno.EINVAL, "Invalid argument")
         fd = real_open(path, flags, *args, **kwargs)
-        if flags & wal_module._O_DIRECT:
+        if flags & wal_module.O_DIRECT:
             direct_fds.add(fd)
         else:
             direct_fds.discard(fd)  # the number of a closed one, reused
@@ -199,13 +200,13 @@ async def test_the_buffered_fallback_writes_the_same_log(
         return real_pwrite(fd, data, offset)
 
     names = ["direct", "buffered"]
-    if wal_module._O_DIRECT:
+    if wal_module.O_DIRECT:
         monkeypatch.setattr(os, "open", refusing_open)
         monkeypatch.setattr(os, "pwrite", refusing_pwrite)
         caplog.set_level(logging.INFO, logger="app.engine.wal")
         refused = await write(tmp_path / "refused")
         assert refused._direct is False and refused._fd is not None
-        assert not fcntl.fcntl(refused._fd, fcntl.F_GETFL) & wal_module._O_DIRECT
+        assert not fcntl.fcntl(refused._fd, fcntl.F_GETFL) & wal_module.O_DIRECT
         refused.close()
         monkeypatch.undo()
         modes = [r.getMessage() for r in caplog.records if "write-ahead log in" in r.getMessage()]
@@ -228,7 +229,7 @@ async def test_the_log_uses_o_direct_where_the_filesystem_allows(
     await wal.commit(wal.append(["del", "t", ["a"]]))
     assert wal._fd is not None
     flags = fcntl.fcntl(wal._fd, fcntl.F_GETFL)
-    assert wal._direct is (bool(flags & wal_module._O_DIRECT) if wal_module._O_DIRECT else False)
+    assert wal._direct is (bool(flags & wal_module.O_DIRECT) if wal_module.O_DIRECT else False)
     wal.close()
 
 
@@ -358,7 +359,7 @@ async def test_the_log_writer_process_writes_what_the_thread_would(
         waiters.append(asyncio.ensure_future(wal.commit(lsn)))
         if lsn % 7 == 0:
             await asyncio.sleep(0)
-            assert len(wal._in_flight) <= wal_module._MAX_IN_FLIGHT
+            assert len(wal._in_flight) <= wal_module.MAX_IN_FLIGHT
     await asyncio.gather(*waiters)
     await wal.rotate()
     lsns += many + await _busy(wal, 3, "b")
@@ -376,7 +377,7 @@ async def test_the_log_writer_process_writes_what_the_thread_would(
 async def test_auto_starts_the_process_once_the_log_is_busy(
     tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wal_module, "_PROCESS_AFTER_FLUSHES", 5)
+    monkeypatch.setattr(log_process, "PROCESS_AFTER_FLUSHES", 5)
     wal = fresh(tmp_path, io)
     await _busy(wal, 4, "a")
     assert wal._proc is None and wal._thread_flushes == 4
