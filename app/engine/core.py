@@ -1,0 +1,140 @@
+"""What every engine call shares: the state it serves, admission checks, waiting for the
+log (and the writer), and the cap on answers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from app.engine.ops import DeleteOp
+from app.engine.state import EngineState
+from app.engine.table import Table
+from app.settings import Settings
+from app.storage.faults import storage_error
+from clients.errors import (
+    Overloaded,
+    TableNotFound,
+    Unavailable,
+    ValidationFailed,
+)
+from workers.task_processor import (
+    TaskProcessor,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class EngineCore:
+    """The engine's state and the checks every call makes (:class:`~app.engine.engine.Engine`
+    builds on it)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._state: EngineState | None = None
+        self._processor: TaskProcessor | None = None
+        self._rng = np.random.default_rng(settings.seed)
+        self._ready = False
+        self._open = False  # recovery finished: table and item calls are served
+        self._stopping = False
+        self._recovered_records = 0
+
+    @property
+    def ready(self) -> bool:
+        """True once recovery finished and the writer runs."""
+        return self._ready and self._processor is not None and self._processor.running
+
+    @property
+    def _s(self) -> EngineState:
+        if self._state is None:
+            raise Unavailable("the engine is not started")
+        if not self._open:
+            raise Unavailable("not ready: recovering the tables from the data directory")
+        return self._state
+
+    def _writer(self) -> TaskProcessor:
+        p = self._processor
+        if p is None or not p.running or self._stopping:
+            reason = "shutting down" if self._stopping else "the writer is not running"
+            if p is not None and p.failure is not None:
+                reason = f"the writer failed: {p.failure!r}"
+            raise Unavailable(reason)
+        return p
+
+    def _table(self, name: str) -> Table:
+        table = self._s.tables.get(name)
+        if table is None or table.dropping:
+            raise TableNotFound(f"no table {name!r}")
+        return table
+
+    @property
+    def alive(self) -> bool:
+        """False once the writer has died (an orchestrator should restart the process);
+        True while recovering, serving or stopping."""
+        p = self._processor
+        return p is None or p.failure is None
+
+    @property
+    def writer_failure(self) -> str | None:
+        """Why the writer died, if it did."""
+        p = self._processor
+        return None if p is None or p.failure is None else repr(p.failure)
+
+    def _reserve(self, n: int, nbytes: int) -> None:
+        s = self._s
+        st = self.settings
+        if (
+            s.queued_items + n > st.write_queue_ops
+            or s.queued_bytes + nbytes > st.write_queue_mb * 2**20
+        ):
+            if n > st.write_queue_ops or nbytes > st.write_queue_mb * 2**20:
+                raise ValidationFailed(
+                    f"a batch of {n} items / {nbytes} bytes can never fit the write queue "
+                    f"({st.write_queue_ops} items, {st.write_queue_mb} MB)"
+                )
+            raise Overloaded("the write queue is full; retry shortly", retry_after=1.0)
+
+    async def _committed(self, seq: int, fut: asyncio.Future[None] | None) -> None:
+        """Wait until op ``seq`` is durable (and applied, with ``fut``). If its log flush
+        failed, the op is refused: taken out of the queue and of every read before the
+        contract's error (507 for a full disk, 503 otherwise) is raised."""
+        wal = self._state.wal if self._state is not None else None
+        if wal is not None:
+            try:
+                await wal.commit(seq)
+            except OSError as exc:
+                if self._processor is not None:
+                    self._processor.drop_refused()
+                if fut is not None and fut.done() and not fut.cancelled():
+                    fut.exception()  # failed by drop_refused: answered here
+                raise storage_error(exc, str(wal.folder)) from exc
+        if fut is not None:
+            await fut
+
+    @property
+    def _max_answer_bytes(self) -> int:
+        return int(self.settings.max_response_mb * 2**20)
+
+    def _too_big(self, nbytes: int, what: str) -> ValidationFailed:
+        return ValidationFailed(
+            f"{what} would answer {nbytes / 2**20:.1f} MB of keys and values, past the "
+            f"server's --max-response-mb ({self.settings.max_response_mb:g}); ask for fewer"
+        )
+
+    def _enqueue_delete(
+        self, writer: TaskProcessor, t: Table, keys: list[str], *, wait: bool
+    ) -> tuple[int, asyncio.Future[None] | None]:
+        s = self._s
+        seq = s.next_seq(["del", t.name, keys] if s.wal is not None else None)
+        fut = asyncio.get_running_loop().create_future() if wait else None
+        doomed = {k: (seq, None, 0.0) for k in keys}
+        t.visible -= sum(1 for key in doomed if t.contains(key))
+        t.pending.update(doomed)
+        t.accept(seq, len(keys))
+        writer.submit(DeleteOp(seq, future=fut, weight=len(keys), table=t, keys=keys))
+        if t.gate.limited:
+            t.gate.notify()  # the visible size changed: limiter waiters look again
+        return seq, fut

@@ -1,0 +1,303 @@
+"""The engine's reads: ``get``, ``batchGet`` and ``sample``, merging each table's pending ops
+(so a write is visible once accepted), reading values RocksDB holds in I/O threads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
+from app.engine.items import (
+    Item,
+    ItemBatch,
+    SampleBatch,
+    SampledItem,
+)
+from app.engine.ops import (
+    PopulateOp,
+)
+from app.engine.state import cache_charge, value_key
+from app.engine.table import Table
+from clients.errors import (
+    DeadlineExceeded,
+    ValidationFailed,
+)
+
+log = logging.getLogger(__name__)
+
+# A value read from RocksDB is populated back into the cache only if it takes at most
+# 1/POPULATE_FRACTION of the cache: bigger ones would only push out a crowd of others.
+POPULATE_FRACTION = 8
+
+
+class EngineReads(EngineCore):
+    """Reads of :class:`~app.engine.engine.Engine`: they run in the caller's task."""
+
+    async def get(self, table: str, key: str) -> Item | None:
+        """The item as a reader sees it now, or None."""
+        return (await self.get_many(table, [key]))[0]
+
+    async def get_many(self, table: str, keys: Sequence[str]) -> list[Item | None]:
+        """Items in the order asked, None where missing."""
+        return (await self.get_batch(table, keys)).items()
+
+    async def get_batch(self, table: str, keys: Sequence[str]) -> ItemBatch:
+        """Items in the order asked, as columns (``values[i]`` None where missing)."""
+        t = self._table(table)
+        index, values = t.index, t.values
+        if not t.pending:  # the common case: one vectorised pass over cached items
+            slots = list(map(index.get, keys))
+            if None not in slots:
+                vals = list(map(values.__getitem__, slots))  # type: ignore[arg-type]
+                if None not in vals:
+                    sl = np.array(slots, dtype=np.int64)
+                    nbytes = int(t.size[sl].sum())
+                    if nbytes > self._max_answer_bytes:
+                        raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
+                    t.referenced[sl] = 1
+                    return ItemBatch(
+                        keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
+                    )
+        out: list[Item | None] = [None] * len(keys)
+        pending = t.pending
+        misses: list[tuple[int, int, str]] = []
+        for i, key in enumerate(keys):
+            if pending:
+                entry = pending.get(key)
+                if entry is not None:
+                    item = entry[1]
+                    if item is not None:
+                        out[i] = Item(key, item.value, item.priority, entry[2], 0)
+                    continue
+            slot = index.get(key)
+            if slot is None:
+                continue
+            value = values[slot]
+            if value is None:
+                misses.append((i, slot, key))
+                continue
+            t.referenced[slot] = 1
+            out[i] = Item(
+                key,
+                value,
+                float(t.priority[slot]),
+                float(t.inserted_at[slot]),
+                int(t.times_sampled[slot]),
+            )
+        nbytes = sum(len(it.key) + len(it.value) for it in out if it is not None)
+        nbytes += int(t.size[[slot for _, slot, _ in misses]].sum()) if misses else 0
+        if nbytes > self._max_answer_bytes:
+            raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
+        if misses:
+            await self._read_misses(t, misses, out)
+        return ItemBatch.of(keys, out)
+
+    async def _read_misses(
+        self, t: Table, misses: list[tuple[int, int, str]], out: list[Any]
+    ) -> None:
+        """Fill ``out[i]`` for values not in the cache, from RocksDB; schedules populates."""
+        s = self._s
+        assert s.store is not None
+        metas = [
+            (
+                float(t.priority[slot]),
+                float(t.inserted_at[slot]),
+                int(t.times_sampled[slot]),
+                int(t.version[slot]),
+            )
+            for _, slot, _ in misses
+        ]
+        found = await s.io.run(s.store.get_many, [value_key(t, key) for _, _, key in misses])
+        writer = self._processor
+        for (i, slot, key), meta, value in zip(misses, metas, found, strict=True):
+            if value is None:  # deleted or replaced while we read: look again in memory
+                if t.keys[slot] == key and t.values[slot] is not None:
+                    value = t.values[slot]
+                else:
+                    continue
+            elif (
+                writer is not None
+                and writer.running
+                and cache_charge(len(value)) * POPULATE_FRACTION <= s.ledger.limit_bytes
+            ):
+                writer.submit(
+                    PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value),
+                    p1=True,
+                )
+            assert value is not None
+            out[i] = Item(key, value, meta[0], meta[1], meta[2])
+
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_s: float | None = None,
+        include_values: bool = True,
+    ) -> list[SampledItem]:
+        """Like :meth:`sample_batch`, as a list of :class:`SampledItem`."""
+        batch = await self.sample_batch(
+            table, batch_size, timeout_s=timeout_s, include_values=include_values
+        )
+        return batch.items()
+
+    async def sample_batch(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_s: float | None = None,
+        include_values: bool = True,
+    ) -> SampleBatch:
+        """``batch_size`` draws from the table's sampler, after its pending ops are applied.
+
+        A table with no items makes the call wait up to ``timeout_s`` for one (as Reverb's
+        default ``MinSize(1)``); the rate limiter may make it wait too. Past the timeout:
+        :class:`DeadlineExceeded`.
+        """
+        if batch_size < 1:
+            raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
+        t = self._table(table)
+        timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        if t.gate.limited:
+            await t.gate.acquire_sample(batch_size, timeout)
+        try:
+            await self._caught_up(t, deadline, timeout)
+            while len(t.sampler) == 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await t.wait_nonempty(left):
+                    raise DeadlineExceeded(
+                        f"table {table!r} had no item to sample within {timeout:g} s"
+                    )
+                await self._caught_up(t, deadline, timeout)
+            slots, probs, exhausted = self._draw(t, batch_size)
+            if include_values:
+                nbytes = int(t.size[slots].sum())
+                if nbytes > self._max_answer_bytes:
+                    self._undraw(t, slots, exhausted)
+                    raise self._too_big(nbytes, f"a sample of {len(slots)} items")
+        except BaseException:
+            if t.gate.limited:
+                t.gate.refund_sample(batch_size)
+            raise
+        size = len(t.sampler) + len(exhausted)
+        t.counters.samples += len(slots)
+        slot_list = slots.tolist()
+        tkeys, tvalues = t.keys, t.values
+        batch = SampleBatch(
+            keys=cast("list[str]", list(map(tkeys.__getitem__, slot_list))),
+            values=list(map(tvalues.__getitem__, slot_list))
+            if include_values
+            else [None] * len(slot_list),
+            priorities=t.priority[slots],
+            probabilities=probs,
+            weights=t.sampler.weights(probs, size),
+            times_sampled=t.times_sampled[slots],
+        )
+        if include_values:
+            t.referenced[slots] = 1
+            if None in batch.values:
+                try:  # RocksDB reads wait behind checkpoints in the I/O threads: keep the deadline
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        await self._fill_sampled_misses(t, slot_list, batch)
+                except TimeoutError:
+                    self._undraw(t, slots, exhausted)
+                    t.counters.samples -= len(slots)
+                    if t.gate.limited:
+                        t.gate.refund_sample(batch_size)
+                    raise DeadlineExceeded(
+                        f"table {table!r}: reading the sampled values from disk took more "
+                        f"than {timeout:g} s"
+                    ) from None
+        if exhausted and not t.dropped and not t.dropping:  # no log record past its drop
+            self._enqueue_delete(self._writer(), t, exhausted, wait=False)
+        return batch
+
+    async def _fill_sampled_misses(
+        self, t: Table, slot_list: list[int], batch: SampleBatch
+    ) -> None:
+        """Read the values of picks not in the cache; drop picks deleted meanwhile."""
+        values = batch.values
+        misses = [(i, sl, batch.keys[i]) for i, sl in enumerate(slot_list) if values[i] is None]
+        found: list[Any] = [None] * len(values)
+        await self._read_misses(t, misses, found)
+        for i, _, _ in misses:
+            item = found[i]
+            values[i] = None if item is None else item.value
+        if None in values:  # deleted while read from RocksDB: leave those picks out
+            keep = [i for i, v in enumerate(values) if v is not None]
+            idx = np.asarray(keep, dtype=np.int64)
+            batch.keys = [batch.keys[i] for i in keep]
+            batch.values = [values[i] for i in keep]
+            batch.priorities = batch.priorities[idx]
+            batch.probabilities = batch.probabilities[idx]
+            batch.weights = batch.weights[idx]
+            batch.times_sampled = batch.times_sampled[idx]
+
+    async def _caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
+        """Wait until the writer applied what was accepted for ``t``, by the deadline."""
+        if t.applied_seq >= t.accepted_seq:
+            return
+        self._writer()  # Unavailable when it has died: nothing would ever catch up
+        if not await t.caught_up(deadline - time.monotonic()):
+            raise DeadlineExceeded(
+                f"table {t.name!r}: the writes accepted before this sample were not applied "
+                f"within {waited_s:g} s; retry"
+            )
+
+    def _undraw(self, t: Table, slots: Any, exhausted: list[str]) -> None:
+        """Take back a draw whose answer is refused: ``times_sampled`` as it was, and the
+        items it retired back in selection (at the end of the remover's order)."""
+        np.subtract.at(t.times_sampled, slots, 1)
+        for key in exhausted:
+            slot = t.index.get(key)
+            if slot is None or not t.retired[slot]:
+                continue
+            t.retired[slot] = 0
+            one = np.asarray([slot], dtype=np.int64)
+            fields = [t.fields.get(slot, {})] if t.index_fields else None
+            t.sampler.insert(one, t.priority[one], t.inserted_at[one], fields)
+            if t.remover is not None:
+                t.remover.insert(one, t.priority[one], t.inserted_at[one], fields)
+
+    def _draw(self, t: Table, n: int) -> tuple[Any, Any, list[str]]:
+        """Draw ``n`` picks; with ``max_times_sampled``, picks that use an item up retire it.
+
+        Draws are Reverb's: one after another, each seeing the previous ones' effect, so a
+        retired item is never handed out again (vectorised while nothing retires).
+        """
+        mts = t.config.max_times_sampled
+        rng = self._rng
+        if mts == 0:
+            slots, probs = t.sampler.sample(n, rng)
+            np.add.at(t.times_sampled, slots, 1)
+            t.meta_dirty[slots] = 1
+            return slots, probs, []
+        got_slots: list[int] = []
+        got_probs: list[float] = []
+        exhausted: list[str] = []
+        while len(got_slots) < n and len(t.sampler) > 0:
+            slots, probs = t.sampler.sample(n - len(got_slots), rng)
+            for slot, prob in zip(slots.tolist(), probs.tolist(), strict=True):
+                if t.retired[slot]:
+                    break  # the state changed under this draw: draw the rest again
+                t.times_sampled[slot] += 1
+                t.meta_dirty[slot] = 1
+                got_slots.append(slot)
+                got_probs.append(prob)
+                if t.times_sampled[slot] >= mts:
+                    one = np.asarray([slot], dtype=np.int64)
+                    t.sampler.remove(one)
+                    if t.remover is not None:
+                        t.remover.remove(one)
+                    t.retired[slot] = 1
+                    key = t.keys[slot]
+                    assert key is not None
+                    exhausted.append(key)
+        return np.asarray(got_slots, dtype=np.int64), np.asarray(got_probs), exhausted

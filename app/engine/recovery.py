@@ -1,0 +1,238 @@
+"""Recovery: the tables come back from RocksDB or the memory checkpoint, then the log
+after the position they cover is replayed on top.
+
+The blocking parts (reading RocksDB, the checkpoint file, the log) run in I/O threads, and
+the replay yields to the event loop between records, so a server answers ``/healthz`` while
+it recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from app.engine.config import TableConfig
+from app.engine.items import NewItem, push_body_items
+from app.engine.ops import CreateTableOp, DeleteOp, DropTableOp, Op, PriorityOp, PutOp
+from app.engine.state import EngineState, cache_charge
+from app.engine.table import Table
+from app.engine.wal import LogRecoveryError, WriteAheadLog
+from app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
+from workers.task_processor import (
+    MEMORY_CHECKPOINT,
+    TaskProcessor,
+    index_fields_of,
+    read_checkpoint_file,
+)
+
+log = logging.getLogger("app.engine.engine")
+
+_REPLAY_YIELD_EVERY = 16  # log records replayed between turns given to the event loop
+
+
+async def recover(state: EngineState, processor: TaskProcessor) -> int:
+    """Bring the tables back and replay the log (opening it for new records); returns the
+    number of records replayed. Raises :class:`LogRecoveryError` for a log that cannot be
+    replayed whole (unless ``--wal-recovery point-in-time``)."""
+    st, io = state.settings, state.io
+    covered = 0
+    if st.storage_mode != "memory":
+        state.store = await io.run(RocksStore, st.data_dir / "rocksdb")
+        covered = await load_store(state)
+    elif st.durability == "wal" and (st.data_dir / MEMORY_CHECKPOINT).exists():
+        covered = await load_memory_checkpoint(state)
+    processor.horizon = covered
+    if st.durability != "wal":
+        return 0
+    wal = WriteAheadLog(
+        st.data_dir / "wal",
+        io=io,
+        group_commit_s=st.wal_group_commit_ms / 1000,
+        writer=st.wal_writer,
+    )
+    try:
+        strict = st.wal_recovery == "strict"
+        records = await io.run(lambda: list(wal.replay(covered, strict=strict)))
+        for i, record in enumerate(records):
+            try:
+                op = op_from_record(state, record)
+                if op is not None:
+                    await processor.apply(op, replay=True)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                problem = f"log record {record[0]} cannot be applied: {exc!r}"
+                if strict:
+                    raise LogRecoveryError(
+                        problem + " (--wal-recovery point-in-time skips it)"
+                    ) from exc
+                log.error("%s: skipped (point-in-time recovery)", problem)
+            if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let the loop answer probes
+        await io.run(wal.open, covered)
+    except BaseException:
+        with contextlib.suppress(OSError):  # its lock goes: the folder can be opened again
+            await io.run(wal.close)
+        raise
+    state.wal = wal
+    state.seq = wal.next_lsn - 1
+    await processor.trim_all()
+    if records:
+        await processor.checkpoint(full=True)
+    return len(records)
+
+
+async def release(state: EngineState) -> None:
+    """After a failed start: let go of RocksDB and the threads, so the data directory can
+    be opened again (by a fixed start, in the same process)."""
+    if state.store is not None:
+        await state.io.run(state.store.close)
+    state.io.close()
+
+
+async def load_store(state: EngineState) -> int:
+    """Load the tables RocksDB holds; returns the log position they cover."""
+    store = state.store
+    assert store is not None
+
+    def load() -> tuple[int, int, list[Table]]:
+        """The tables RocksDB holds, their items restored (in an I/O thread: a big
+        table takes seconds, and the event loop answers probes meanwhile)."""
+        raw_lsn = store.get(LSN_KEY)
+        raw_tid = store.get(NEXT_TID_KEY)
+        tables = []
+        cut = 5  # b"m" + 4-byte table id
+        for key, value in store.scan(b"t"):
+            rec = msgpack.unpackb(value, raw=False)
+            tid = int(rec["id"])
+            table = Table(key[1:].decode(), tid, TableConfig.model_validate(rec["config"]))
+            rows = []
+            fields: list[dict[str, Any]] = []
+            for raw_key, raw_meta in store.scan(b"m" + tid.to_bytes(4, "big")):
+                prio, ts, sampled, size, order = META.unpack_from(raw_meta)
+                rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size, order))
+                if table.index_fields:
+                    extra = raw_meta[META.size :]
+                    fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
+            restore_rows(state, table, rows, on_disk=True, fields=fields)
+            tables.append(table)
+        return (
+            int.from_bytes(raw_lsn, "big") if raw_lsn else 0,
+            int.from_bytes(raw_tid, "big") if raw_tid else 1,
+            tables,
+        )
+
+    covered, next_tid, tables = await state.io.run(load)
+    state.next_tid = next_tid
+    for table in tables:
+        state.tables[table.name] = table
+        state.next_tid = max(state.next_tid, table.tid + 1)
+    return int(covered)
+
+
+async def load_memory_checkpoint(state: EngineState) -> int:
+    """Load the tables of the memory-mode checkpoint; returns the log position it covers."""
+
+    def load() -> tuple[dict[str, Any], list[Table]]:
+        """The checkpoint's tables, their items restored (in an I/O thread)."""
+        header, rows = read_checkpoint_file(state.settings.data_dir / MEMORY_CHECKPOINT)
+        by_tid: dict[int, list[tuple[Any, ...]]] = {}
+        for tid, key, value, prio, ts, sampled, order in rows:
+            by_tid.setdefault(tid, []).append(
+                (key, value, prio, ts, sampled, len(value) + len(key), order)
+            )
+        tables = []
+        for spec in header["tables"]:
+            config = TableConfig.model_validate(spec["config"])
+            table = Table(spec["name"], int(spec["id"]), config)
+            mine = by_tid.get(table.tid, [])
+            fields = (
+                [index_fields_of(r[1], table.index_fields) for r in mine]
+                if table.index_fields
+                else []
+            )
+            restore_rows(state, table, mine, on_disk=False, fields=fields)
+            tables.append(table)
+        return header, tables
+
+    header, tables = await state.io.run(load)
+    for table in tables:
+        state.tables[table.name] = table
+    state.next_tid = int(header["next_tid"])
+    return int(header["lsn"])
+
+
+def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
+    """The op a log record describes (ValueError, KeyError...: it cannot be applied)."""
+    lsn, kind, name = record[0], record[1], record[2]
+    if kind == "create":
+        return CreateTableOp(lsn, name=name, config=TableConfig.model_validate(record[3]))
+    table = state.tables.get(name)
+    if table is None:
+        raise KeyError(f"its table {name!r} does not exist at that point of the log")
+    if kind == "put":
+        _, _, _, keys, values, prios, ts = record
+        items = [NewItem(k, v, p) for k, v, p in zip(keys, values, prios, strict=True)]
+        return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
+    if kind == "putb":  # a push body as the client sent it
+        _, _, _, ts, body = record
+        return PutOp(lsn, table=table, items=push_body_items(body), inserted_at=ts, weight=0)
+    if kind == "del":
+        return DeleteOp(lsn, table=table, keys=record[3], weight=0)
+    if kind == "pri":
+        return PriorityOp(lsn, table=table, keys=record[3], priorities=record[4], weight=0)
+    if kind == "drop":
+        return DropTableOp(lsn, table=table)
+    raise ValueError(f"unknown log record kind {kind!r}")
+
+
+def restore_rows(
+    state: EngineState,
+    table: Table,
+    rows: list[tuple[Any, ...]],
+    *,
+    on_disk: bool,
+    fields: list[dict[str, Any]],
+) -> None:
+    """Load recovered items (key, value or None, priority, inserted_at, times_sampled, size,
+    order), handing them to the selectors in their original insertion order."""
+    if not rows:
+        return
+    by_order = sorted(range(len(rows)), key=lambda i: rows[i][6])
+    rows = [rows[i] for i in by_order]
+    if fields:
+        fields = [fields[i] for i in by_order]
+    slots = np.empty(len(rows), dtype=np.int64)
+    cached: list[int] = []
+    charges: list[int] = []
+    for i, (key, value, prio, ts, sampled, size, order) in enumerate(rows):
+        slot = table.alloc_slot(key)
+        slots[i] = slot
+        table.order[slot] = order
+        table.priority[slot] = prio
+        table.inserted_at[slot] = ts
+        table.times_sampled[slot] = sampled
+        table.size[slot] = size
+        table.version[slot] += 1
+        if on_disk:
+            table.on_disk[slot] = 1
+            table.disk_size[slot] = size
+            table.bytes_on_disk += size
+        else:
+            table.values[slot] = value
+            table.dirty[slot] = 1
+            cached.append(slot)
+            charges.append(cache_charge(size))
+            table.bytes_in_cache += size
+    if cached:
+        state.ledger.add_many(table, cached, charges)
+    table.next_order = int(table.order[slots].max()) + 1
+    given = fields if table.index_fields else None
+    if given is not None:
+        table.fields.update(zip(slots.tolist(), given, strict=True))
+    table.sampler.insert(slots, table.priority[slots], table.inserted_at[slots], given)
+    if table.remover is not None:
+        table.remover.insert(slots, table.priority[slots], table.inserted_at[slots], given)
