@@ -44,9 +44,7 @@ from clients.errors import (
     Unavailable,
     ValidationFailed,
 )
-from workers.task_processor import (
-    TaskProcessor,
-)
+from workers.task_processor import TaskProcessor
 
 log = logging.getLogger(__name__)
 

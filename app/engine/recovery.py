@@ -23,12 +23,9 @@ from app.engine.state import EngineState, cache_charge
 from app.engine.table import Table
 from app.engine.wal import LogRecoveryError, WriteAheadLog
 from app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
-from workers.task_processor import (
-    MEMORY_CHECKPOINT,
-    TaskProcessor,
-    index_fields_of,
-    read_checkpoint_file,
-)
+from workers.apply import index_fields_of
+from workers.memory_checkpoint import MEMORY_CHECKPOINT, read_checkpoint_file
+from workers.task_processor import TaskProcessor
 
 log = logging.getLogger("app.engine.engine")
 

@@ -1,0 +1,517 @@
+"""Applying ops to tables and storage, evicting, and checkpointing: what the writer does.
+
+Only :class:`~workers.task_processor.TaskProcessor`, which owns the writer task and its
+queues, calls these, one op at a time (recovery calls :meth:`OpApplier.apply` to replay the
+log). Storage errors in background work (checkpoints, evictions) are logged, counted and
+retried with backoff; a write an op cannot do without is put off to the next checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from collections import deque
+from typing import Any, cast
+
+import msgpack
+import numpy as np
+
+from app.engine.ops import (
+    CheckpointOp,
+    CreateTableOp,
+    DeleteOp,
+    DropTableOp,
+    EvictOp,
+    Op,
+    PopulateOp,
+    PriorityOp,
+    PutOp,
+)
+from app.engine.state import (
+    EngineState,
+    cache_charge,
+    meta_bytes,
+    meta_key,
+    table_record,
+    value_key,
+)
+from app.engine.table import Table
+from app.storage.allocator import release_free_memory
+from app.storage.cache import ENTRY_OVERHEAD
+from app.storage.faults import Backoff, storage_error
+from app.storage.rocks import NEXT_TID_KEY, table_prefix
+from clients.errors import TableExists, TableNotFound
+
+log = logging.getLogger("workers.task_processor")
+
+EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
+EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
+TRIM_EVERY_BYTES = 16 * 2**20  # evicted bytes between returns of free heap memory to the OS
+_priority_of = operator.attrgetter("priority")
+
+
+class OpApplier:
+    """The writer's work on tables and storage (the base of the task processor)."""
+
+    def __init__(self, state: EngineState, *, seed: int | None = None) -> None:
+        self._s = state
+        self._np_rng = np.random.default_rng(seed)
+        self._evict_queued = False
+        self._checkpoint_queued = False
+        self._disk_deletes: list[bytes] = []
+        self._evicted_since_trim = 0
+        #: The log position the last checkpoint covered (set by the engine on recovery).
+        self.horizon = 0
+        self.checkpoint_retry = Backoff()
+        self.evict_retry = Backoff()
+        self.store_retry = Backoff(most_s=2.0)
+        #: background failures by kind (checkpoint, evict, store), for /metrics
+        self.background_failures: dict[str, int] = {"checkpoint": 0, "evict": 0, "store": 0}
+        self.last_background_error: str | None = None
+        # RocksDB work put off by a failed write, done by the next checkpoint's batch
+        self._deferred_puts: list[tuple[bytes, bytes]] = []
+        self._deferred_ranges: list[tuple[bytes, bytes]] = []
+
+    def submit(self, op: Op, *, p1: bool = False) -> None:
+        """Queue an op for the writer (the task processor's)."""
+        raise NotImplementedError
+
+    async def checkpoint(self, *, full: bool = False) -> None:
+        """Make what is applied durable without the log (the checkpointer's)."""
+        raise NotImplementedError
+
+    def oldest_queued_seq(self) -> int | None:
+        """Sequence number of the oldest logged op still queued (the task processor's)."""
+        raise NotImplementedError
+
+    def _background_failed(self, kind: str, exc: BaseException, retry: Backoff) -> None:
+        """Background work failed: log, count, and wait before the next try."""
+        retry.failed()
+        self.background_failures[kind] = self.background_failures.get(kind, 0) + 1
+        self.last_background_error = f"{kind}: {exc}"
+        log.error(
+            "%s failed (%s); trying again in %.1f s (failure %d in a row)",
+            kind,
+            exc,
+            max(0.0, retry.next_try - time.monotonic()),
+            retry.failures,
+        )
+
+    @property
+    def storage_failing(self) -> bool:
+        """Whether background writes to storage are failing now."""
+        return self.checkpoint_retry.failing or self.evict_retry.failing or self.store_retry.failing
+
+    async def _write_through(self, t: Table, items: Any, slots: list[int]) -> bool:
+        """Disk mode: write a push's values and metadata to RocksDB; False if it failed (the
+        values then stay in the cache, dirty, until a checkpoint or eviction writes them: the
+        op is in the log and must be applied all the same)."""
+        s = self._s
+        assert s.store is not None
+        puts: list[tuple[bytes, bytes]] = []
+        for it, slot in zip(items, slots, strict=True):
+            puts.append((value_key(t, it.key), it.value))
+            puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
+        deletes = self._take_disk_deletes()
+        try:
+            if s.store.failure is not None:
+                await s.io.run(s.store.recover)
+            await s.io.run(s.store.write, puts, deletes)
+        except OSError as exc:
+            self._disk_deletes[:0] = deletes
+            self._background_failed("store", exc, self.store_retry)
+            return False
+        self.store_retry.succeeded()
+        return True
+
+    async def apply(self, op: Op, *, replay: bool = False) -> None:
+        """Apply one op to the tables and storage (also used to replay the log)."""
+        if type(op) is Op:
+            return  # a marker (see stop)
+        if isinstance(op, PutOp):
+            await self._put(op, replay=replay)
+        elif isinstance(op, DeleteOp):
+            await self._delete(op.table, op.keys, op.seq)
+            op.table.applied(op.seq, op.weight)
+        elif isinstance(op, PriorityOp):
+            self._priorities(op)
+        elif isinstance(op, PopulateOp):
+            self._populate(op)
+        elif isinstance(op, EvictOp):
+            self._evict_queued = False
+            await self._evict()
+        elif isinstance(op, CheckpointOp):
+            self._checkpoint_queued = False
+            try:
+                await self.checkpoint(full=op.full)
+            except OSError as exc:
+                self._background_failed("checkpoint", exc, self.checkpoint_retry)
+                raise_into(op, storage_error(exc, str(self._s.settings.data_dir)))
+            else:
+                self.checkpoint_retry.succeeded()
+        elif isinstance(op, CreateTableOp):
+            await self._create(op)
+        elif isinstance(op, DropTableOp):
+            await self._drop(op.table)
+        else:  # pragma: no cover - exhaustive
+            raise TypeError(f"unknown op {op!r}")
+
+    async def _put(self, op: PutOp, *, replay: bool) -> None:
+        t, s = op.table, self._s
+        if t.dropped:
+            return
+        items = op.items
+        keys = [it.key for it in items]
+        if len(set(keys)) != len(keys):  # the last of a repeated key wins
+            items = list({it.key: it for it in items}.values())
+            keys = [it.key for it in items]
+        n = len(items)
+        mode, ts, seq = s.mode, op.inserted_at, op.seq
+        index, values, retired, pending = t.index, t.values, t.retired, t.pending
+        index_get, pending_get = index.get, pending.get
+        found = list(map(index_get, keys))
+        # what replaced items leave behind: slots still in selection, values in the cache
+        old = [slot for slot in found if slot is not None]
+        replaced = [slot for slot in old if not retired[slot]]
+        was_cached = [slot for slot in old if values[slot] is not None]
+        if was_cached and mode == "disk":  # otherwise the ledger's add below replaces them
+            s.ledger.discard_many(t, was_cached)
+        if len(old) < len(found):  # new keys get slots, in one go
+            new_at = [i for i, slot in enumerate(found) if slot is None]
+            for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
+                found[i] = slot
+        slot_list = cast(list[int], found)
+        # the pending entries this op made, unless a later op replaced them (in disk mode
+        # they stay while RocksDB writes the values: readers find them there meanwhile)
+        mine = [
+            key
+            for key, e in zip(keys, map(pending_get, keys), strict=True)
+            if e is not None and e[0] == seq
+        ]
+        if mode != "disk":
+            deque(map(pending.__delitem__, mine), maxlen=0)
+        # new keys (the common push) skip the numpy work on replaced cached values
+        cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
+        if cached_before is not None:
+            t.bytes_in_cache -= int(t.size[cached_before].sum())
+        slots = np.array(slot_list, dtype=np.int64)
+        if replaced:
+            gone = np.array(replaced, dtype=np.int64)
+            t.sampler.remove(gone)
+            if t.remover is not None:
+                t.remover.remove(gone)
+        new_values = [it.value for it in items]
+        sizes = np.fromiter(map(len, new_values), np.int64, n)
+        sizes += np.fromiter(map(len, keys), np.int64, n)
+        prios = np.fromiter(map(_priority_of, items), np.float64, n)
+        t.priority[slots] = prios
+        t.inserted_at[slots] = ts
+        t.times_sampled[slots] = 0
+        t.size[slots] = sizes
+        t.version[slots] += 1
+        t.referenced[slots] = 0
+        t.order[slots] = np.arange(t.next_order, t.next_order + len(slots))
+        t.put_seq[slots] = seq
+        t.next_order += len(slots)
+        fields: list[dict[str, Any]] | None = None
+        if t.index_fields:
+            fields = [index_fields_of(it.value, t.index_fields) for it in items]
+            t.fields.update(zip(slot_list, fields, strict=True))
+        written = mode == "disk" and await self._write_through(t, items, slot_list)
+        if written:
+            t.meta_dirty[slots] = 0
+            for slot, size in zip(slot_list, sizes.tolist(), strict=True):
+                retired[slot] = 0
+                values[slot] = None
+                t.on_disk[slot] = 1
+                t.dirty[slot] = 0
+                t.bytes_on_disk += size - int(t.disk_size[slot])
+                t.disk_size[slot] = size
+        else:  # hybrid and memory; disk mode when RocksDB failed: the cache holds it meanwhile
+            t.meta_dirty[slots] = 1
+            for slot, value in zip(slot_list, new_values, strict=True):
+                values[slot] = value
+            # short-lived views of the flag bytearrays (a live view would block their growth)
+            np.frombuffer(retired, np.uint8)[slots] = 0
+            np.frombuffer(t.dirty, np.uint8)[slots] = 1
+            if cached_before is not None:  # replaced while cached: like a hit (CLOCK)
+                t.referenced[cached_before] = 1
+            s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
+            t.bytes_in_cache += int(sizes.sum())
+        times = np.full(len(slots), ts)
+        t.sampler.insert(slots, prios, times, fields)
+        if t.remover is not None:
+            t.remover.insert(slots, prios, times, fields)
+        if mode == "disk":
+            for key in mine:
+                entry = t.pending.get(key)
+                if entry is not None and entry[0] == seq:
+                    del t.pending[key]
+        t.counters.inserts += len(items)
+        if not replay:
+            await self._trim(t)
+        t.applied(op.seq, op.weight)
+        if s.ledger.over and mode != "memory":
+            if replay:
+                await self._evict()
+            elif not self._evict_queued:
+                self._evict_queued = True
+                self.submit(EvictOp(0, weight=0), p1=True)
+
+    async def _trim(self, t: Table) -> None:
+        """Delete items chosen by the remover until the table fits ``max_size``."""
+        max_size = t.config.max_size
+        if max_size is None or t.remover is None or len(t.index) <= max_size:
+            return
+        excess = min(len(t.index) - max_size, len(t.remover))
+        slots = t.remover.evict(excess, self._np_rng)
+        if not len(slots):
+            return
+        # the remover dropped them; the sampler drops the ones it still holds
+        self._unselect_many(t, slots, remover=False)
+        slot_list = slots.tolist()
+        keys = [t.keys[slot] for slot in slot_list]
+        # a pending op decides what readers see of a key
+        t.visible -= len(keys) - sum(map(t.pending.__contains__, keys))
+        await self._free(t, slots, slot_list, keys)
+
+    async def trim_all(self) -> None:
+        """Bring every table within its ``max_size`` (after replaying the log)."""
+        for t in list(self._s.tables.values()):
+            await self._trim(t)
+
+    async def _delete(self, t: Table, keys: Any, seq: int) -> None:
+        if t.dropped:
+            return
+        pending, index_get = t.pending, t.index.get
+        if seq:
+            pending_get = pending.get
+            for key in keys:
+                entry = pending_get(key)
+                if entry is not None and entry[0] == seq:
+                    del pending[key]
+        found = {key: slot for key in keys if (slot := index_get(key)) is not None}
+        if not found:
+            return
+        slot_list = list(found.values())
+        slots = np.array(slot_list, dtype=np.int64)
+        self._unselect_many(t, slots, remover=True)
+        await self._free(t, slots, slot_list, list(found))
+
+    def _unselect_many(self, t: Table, slots: np.ndarray, *, remover: bool) -> None:
+        """Take ``slots`` out of selection (the sampler, and the remover if ``remover``),
+        those not out already, and mark them all retired."""
+        with memoryview(t.retired) as flags:  # released at once: the bytearray must grow
+            retired = np.frombuffer(flags, np.uint8)
+            live = slots[retired[slots] == 0]
+            retired[slots] = 1
+            del retired
+        if len(live):
+            t.sampler.remove(live)
+            if remover and t.remover is not None:
+                t.remover.remove(live)
+
+    async def _free(
+        self, t: Table, slots: np.ndarray, slot_list: list[int], keys: list[str]
+    ) -> None:
+        """Forget the distinct, unselected ``slots`` holding ``keys``: their cached values,
+        their RocksDB records (queued deletes) and the slots themselves."""
+        s = self._s
+        values = t.values
+        cached = [slot for slot in slot_list if values[slot] is not None]
+        if cached:
+            s.ledger.discard_many(t, cached)
+            t.bytes_in_cache -= int(t.size[cached].sum())
+        with memoryview(t.on_disk) as flags:
+            on_disk = np.flatnonzero(np.frombuffer(flags, np.uint8)[slots])
+        if len(on_disk):
+            deletes = self._disk_deletes
+            for i in on_disk.tolist():
+                deletes.append(value_key(t, keys[i]))
+                deletes.append(meta_key(t, keys[i]))
+            t.bytes_on_disk -= int(t.disk_size[slots[on_disk]].sum())
+        t.free_slots(slots, slot_list, keys)
+        t.counters.deletes += len(slot_list)
+        if len(self._disk_deletes) > 20_000 and s.store is not None and not s.store.failure:
+            deletes = self._take_disk_deletes()
+            try:
+                await s.io.run(s.store.write, (), deletes)
+            except OSError as exc:  # they go with the next write that works
+                self._disk_deletes[:0] = deletes
+                self._background_failed("store", exc, self.store_retry)
+
+    def _take_disk_deletes(self) -> list[bytes]:
+        out, self._disk_deletes = self._disk_deletes, []
+        return out
+
+    def _priorities(self, op: PriorityOp) -> None:
+        t = op.table
+        if t.dropped:
+            return
+        slots, prios = [], []
+        for key, prio in zip(op.keys, op.priorities, strict=True):
+            slot = t.index.get(key)
+            if slot is None:
+                continue
+            t.priority[slot] = prio
+            t.meta_dirty[slot] = 1
+            if not t.retired[slot]:
+                slots.append(slot)
+                prios.append(prio)
+        if slots:
+            sa, pa = np.asarray(slots, dtype=np.int64), np.asarray(prios, dtype=np.float64)
+            t.sampler.update(sa, pa)
+            if t.remover is not None:
+                t.remover.update(sa, pa)
+        t.applied(op.seq, op.weight)
+
+    def _populate(self, op: PopulateOp) -> None:
+        t, slot = op.table, op.slot
+        if t.dropped or slot >= len(t.keys) or t.keys[slot] is None:
+            return
+        if int(t.version[slot]) != op.version or t.values[slot] is not None:
+            return
+        t.values[slot] = op.value
+        t.dirty[slot] = 0
+        size = int(t.size[slot])
+        self._s.ledger.add(t, slot, cache_charge(size))
+        t.bytes_in_cache += size
+        t.counters.populates += 1
+        if self._s.ledger.over and not self._evict_queued:
+            self._evict_queued = True
+            self.submit(EvictOp(0, weight=0), p1=True)
+
+    async def _evict(self) -> None:
+        """Move cold values to RocksDB until the cache is under its low watermark."""
+        s = self._s
+        if s.store is None or not s.ledger.over:
+            return
+        if not self.evict_retry.due():
+            return  # failing: the retry is queued when due
+        victims = s.ledger.victims(int(s.ledger.limit_bytes * EVICT_LOW_WATERMARK))
+        puts: list[tuple[bytes, bytes]] = []
+        for t, slot in victims:
+            key, value = t.keys[slot], t.values[slot]
+            if t.dropped or key is None or value is None:
+                continue
+            if t.dirty[slot]:
+                puts.append((value_key(t, key), value))
+            if t.meta_dirty[slot] or t.dirty[slot]:
+                puts.append((meta_key(t, key), meta_bytes(t, slot)))
+        deletes = self._take_disk_deletes()
+        try:
+            if s.store.failure is not None:
+                await s.io.run(s.store.recover)
+            await s.io.run(s.store.write, puts, deletes)
+        except OSError as exc:  # the values stay in the cache, over its limit, until a retry
+            self._disk_deletes[:0] = deletes
+            self._requeue(victims)
+            self._background_failed("evict", exc, self.evict_retry)
+            return
+        self.evict_retry.succeeded()
+        evicted = 0
+        for t, slot in victims:  # only now: readers find the value in RocksDB from here on
+            if t.dropped or t.keys[slot] is None or t.values[slot] is None:
+                continue
+            size = int(t.size[slot])
+            evicted += size
+            if t.dirty[slot] or not t.on_disk[slot]:
+                t.bytes_on_disk += size - int(t.disk_size[slot])
+                t.disk_size[slot] = size
+            t.on_disk[slot] = 1
+            t.values[slot] = None
+            t.dirty[slot] = t.meta_dirty[slot] = 0
+            t.bytes_in_cache -= size
+            t.counters.evictions_to_disk += 1
+        self._evicted_since_trim += evicted
+        if self._evicted_since_trim >= max(TRIM_EVERY_BYTES, s.ledger.limit_bytes // 2):
+            self._evicted_since_trim = 0
+            await s.io.run(release_free_memory)
+
+    def _requeue(self, victims: list[tuple[Table, int]]) -> None:
+        """Give back to the ledger the victims an eviction that failed had taken."""
+        by_table: dict[Table, list[int]] = {}
+        for t, slot in victims:
+            if not t.dropped and t.keys[slot] is not None and t.values[slot] is not None:
+                by_table.setdefault(t, []).append(slot)
+        for t, slots in by_table.items():
+            charges = [cache_charge(int(t.size[slot])) for slot in slots]
+            self._s.ledger.add_many(t, slots, charges)
+
+    async def _create(self, op: CreateTableOp) -> None:
+        s = self._s
+        existing = s.tables.get(op.name)
+        if existing is not None:
+            if existing.config != op.config:
+                raise_into(op, TableExists(f"table {op.name!r} exists with another config"))
+            return
+        table = Table(op.name, s.next_tid, op.config)
+        s.next_tid += 1
+        if s.store is not None:
+            await self._store_write_or_defer(
+                [
+                    (b"t" + op.name.encode(), table_record(table)),
+                    (NEXT_TID_KEY, s.next_tid.to_bytes(8, "big")),
+                ],
+                [],
+            )
+        s.tables[op.name] = table
+
+    async def _drop(self, table: Table) -> None:
+        s = self._s
+        if table.dropped:
+            return
+        table.dropped = True
+        s.tables.pop(table.name, None)
+        s.dropped_counters.add(table.counters)
+        s.ledger.drop_table(table)
+        table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
+        table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
+        if s.store is not None:
+            ranges = [
+                (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1))
+                for tag in (b"v", b"m")
+            ]
+            record = b"t" + table.name.encode()
+            # a table record put off by a failed write must not outlive the table: the
+            # checkpoint's batch applies its deletes before its puts
+            self._deferred_puts = [(k, v) for k, v in self._deferred_puts if k != record]
+            self._disk_deletes.append(record)
+            await self._store_write_or_defer([], ranges)
+
+    async def _store_write_or_defer(
+        self, puts: list[tuple[bytes, bytes]], ranges: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Write table records and range deletes now, with the deletes queued so far; if
+        RocksDB fails, the next checkpoint's batch writes them (before the log that holds
+        their op is cut), so the op is applied all the same."""
+        s = self._s
+        assert s.store is not None
+        deletes = self._take_disk_deletes()
+        if s.store.failure is None and not self._deferred_puts and not self._deferred_ranges:
+            try:
+                await s.io.run(s.store.write, puts, deletes, ranges)
+                return
+            except OSError as exc:
+                self._background_failed("store", exc, self.store_retry)
+        self._disk_deletes[:0] = deletes
+        self._deferred_puts.extend(puts)
+        self._deferred_ranges.extend(ranges)
+
+
+def raise_into(op: Op, exc: BaseException) -> None:
+    """Fail ``op``'s waiter with ``exc`` (the writer itself goes on)."""
+    if op.future is not None and not op.future.done():
+        op.future.set_exception(exc)
+
+
+def index_fields_of(value: bytes, names: frozenset[str]) -> dict[str, Any]:
+    """The top-level fields ``names`` of a msgpack map value (others and non-maps: absent)."""
+    try:
+        decoded = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData):
+        return {}
+    if not isinstance(decoded, dict):
+        return {}
+    return {name: decoded[name] for name in names if name in decoded}
