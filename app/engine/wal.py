@@ -9,25 +9,17 @@ a flush only pads, writes and fdatasyncs that buffer while the next one fills, i
 writer process (:mod:`app.engine.log_process`) or in the flush thread. The on-disk format is
 in :mod:`app.engine.log_format`, replay in :mod:`app.engine.log_replay`, and what a failed
 flush lost in :mod:`app.engine.log_refusals`.
-
-Segments are recycled (as RocksDB's ``recycle_log_file_num`` and PostgreSQL's WAL files are):
-a segment the checkpoint no longer needs is renamed ``*.spare`` and becomes the next new
-segment, whose writes then overwrite blocks the file already has, so an fdatasync commits no
-block allocation. A recycled segment holds the old records after the new ones: they have
-LSNs below the segment's name, and replay stops at the first of them. A segment is cut to its
-written length when it is closed, so only the segment being written at a crash can have them.
+Segment files (the lock, rotation, recycling) are managed in :mod:`app.engine.log_segments`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import logging
 import mmap
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,11 +37,11 @@ from app.engine.log_format import (
     ZEROS,
     LogRecoveryError,
     region_size,
-    segment_name,
 )
 from app.engine.log_process import MAX_IN_FLIGHT, Flush, ProcessFlushes
 from app.engine.log_refusals import Refusal, Refusals
 from app.engine.log_replay import replay_segments
+from app.engine.log_segments import SegmentFiles
 from app.engine.log_writer import SUPPORTED, LogWriterProcess, SharedBuffer
 from app.storage.blocking import BlockingIO
 
@@ -67,11 +59,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _BUFFER_BYTES = 4 << 20  # a write buffer's smallest size
-_SPARES = 1  # spare segments kept (each rotation takes one, each truncation gives one)
-_LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
 
 
-class WriteAheadLog(ProcessFlushes):
+class WriteAheadLog(SegmentFiles, ProcessFlushes):
     """Append-only, segment-rotated, fsync-on-commit log of engine records.
 
     Args:
@@ -133,7 +123,7 @@ class WriteAheadLog(ProcessFlushes):
         self._region_peak = 0  # the largest region flushed since the last rotation
         self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
         self._segment_last_lsn: dict[Path, int] = {}
-        # spare segments (at most _SPARES): truncate adds them, rotations take them, in I/O threads
+        # spare segments (at most SPARES): truncate adds them, rotations take them, in I/O threads
         self._spares: list[Path] = []
         self._spares_lock = threading.Lock()
         self.bytes_since_checkpoint = 0
@@ -154,104 +144,6 @@ class WriteAheadLog(ProcessFlushes):
             self._segment_last_lsn[path] = seg_last
         self._next_lsn = last + 1
         self._durable_lsn = last
-
-    def _lock(self) -> None:
-        """Take the folder's lock (blocking), waiting up to _LOCK_WAIT_S for another holder.
-
-        The log writer process inherits the lock: if this process is killed, a new one waits
-        here until that process has finished its last write and exited, so it never replays
-        a segment that is still being written, nor reuses its name.
-        """
-        if self._lock_fd is not None:
-            return
-        self._folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._folder / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise RuntimeError(
-                        f"the write-ahead log in {self._folder} is in use by another process"
-                    ) from None
-                time.sleep(0.05)
-        self._lock_fd = fd
-
-    def open(self, min_lsn: int) -> None:
-        """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking)."""
-        self._lock()
-        with self._spares_lock:
-            self._spares = sorted(self._folder.glob(f"*{SPARE_SUFFIX}"), key=lambda p: int(p.stem))
-        self._next_lsn = max(self._next_lsn, min_lsn + 1)
-        self._durable_lsn = self._buffer_last_lsn = self._next_lsn - 1
-        self._rotate_sync(self._next_lsn)
-
-    def _rotate_sync(self, first_lsn: int) -> None:
-        """Close the current segment and start one named ``first_lsn``: the LSN of the
-        first record not written yet (records appended during this flush go there).
-
-        A segment that already has that name holds no whole record (each would have an
-        LSN at or above its name, none of which is written yet): if it is the current one,
-        it is kept; if replay found it (a crash left it empty or torn), it is truncated.
-        Otherwise a spare segment becomes the new one, if there is one. The segment closed
-        is cut to its written length (a recycled one had old records after it).
-        """
-        path = self._folder / segment_name(first_lsn)
-        if self._fd is not None:
-            if self._segments[-1][1] == path and not self._failed:
-                return
-            try:
-                os.ftruncate(self._fd, self._offset)
-                os.fsync(self._fd)
-            except OSError:
-                if not self._failed:  # after a failed flush, what it synced was synced then
-                    raise
-            os.close(self._fd)
-            self._fd = None
-        spare = None
-        if not path.exists():
-            with self._spares_lock:
-                spare = self._spares.pop() if self._spares else None
-        if spare is not None:
-            os.rename(spare, path)  # its old records stay, with LSNs replay stops at
-        self._fd = self._open_segment(path, 0 if spare is not None else os.O_TRUNC)
-        self._segment_token = object()
-        self._offset = 0
-        self._failed = False
-        if not self._segments or self._segments[-1][1] != path:
-            self._segments.append((first_lsn, path))
-        self._segment_last_lsn[path] = first_lsn - 1
-        fd = os.open(self._folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _open_segment(self, path: Path, extra_flags: int = 0) -> int:
-        """Open ``path`` for writing: ``O_DIRECT`` unless the log has fallen back."""
-        flags = os.O_WRONLY | os.O_CREAT | extra_flags
-        if self._direct is not False:
-            try:
-                return os.open(path, flags | O_DIRECT, 0o644)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                self._fall_back(path, exc)
-        fd = os.open(path, flags, 0o644)
-        self._log_mode("buffered writes")
-        return fd
-
-    def _fall_back(self, path: Path, exc: OSError) -> None:
-        self._direct = False
-        self._log_mode(f"buffered writes ({path.name} refused O_DIRECT: {exc.strerror})")
-
-    def _log_mode(self, mode: str) -> None:
-        if not self._mode_logged:
-            self._mode_logged = True
-            log.info("write-ahead log in %s: %s", self._folder, mode)
 
     # -- appending ----------------------------------------------------------------------
 
@@ -561,45 +453,6 @@ class WriteAheadLog(ProcessFlushes):
         if self._fill is not None and not self._fill_used and len(self._fill) > limit:
             self._drop(self._fill)
             self._fill = None
-
-    async def truncate(self, covered_lsn: int) -> None:
-        """Delete the segments whose every record has LSN ≤ ``covered_lsn``."""
-        doomed = [
-            (first, path)
-            for first, path in self._segments[:-1]
-            if self._segment_last_lsn.get(path, 0) <= covered_lsn
-        ]
-        for item in doomed:
-            self._segments.remove(item)
-            self._segment_last_lsn.pop(item[1], None)
-        await self._io.run(self._retire_sync, [p for _, p in doomed])
-
-    def _retire_sync(self, paths: list[Path]) -> None:
-        """Keep segments as spares (up to _SPARES of them), delete the others (blocking).
-        A crash before a rename leaves a segment whose records replay skips (all covered)."""
-        for path in paths:
-            with self._spares_lock:
-                if path.suffix == SEGMENT_SUFFIX and len(self._spares) < _SPARES:
-                    spare = path.with_suffix(SPARE_SUFFIX)
-                    try:
-                        os.rename(path, spare)
-                    except FileNotFoundError:
-                        continue
-                    self._spares.append(spare)
-                    continue
-            path.unlink(missing_ok=True)
-
-    def disk_bytes(self) -> int:
-        """Bytes of log on disk (approximate: sizes of the segment files, spares included)."""
-        total = 0
-        with self._spares_lock:
-            spares = list(self._spares)
-        for path in [*(p for _, p in self._segments), *spares]:
-            try:
-                total += path.stat().st_size
-            except FileNotFoundError:
-                pass
-        return total
 
     def close(self) -> None:
         """Stop the log writer process, flush the buffer, fsync and close (blocking);

@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.engine import log_process, log_writer
+from app.engine import log_process, log_segments, log_writer
 from app.engine import wal as wal_module
 from app.engine.log_format import LEGACY_FRAME
 from app.engine.wal import FRAME, SEGMENT_SUFFIX, WriteAheadLog
@@ -529,7 +529,7 @@ async def test_after_a_failed_rotation_the_next_flush_opens_the_segment(
 async def test_a_second_log_on_the_folder_waits_for_the_first(
     tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wal_module, "_LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(log_segments, "LOCK_WAIT_S", 0.2)
     wal = fresh(tmp_path, io, writer="thread")
     await wal.commit(wal.append(["del", "t", ["a"]]))
     with pytest.raises(RuntimeError, match="in use by another process"):
@@ -544,7 +544,7 @@ async def test_the_log_writer_process_holds_the_lock_until_it_exits(
 ) -> None:
     """A server killed with -9 leaves its log writer finishing a write: a new server must
     not replay (or reuse a segment name) before that process is gone."""
-    monkeypatch.setattr(wal_module, "_LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(log_segments, "LOCK_WAIT_S", 0.2)
     wal = fresh(tmp_path, io, writer="process")
     lsns = await _busy(wal, 2, "a")
     assert wal._proc is not None and wal._lock_fd is not None
