@@ -39,7 +39,7 @@ def fmt(value: Any) -> str:
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A GitHub-markdown table, so the output pastes into the README as is."""
+    """A GitHub-markdown table, so the output pastes into docs/benchmarks.md as is."""
     cells = [[fmt(c) for c in row] for row in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)

@@ -228,17 +228,19 @@ class _Guard:
         self.closures.add(reason, self.loop)
         self.transport.close()
 
+    # Both protocols: the guard comes first in their bases, so super() is uvicorn's protocol.
 
-class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
-    """uvicorn's httptools protocol with the deadlines and the cap of :mod:`app.api.connections`."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self._refuse_or_start(transport):
-            super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._refuse_or_start(cast(asyncio.Transport, transport)):
+            super().connection_made(transport)  # type: ignore[misc]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and the cap of :mod:`app.api.connections`."""
 
     # The hooks below run for every request: they call the base class directly (cheaper
     # than super()) and inline the phase changes.
@@ -271,14 +273,6 @@ class GuardedH11Protocol(_Guard, H11Protocol):
     when the previous answer is complete, so the phase follows ``their_state`` after each
     chunk and after each answer.
     """
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self._refuse_or_start(transport):
-            super().connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_timer()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         self._head_started()

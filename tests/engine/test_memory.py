@@ -13,7 +13,7 @@ MB = 2**20
 # Resident memory the engine may use above the cache limit while values stream through it:
 # RocksDB's memtables (2 x 8 MB) and block cache (8 MB), the log buffer, the index, and
 # glibc heap slack (see app/storage/allocator.py). Measured at 60-75 MB above the cache
-# limit on the 2-core CI machines (see README); the test allows 100 MB.
+# limit on the 2-core CI machines (see docs/architecture.md); the test allows 100 MB.
 STATED_OVERHEAD_MB = 100
 
 
