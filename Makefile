@@ -35,8 +35,10 @@ bench: $(STAMP) $(TORCHRL_VENV)/bin/python
 	RLREPLAY_TORCHRL_PYTHON=$(TORCHRL_VENV)/bin/python $(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check app workers gpu clients tests bench
+	$(BIN)/ruff check rlreplay app workers wire clients gpu tests bench examples
+	$(BIN)/ruff format --check rlreplay app workers wire clients gpu tests bench examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) $(TORCHRL_VENV) .pytest_cache data

@@ -1,6 +1,7 @@
 """The ``rlreplay`` command: ``serve`` runs the service, ``sidecar`` the GPU sidecar.
 
-Every flag of ``serve`` is a field of :class:`app.settings.Settings` and also the environment
+Every flag of ``serve`` is a field of :class:`rlreplay.app.settings.Settings` and also the
+environment
 variable ``RLREPLAY_<FIELD>``; a flag given on the command line beats the variable, because
 only the flags actually given are passed to ``Settings`` and pydantic-settings fills the
 rest from the environment.
@@ -20,8 +21,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from app import package_version
-from app.settings import Settings
+from rlreplay.app import package_version
+from rlreplay.app.settings import Settings
 
 __all__ = ["build_parser", "main", "serve_command", "settings_from_args", "uvicorn_options"]
 
@@ -147,7 +148,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """How ``rlreplay serve`` runs uvicorn (``bench.http`` serves its ceiling app the same
     way): the fixed options, uvicorn's keep-alive timeout, and the HTTP protocol of
-    :mod:`app.api.connections` with the connection settings.
+    :mod:`rlreplay.app.api.connections` with the connection settings.
 
     Args:
         settings: The settings.
@@ -155,7 +156,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     Returns:
         Keyword arguments of ``uvicorn.Config`` (or ``uvicorn.run``).
     """
-    from app.api.connections import ConnectionLimits, guarded_protocol
+    from rlreplay.app.api.connections import ConnectionLimits, guarded_protocol
 
     limits = ConnectionLimits(
         head_timeout_s=settings.request_head_timeout_s,
@@ -171,12 +172,12 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 
 def serve_command(port: int, data_dir: Path, *flags: str) -> list[str]:
-    """The command line of ``python -m app`` serving on 127.0.0.1:``port`` (the live tests
+    """The command line of ``python -m rlreplay.app`` serving on 127.0.0.1:``port`` (the live tests
     and the HTTP benchmark start their servers with it)."""
     return [
         sys.executable,
         "-m",
-        "app",
+        "rlreplay.app",
         "--host",
         "127.0.0.1",
         "--port",
@@ -190,9 +191,9 @@ def serve_command(port: int, data_dir: Path, *flags: str) -> list[str]:
 def _serve(settings: Settings) -> int:
     import uvicorn
 
-    from app.api.connections import raise_descriptor_limit
-    from app.api.logs import configure_logging
-    from app.main import create_app
+    from rlreplay.app.api.connections import raise_descriptor_limit
+    from rlreplay.app.api.logs import configure_logging
+    from rlreplay.app.main import create_app
 
     configure_logging(settings.log_level)
     raise_descriptor_limit(settings.max_connections)

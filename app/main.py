@@ -11,18 +11,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app import package_version
-from app.api import items, ops, sampling, tables
-from app.api.docs import install_docs
-from app.api.hot import HotRoutes, ReplayApp
-from app.api.middleware import RequestContextMiddleware
-from app.api.openapi import build_openapi, summaries_from_docstrings
-from app.engine.config import SamplerSpec, TableConfig
-from app.engine.engine import Engine
-from app.errors import install_error_handlers
-from app.metrics import Metrics
-from app.settings import Settings
-from app.storage.allocator import tune_gc
+from rlreplay.app import package_version
+from rlreplay.app.api import health, items, sampling, tables
+from rlreplay.app.api.docs import install_docs
+from rlreplay.app.api.errors import install_error_handlers
+from rlreplay.app.api.hot import HotRoutes, ReplayApp
+from rlreplay.app.api.middleware import RequestContextMiddleware
+from rlreplay.app.api.openapi import build_openapi, summaries_from_docstrings
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.metrics import Metrics
+from rlreplay.app.settings import Settings
+from rlreplay.app.storage.allocator import tune_gc
+from rlreplay.app.tables.config import SamplerSpec, TableConfig
 
 __all__ = ["DEFAULT_TABLE", "create_app"]
 
@@ -83,10 +83,10 @@ def create_app(
         settings: The service's settings.
         engine: The engine to serve; a new one built from ``settings`` when None (tests
             pass their own).
-        hot_routes: Serve the data routes through :mod:`app.api.hot` (the fast path);
+        hot_routes: Serve the data routes through :mod:`rlreplay.app.api.hot` (the fast path);
             False sends every request through FastAPI (tests compare the two).
         tune_gc_after_start: Freeze the objects alive once the engine started and raise the
-            collector's threshold (:func:`app.storage.allocator.tune_gc`); ``rlreplay
+            collector's threshold (:func:`rlreplay.app.storage.allocator.tune_gc`); ``rlreplay
             serve`` does, as the process is the service's own.
         recover_in_background: Start the engine in a task, so the server answers while it
             recovers (``rlreplay serve`` does): ``/healthz`` is 200 at once, ``/readyz`` and
@@ -154,7 +154,7 @@ def create_app(
     # Routes match in the order included, and each included router costs its routes'
     # matching on every request that passes it by: the hot data routes come first. The
     # documentation keeps its own order (``openapi_tags``).
-    for router in (sampling.router, items.router, tables.router, ops.router):
+    for router in (sampling.router, items.router, tables.router, health.router):
         app.include_router(summaries_from_docstrings(router))
     install_docs(app)
     openapi: Any = partial(build_openapi, app)

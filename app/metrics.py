@@ -1,6 +1,6 @@
 """Prometheus metrics of one app, in a registry of its own (never the process-global one).
 
-Request metrics are recorded by :class:`app.api.middleware.RequestContextMiddleware`;
+Request metrics are recorded by :class:`rlreplay.app.api.middleware.RequestContextMiddleware`;
 per-table figures and queue depths are read from the engine at scrape time by
 :class:`EngineExposition`, so they cost nothing between scrapes.
 
@@ -24,8 +24,8 @@ from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from app.engine.table import STAT_NAMES, TablesSummary
-from clients.errors import Unavailable
+from rlreplay.app.tables.table import STAT_NAMES, TablesSummary
+from rlreplay.wire.errors import Unavailable
 
 __all__ = ["CONTENT_TYPE", "EngineExposition", "EngineView", "Metrics"]
 
@@ -49,7 +49,7 @@ _LATENCY_BUCKETS = (
     30.0,
 )
 
-#: Each stat of :data:`app.engine.table.STAT_NAMES`: (metric name, type, help). Counters'
+#: Each stat of :data:`rlreplay.app.tables.table.STAT_NAMES`: (metric name, type, help). Counters'
 #: names have their ``_total``; the totals over every table are ``rlreplay_all_tables_*``.
 _TABLE_STATS: dict[str, tuple[str, str, str]] = {
     "size": ("rlreplay_table_items", "gauge", "Items in the table, pending writes included."),
@@ -120,7 +120,8 @@ _STAT_SERIES, _HEADS = _stat_series()
 
 
 class EngineView(Protocol):
-    """What the exposition reads from the engine (a subset of :class:`app.engine.Engine`)."""
+    """What the exposition reads from the engine (a subset of
+    :class:`rlreplay.app.engine.Engine`)."""
 
     def tables_summary(self, largest: int | None) -> TablesSummary:
         """Every table's stats summed, and those of the ``largest`` biggest (all: None)."""

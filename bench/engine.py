@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions  # type: ignore[import-untyped]
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.settings import Settings
 from bench.report import print_table
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
 
 BATCH = 256
 MIN_TIMED_S = 0.3  # short loops are all noise: gets repeat whole passes for at least this

@@ -43,9 +43,9 @@ import httpx
 import msgpack
 from fastapi import FastAPI, Request, Response
 
-from app.cli import serve_command, uvicorn_options
-from app.settings import Settings
 from bench.report import print_table
+from rlreplay.app.cli import serve_command, uvicorn_options
+from rlreplay.app.settings import Settings
 
 ITEM_BYTES = 4096
 PUSH_ITEMS = 64
@@ -302,7 +302,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 _STREAM = """
 import asyncio, sys, time
-from clients import ReplayClient
+from rlreplay.clients import ReplayClient
 
 async def main(url, seconds):
     async with ReplayClient(url) as rb:

@@ -39,13 +39,13 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.main import create_app
-from app.metrics import Metrics
-from app.settings import Settings
 from bench.report import print_table
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.main import create_app
+from rlreplay.app.metrics import Metrics
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
 
 TABLES = (10, 1_000, 5_000)
 CAP = 100

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from app.selection.base import Selector
-from app.selection.registry import BUILTIN, make_selector
 from bench.report import print_table
 from bench.torchrl_baseline import median_us, torchrl_rows
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.registry import BUILTIN, make_selector
 
 BATCH = 256
 HEADERS = ["sampler", "items", "sample 256 (µs)", "update 256 (µs)", "index B/item"]

@@ -4,9 +4,9 @@ Importable with only httpx, msgpack and numpy installed; torch is used only when
 tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 """
 
-from clients.arrays import EXT_NDARRAY, BFloat16Array
-from clients.client import Item, ReplayClient
-from clients.codec import (
+from rlreplay.clients.client import Item, ReplayClient
+from rlreplay.wire.arrays import EXT_NDARRAY, BFloat16Array
+from rlreplay.wire.codec import (
     from_jsonable,
     jsonable_to_msgpack,
     msgpack_to_jsonable,
@@ -15,7 +15,7 @@ from clients.codec import (
     to_jsonable,
     unpackb,
 )
-from clients.errors import (
+from rlreplay.wire.errors import (
     BadRequest,
     DeadlineExceeded,
     Gone,

@@ -2,14 +2,14 @@
 
 One :class:`ReplayClient` holds one ``httpx.AsyncClient`` and its connection pool; share it
 between the tasks of a process rather than opening one per task. For ``http://`` servers the
-pool is :class:`~clients.transport.LeanTransport`, a small HTTP/1.1 transport on asyncio
+pool is :class:`~rlreplay.clients.transport.LeanTransport`, a small HTTP/1.1 transport on asyncio
 streams that takes large answers at a fraction of httpcore's CPU; ``https://`` servers use
 httpx's own transport. Every call speaks msgpack
 both ways, so NumPy arrays and torch tensors in item values travel as arrays and come back
-as NumPy arrays, bit-exactly (see :mod:`clients.codec`). Errors the server answers with are
-raised as the classes of :mod:`clients.errors`; a server that cannot be reached after the
-retries raises :class:`~clients.errors.Unavailable`. Which calls are retried is explained
-in :mod:`clients.retry`.
+as NumPy arrays, bit-exactly (see :mod:`rlreplay.wire.codec`). Errors the server answers with are
+raised as the classes of :mod:`rlreplay.wire.errors`; a server that cannot be reached after the
+retries raises :class:`~rlreplay.wire.errors.Unavailable`. Which calls are retried is explained
+in :mod:`rlreplay.clients.retry`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from urllib.parse import quote
 
 import httpx
 
-from clients.allocator import raise_malloc_thresholds
-from clients.codec import from_jsonable, packb, unpackb
-from clients.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
-from clients.retry import RetryPolicy, parse_retry_after
-from clients.transport import LeanTransport
+from rlreplay.clients.retry import RetryPolicy, parse_retry_after
+from rlreplay.clients.transport import LeanTransport
+from rlreplay.wire.allocator import raise_malloc_thresholds
+from rlreplay.wire.codec import from_jsonable, packb, unpackb
+from rlreplay.wire.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
 
 __all__ = ["Item", "ReplayClient"]
 
@@ -97,18 +97,19 @@ class ReplayClient:
             connections on every request, and in proportion to connections times queued
             requests when requests queue in it, so 64 connections sample ~3x slower than 16
             on a local server.
-        retries: Retries after a failed first attempt (see :mod:`clients.retry`).
+        retries: Retries after a failed first attempt (see :mod:`rlreplay.clients.retry`).
         backoff_s: The first retry's backoff bound in seconds; it doubles per retry.
         max_backoff_s: The cap on one backoff wait.
         transport: An httpx transport to use instead of the network (``httpx.MockTransport``,
             ``httpx.ASGITransport``); tests and in-process servers use it.
         lean_transport: With no ``transport`` and an ``http://`` ``base_url``, talk to the
-            server through :class:`~clients.transport.LeanTransport` (the default): stream()
+            server through :class:`~rlreplay.clients.transport.LeanTransport` (the default):
+            stream()
             and large answers cost the client far less CPU than on httpx's default
             transport (httpcore). False uses httpx's default transport, as ``https://`` URLs
             always do. Either way the errors, timeouts and retries are the same.
         tune_malloc: On glibc, fix the process's malloc mmap and trim thresholds (4 MiB
-            and 32 MiB, :mod:`clients.allocator`) so that the ~1 MB answers of large
+            and 32 MiB, :mod:`rlreplay.wire.allocator`) so that the ~1 MB answers of large
             samples do not fault their pages in on every batch: with glibc's defaults
             ``stream()`` took ~230 page faults and twice the CPU per 1 MB batch. The
             process then keeps up to 32 MiB of freed heap instead of returning it at once.

@@ -2,7 +2,7 @@
 
 asyncio's ``StreamReader`` copies a large body three times in small steps; this protocol lets
 the socket read a long body straight into a buffer of its size, which is what makes
-:class:`~clients.transport.LeanTransport` cheap on multi-MiB answers.
+:class:`~rlreplay.clients.transport.LeanTransport` cheap on multi-MiB answers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
-from clients.http11 import BODY_PIECE, MAX_HEADER_BYTES
+from rlreplay.clients.http11 import BODY_PIECE, MAX_HEADER_BYTES
 
 __all__ = ["Connection"]
 

@@ -1,4 +1,5 @@
-"""The idle keep-alive connections of :class:`~clients.transport.LeanTransport`, per address.
+"""The idle keep-alive connections of :class:`~rlreplay.clients.transport.LeanTransport`, per
+address.
 
 Reusing a connection saves a TCP handshake per request; this module decides which idle one
 to reuse (the newest that is not stale), how many to keep, and opens fresh ones.
@@ -11,7 +12,7 @@ import time
 
 import httpx
 
-from clients.connection import Connection
+from rlreplay.clients.connection import Connection
 
 __all__ = ["Address", "ConnectionPool"]
 

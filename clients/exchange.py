@@ -1,4 +1,5 @@
-"""One request and its answer on a :class:`~clients.connection.Connection`, with httpx's errors.
+"""One request and its answer on a :class:`~rlreplay.clients.connection.Connection`, with httpx's
+errors.
 
 Writing the request and reading the answer (head, then a body framed by ``Content-Length``,
 chunks or the end of the connection) is where socket failures become ``httpx`` errors, and
@@ -13,8 +14,8 @@ from typing import Final
 
 import httpx
 
-from clients.connection import Connection
-from clients.http11 import BODY_PIECE, Answer, parse_head
+from rlreplay.clients.connection import Connection
+from rlreplay.clients.http11 import BODY_PIECE, Answer, parse_head
 
 __all__ = ["StaleConnection", "read_answer", "write_request"]
 

@@ -3,7 +3,7 @@
 httpx's default transport (httpcore on h11 and anyio) spends most of a large answer's client
 CPU in per-read machinery: event objects, context managers, sniffio look-ups. For the replay
 service's answers (up to a few MiB of msgpack, framed by ``Content-Length``) that bounded how
-fast :meth:`~clients.client.ReplayClient.stream` could take batches from a local server.
+fast :meth:`~rlreplay.clients.client.ReplayClient.stream` could take batches from a local server.
 :class:`LeanTransport` implements the same seam (``httpx.AsyncBaseTransport``) with the few
 operations HTTP/1.1 needs: one ``write`` per request, a search for the blank line that ends
 the head, and a body received straight into a buffer of its ``Content-Length``.
@@ -30,7 +30,7 @@ Timeouts come from the request's ``extensions["timeout"]`` (what httpx puts ther
 bounds the wait for a slot, ``connect`` the TCP connect, ``write`` sending the request, and
 ``read`` every read (the head, each chunk, each MiB of a body), as httpcore does.
 
-Errors are httpx's, with httpx's meaning, which :mod:`clients.retry` relies on to tell a
+Errors are httpx's, with httpx's meaning, which :mod:`rlreplay.clients.retry` relies on to tell a
 request that never left from one that may have reached the server:
 
 * not sent: ``ConnectError`` (refused, unreachable, DNS), ``ConnectTimeout``, ``PoolTimeout``;
@@ -54,9 +54,10 @@ requests get the error (``RemoteProtocolError`` or ``ReadError``/``WriteError``)
 decides, as httpcore would leave it to them too. Failures on a fresh connection, timeouts,
 and failures after part of the answer arrived are never retried here.
 
-The parts live in their own modules: :mod:`clients.http11` (the message format),
-:mod:`clients.connection` (one TCP connection), :mod:`clients.connection_pool` (the idle
-connections) and :mod:`clients.exchange` (one request and its answer, with httpx's errors).
+The parts live in their own modules: :mod:`rlreplay.clients.http11` (the message format),
+:mod:`rlreplay.clients.connection` (one TCP connection), :mod:`rlreplay.clients.connection_pool`
+(the idle
+connections) and :mod:`rlreplay.clients.exchange` (one request and its answer, with httpx's errors).
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ from typing import Final
 
 import httpx
 
-from clients.connection import Connection
-from clients.connection_pool import Address, ConnectionPool
-from clients.exchange import StaleConnection, read_answer, write_request
-from clients.http11 import MAX_HEADER_BYTES, has_token, request_body, request_head
+from rlreplay.clients.connection import Connection
+from rlreplay.clients.connection_pool import Address, ConnectionPool
+from rlreplay.clients.exchange import StaleConnection, read_answer, write_request
+from rlreplay.clients.http11 import MAX_HEADER_BYTES, has_token, request_body, request_head
 
 __all__ = ["LeanTransport"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from app.cli import serve_command
+from rlreplay.app.cli import serve_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ class LiveServer:
 def start_server(
     workdir: Path, *flags: str, env: dict[str, str] | None = None, data_dir: Path | None = None
 ) -> LiveServer:
-    """Starts ``python -m app`` on 127.0.0.1 and waits until ``/readyz`` answers 200."""
+    """Starts ``python -m rlreplay.app`` on 127.0.0.1 and waits until ``/readyz`` answers 200."""
     server = launch_server(workdir, *flags, env=env, data_dir=data_dir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -63,7 +63,7 @@ def start_server(
 def launch_server(
     workdir: Path, *flags: str, env: dict[str, str] | None = None, data_dir: Path | None = None
 ) -> LiveServer:
-    """Starts ``python -m app`` on 127.0.0.1 without waiting for it (data in
+    """Starts ``python -m rlreplay.app`` on 127.0.0.1 without waiting for it (data in
     ``workdir/data`` unless ``data_dir`` is given; the log in ``workdir/server.log``)."""
     port = free_port()
     data_dir = data_dir or workdir / "data"

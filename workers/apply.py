@@ -1,6 +1,6 @@
 """Applying ops to tables and storage, evicting, and checkpointing: what the writer does.
 
-Only :class:`~workers.task_processor.TaskProcessor`, which owns the writer task and its
+Only :class:`~rlreplay.workers.task_processor.TaskProcessor`, which owns the writer task and its
 queues, calls these, one op at a time (recovery calls :meth:`OpApplier.apply` to replay the
 log). Storage errors in background work (checkpoints, evictions) are logged, counted and
 retried with backoff; a write an op cannot do without is put off to the next checkpoint.
@@ -17,7 +17,13 @@ from typing import Any, cast
 import msgpack
 import numpy as np
 
-from app.engine.ops import (
+from rlreplay.app.storage.allocator import release_free_memory
+from rlreplay.app.storage.cache import ENTRY_OVERHEAD
+from rlreplay.app.storage.faults import Backoff, storage_error
+from rlreplay.app.storage.rocks import NEXT_TID_KEY, table_prefix
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import TableExists, TableNotFound
+from rlreplay.workers.ops import (
     CheckpointOp,
     CreateTableOp,
     DeleteOp,
@@ -28,7 +34,7 @@ from app.engine.ops import (
     PriorityOp,
     PutOp,
 )
-from app.engine.state import (
+from rlreplay.workers.state import (
     EngineState,
     cache_charge,
     meta_bytes,
@@ -36,14 +42,8 @@ from app.engine.state import (
     table_record,
     value_key,
 )
-from app.engine.table import Table
-from app.storage.allocator import release_free_memory
-from app.storage.cache import ENTRY_OVERHEAD
-from app.storage.faults import Backoff, storage_error
-from app.storage.rocks import NEXT_TID_KEY, table_prefix
-from clients.errors import TableExists, TableNotFound
 
-log = logging.getLogger("workers.task_processor")
+log = logging.getLogger("rlreplay.workers.task_processor")
 
 EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
 EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else

@@ -12,15 +12,15 @@ import asyncio
 
 import numpy as np
 
-from app.engine.state import (
+from rlreplay.app.storage.rocks import LSN_KEY
+from rlreplay.app.tables.table import Table
+from rlreplay.workers.apply import OpApplier
+from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT, write_checkpoint_file
+from rlreplay.workers.state import (
     meta_bytes,
     meta_key,
     value_key,
 )
-from app.engine.table import Table
-from app.storage.rocks import LSN_KEY
-from workers.apply import OpApplier
-from workers.memory_checkpoint import MEMORY_CHECKPOINT, write_checkpoint_file
 
 _FLUSH_YIELD_EVERY = 4096  # slots a checkpoint visits between turns given to the event loop
 

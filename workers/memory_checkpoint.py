@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 if TYPE_CHECKING:
-    from app.engine.table import Table
+    from rlreplay.app.tables.table import Table
 
 MEMORY_CHECKPOINT = "memory.ckpt"
 _SNAPSHOT_BUFFER = 16 << 20  # the file buffer

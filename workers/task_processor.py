@@ -1,11 +1,11 @@
 """The single writer: the only code that changes tables and storage.
 
-Callers enqueue ops (see :mod:`app.engine.ops`) on the p0 queue (push, delete,
+Callers enqueue ops (see :mod:`rlreplay.workers.ops`) on the p0 queue (push, delete,
 priorities, tables, checkpoint) or the p1 queue (evict, populate) and, if they want,
 await the op's future. One owned task drains both: when both have work it takes p0 with
 probability ``p0_probability`` (0.8 by default) and p1 otherwise, so housekeeping is
 never starved. If the task dies, every queued op's future and every reader waiting on a
-table fail with :class:`~clients.errors.Unavailable` instead of hanging.
+table fail with :class:`~rlreplay.wire.errors.Unavailable` instead of hanging.
 
 With the write-ahead log on, the writer applies an op only once its record is durable: an
 op whose log flush failed is refused (its caller answered an error) and is taken out of the
@@ -22,7 +22,12 @@ import random
 import time
 from collections import deque
 
-from app.engine.ops import (
+from rlreplay.app.storage.faults import storage_error
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import Unavailable
+from rlreplay.workers.apply import EVICT_HARD_FACTOR, raise_into
+from rlreplay.workers.checkpoints import Checkpointer
+from rlreplay.workers.ops import (
     CheckpointOp,
     DeleteOp,
     DropTableOp,
@@ -31,14 +36,9 @@ from app.engine.ops import (
     PriorityOp,
     PutOp,
 )
-from app.engine.state import (
+from rlreplay.workers.state import (
     EngineState,
 )
-from app.engine.table import Table
-from app.storage.faults import storage_error
-from clients.errors import Unavailable
-from workers.apply import EVICT_HARD_FACTOR, raise_into
-from workers.checkpoints import Checkpointer
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ Rules shared by every body:
 Push bodies in msgpack keep each item's ``value`` as the raw bytes the client sent: it is
 stored as is, never decoded. The common body (``{"items": [...]}``, optionally with
 ``wait``, short ASCII keys, finite priorities) is decoded in one C call by msgspec
-(:func:`app.engine.items.decode_push_body`, which the log's replay shares: such a body is
+(:func:`rlreplay.app.tables.items.decode_push_body`, which the log's replay shares: such a body is
 logged as sent), the values as :class:`msgspec.Raw` spans copied out; any other body is
 walked with :class:`msgpack.Unpacker`, which alone decides errors, so both give the same
 answer to every body (the fast path only takes bodies the walk accepts, with the same
@@ -30,11 +30,11 @@ from typing import Any
 import msgpack
 from pydantic import ValidationError
 
-from app.api.encoding import BodyFormat, decode_body
-from app.engine.config import TableConfig, check_numbers
-from app.engine.items import MAX_KEY_BYTES, NewItem, decode_push_body
-from clients.codec import jsonable_to_msgpack
-from clients.errors import BadRequest, ValidationFailed
+from rlreplay.app.api.encoding import BodyFormat, decode_body
+from rlreplay.app.tables.config import TableConfig, check_numbers
+from rlreplay.app.tables.items import MAX_KEY_BYTES, NewItem, decode_push_body
+from rlreplay.wire.codec import jsonable_to_msgpack
+from rlreplay.wire.errors import BadRequest, ValidationFailed
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",

@@ -240,7 +240,8 @@ class _Guard:
 
 
 class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
-    """uvicorn's httptools protocol with the deadlines and the cap of :mod:`app.api.connections`."""
+    """uvicorn's httptools protocol with the deadlines and the cap of
+    :mod:`rlreplay.app.api.connections`."""
 
     # The hooks below run for every request: they call the base class directly (cheaper
     # than super()) and inline the phase changes.
@@ -267,7 +268,7 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
 
 
 class GuardedH11Protocol(_Guard, H11Protocol):
-    """uvicorn's h11 protocol with the deadlines and the cap of :mod:`app.api.connections`.
+    """uvicorn's h11 protocol with the deadlines and the cap of :mod:`rlreplay.app.api.connections`.
 
     h11 reports no event for the start of a head, and may take up a buffered request only
     when the previous answer is complete, so the phase follows ``their_state`` after each

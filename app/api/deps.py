@@ -1,10 +1,11 @@
 """Dependencies of the routes, as ``Annotated`` aliases, and the accessors behind them.
 
-The engine, settings and metrics live on ``app.state`` (put there by
-:func:`app.main.create_app`). Routes ask for them with these aliases, except the hot data
-routes (push, sample, reads, deletes: :mod:`app.api.items`, :mod:`app.api.sampling`), which
+The engine, settings and metrics live on ``rlreplay.app.state`` (put there by
+:func:`rlreplay.app.main.create_app`). Routes ask for them with these aliases, except the hot data
+routes (push, sample, reads, deletes: :mod:`rlreplay.app.api.items`,
+:mod:`rlreplay.app.api.sampling`), which
 take the ``Request`` and call :func:`engine_of`, :func:`metrics_of` and
-:func:`app.api.encoding.wants_msgpack` themselves: FastAPI's resolver costs several
+:func:`rlreplay.app.api.encoding.wants_msgpack` themselves: FastAPI's resolver costs several
 microseconds per ``Depends`` per request, a tenth of a small request's whole time.
 
 The dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in a
@@ -18,11 +19,11 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request, Response
 
-from app.api.encoding import BodyFormat, Reply, read_body
-from app.api.encoding import wants_msgpack as _wants_msgpack
-from app.engine.engine import TABLE_NAME, Engine
-from app.metrics import Metrics
-from app.settings import Settings
+from rlreplay.app.api.encoding import BodyFormat, Reply, read_body
+from rlreplay.app.api.encoding import wants_msgpack as _wants_msgpack
+from rlreplay.app.engine.engine import TABLE_NAME, Engine
+from rlreplay.app.metrics import Metrics
+from rlreplay.app.settings import Settings
 
 __all__ = [
     "TABLE_NAME_PATTERN",
@@ -56,7 +57,7 @@ def metrics_of(request: Request) -> Metrics:
 
 #: A data route's work from the raw body on: ``(engine, metrics, table, body, body format,
 #: msgpack answer?) -> Reply``. FastAPI's routes run it through :func:`serve_body`, the hot
-#: path (:mod:`app.api.hot`) straight from the ASGI scope.
+#: path (:mod:`rlreplay.app.api.hot`) straight from the ASGI scope.
 BodyHandler = Callable[[Engine, Metrics, str, bytes, BodyFormat, bool], Awaitable[Reply]]
 
 

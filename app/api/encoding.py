@@ -3,7 +3,7 @@
 Bodies are ``application/json`` or ``application/msgpack`` (``application/x-msgpack`` too);
 anything else is 415. Answers are msgpack when the request's ``Accept`` names msgpack and
 JSON otherwise. Routes read and decode bodies themselves (so that item values can stay raw
-msgpack bytes); the OpenAPI schema documents them separately (:mod:`app.api.schemas`).
+msgpack bytes); the OpenAPI schema documents them separately (:mod:`rlreplay.app.api.schemas`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import msgpack
 from fastapi import Request
 from starlette.responses import Response
 
-from app.errors import wants_msgpack_header
-from clients.codec import spell_floats
-from clients.errors import BadRequest, UnsupportedMediaType
+from rlreplay.app.api.errors import wants_msgpack_header
+from rlreplay.wire.codec import spell_floats
+from rlreplay.wire.errors import BadRequest, UnsupportedMediaType
 
 __all__ = [
     "JSON",
@@ -116,7 +116,7 @@ def dump_json(data: Any) -> bytes:
     """Compact JSON bytes; NaN and infinities, which JSON cannot spell, as ``{"$float": ...}``.
 
     The encoder refuses those floats (``allow_nan=False``), and only then is ``data`` walked
-    to replace them (:func:`~clients.codec.spell_floats`): answers without one, nearly all
+    to replace them (:func:`~rlreplay.wire.codec.spell_floats`): answers without one, nearly all
     of them, pay nothing for the check.
     """
     try:
@@ -134,7 +134,7 @@ class Reply:
     """A finished answer: status, encoded body and media type.
 
     The data routes build a ``Reply`` from the request's raw body, so the same code serves
-    them through FastAPI (:meth:`response`) and through :mod:`app.api.hot`.
+    them through FastAPI (:meth:`response`) and through :mod:`rlreplay.app.api.hot`.
     """
 
     body: bytes

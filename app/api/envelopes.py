@@ -5,10 +5,10 @@ value, already msgpack, is spliced in as is: a value is never decoded nor re-enc
 way out. Floats are packed as float64 and ``times_sampled`` as uint64, both valid msgpack.
 
 In JSON each value is converted to the contract's JSON form with
-:func:`clients.codec.msgpack_to_jsonable`. A stored value that has no JSON form (an unknown
+:func:`rlreplay.wire.codec.msgpack_to_jsonable`. A stored value that has no JSON form (an unknown
 extension type, a string that is not UTF-8) is answered as ``{"$msgpack": "<base64>"}``,
 its raw bytes, rather than failing the request. NaN and infinities stay floats here;
-:func:`app.api.encoding.dump_json` spells them ``{"$float": ...}`` when it meets one.
+:func:`rlreplay.app.api.encoding.dump_json` spells them ``{"$float": ...}`` when it meets one.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from app.engine.items import Item, SampleBatch
-from clients.codec import msgpack_to_jsonable
+from rlreplay.app.tables.items import Item, SampleBatch
+from rlreplay.wire.codec import msgpack_to_jsonable
 
 __all__ = [
     "item_json",

@@ -5,10 +5,11 @@ priorities, sample) is answered here without passing through Starlette's middlew
 router and FastAPI's parameter resolution. Measured on 2 cores, that machinery was about a
 third of the server's time on a push of 64 items and a sample of 256.
 
-Nothing else differs. The work is the routes' own :data:`~app.api.deps.BodyHandler`
-(``push_reply``, ``sample_reply``...), and :class:`~app.api.middleware.RequestContextMiddleware`
+Nothing else differs. The work is the routes' own :data:`~rlreplay.app.api.deps.BodyHandler`
+(``push_reply``, ``sample_reply``...), and
+:class:`~rlreplay.app.api.middleware.RequestContextMiddleware`
 wraps it as it wraps the framework (request ids, API keys, the body limit, metrics, access
-logs, the 500 answer). A :class:`~clients.errors.ReplayError` gets the same body as the
+logs, the 500 answer). A :class:`~rlreplay.wire.errors.ReplayError` gets the same body as the
 framework's handler gives it. The routes stay registered with FastAPI, which documents them
 and serves what this path passes on: other methods and paths, and table names the
 contract refuses (FastAPI's 422). ``tests/api/test_hot.py`` sends the same requests both
@@ -25,17 +26,17 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api import items, sampling
-from app.api.deps import BodyHandler
-from app.api.encoding import format_of
-from app.api.middleware import RequestContextMiddleware, send_error
-from app.engine.engine import TABLE_NAME
-from app.errors import wants_msgpack_header
-from clients.errors import ReplayError
+from rlreplay.app.api import items, sampling
+from rlreplay.app.api.deps import BodyHandler
+from rlreplay.app.api.encoding import format_of
+from rlreplay.app.api.errors import wants_msgpack_header
+from rlreplay.app.api.middleware import RequestContextMiddleware, send_error
+from rlreplay.app.engine.engine import TABLE_NAME
+from rlreplay.wire.errors import ReplayError
 
 if TYPE_CHECKING:
-    from app.engine.engine import Engine
-    from app.metrics import Metrics
+    from rlreplay.app.engine.engine import Engine
+    from rlreplay.app.metrics import Metrics
 
 __all__ = ["HOT_HANDLERS", "HotRoutes", "ReplayApp"]
 

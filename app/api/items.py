@@ -1,16 +1,22 @@
 """``/v1/tables/{table}/items``: push, read, delete items and update their priorities.
 
 Msgpack is the fast path: pushed values are sliced out of the body as raw bytes and stored
-as is, and read values are spliced into the answer as is (:mod:`app.api.envelopes`).
+as is, and read values are spliced into the answer as is (:mod:`rlreplay.app.api.envelopes`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from app.api.bodies import check_key, parse_delete, parse_keys, parse_priorities, parse_push
-from app.api.deps import ItemKey, TableName, engine_of, metrics_of, serve_body
-from app.api.encoding import (
+from rlreplay.app.api.bodies import (
+    check_key,
+    parse_delete,
+    parse_keys,
+    parse_priorities,
+    parse_push,
+)
+from rlreplay.app.api.deps import ItemKey, TableName, engine_of, metrics_of, serve_body
+from rlreplay.app.api.encoding import (
     JSON,
     MSGPACK,
     BodyFormat,
@@ -20,9 +26,9 @@ from app.api.encoding import (
     encode_reply,
     wants_msgpack,
 )
-from app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
-from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
-from app.api.schemas import (
+from rlreplay.app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
+from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.schemas import (
     Accepted,
     DeleteRequest,
     ItemList,
@@ -33,9 +39,15 @@ from app.api.schemas import (
     PushCommitted,
     PushRequest,
 )
-from app.engine.engine import Engine
-from app.metrics import Metrics
-from clients.errors import DeadlineExceeded, ItemNotFound, Overloaded, StorageFull, TableNotFound
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.metrics import Metrics
+from rlreplay.wire.errors import (
+    DeadlineExceeded,
+    ItemNotFound,
+    Overloaded,
+    StorageFull,
+    TableNotFound,
+)
 
 __all__ = [
     "batch_delete_reply",
@@ -88,7 +100,7 @@ async def push_items(request: Request, table: TableName) -> Response:
 async def push_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
-    """The work of :func:`push_items` (a :data:`~app.api.deps.BodyHandler`)."""
+    """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     push = parse_push(body, fmt)
     n = await engine.push(table, push.items, wait=push.wait, checked=True, body=push.raw)
     metrics.count_items("push", n)
@@ -114,7 +126,7 @@ async def batch_get_items(request: Request, table: TableName) -> Response:
 async def batch_get_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
-    """The work of :func:`batch_get_items` (a :data:`~app.api.deps.BodyHandler`)."""
+    """The work of :func:`batch_get_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     keys = parse_keys(body, fmt).keys
     items = await engine.get_many(table, keys)
     metrics.count_items("get", len(keys))
@@ -147,7 +159,7 @@ async def batch_delete_items(request: Request, table: TableName) -> Response:
 async def batch_delete_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
-    """The work of :func:`batch_delete_items` (a :data:`~app.api.deps.BodyHandler`)."""
+    """The work of :func:`batch_delete_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     delete = parse_delete(body, fmt)
     n = await engine.delete(table, delete.keys, wait=delete.wait)
     metrics.count_items("delete", n)
@@ -208,7 +220,7 @@ async def update_priorities(request: Request, table: TableName) -> Response:
 async def priorities_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
-    """The work of :func:`update_priorities` (a :data:`~app.api.deps.BodyHandler`)."""
+    """The work of :func:`update_priorities` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     priorities = parse_priorities(body, fmt).priorities
     updated, missing = await engine.update_priorities(table, priorities)
     metrics.count_items("priorities", updated)

@@ -1,6 +1,6 @@
 """Pure ASGI middleware: request context, API keys and the request size limit, in one pass.
 
-:class:`RequestContextMiddleware` is the only middleware :func:`app.main.create_app`
+:class:`RequestContextMiddleware` is the only middleware :func:`rlreplay.app.main.create_app`
 installs. For each request, in this order, it
 
 1. gives the request an id (``X-Request-ID``),
@@ -29,11 +29,11 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.logs import ACCESS_LOGGER, access_log
-from app.errors import error_response, wants_msgpack_header
-from app.metrics import Metrics
-from app.storage.faults import storage_error
-from clients.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
+from rlreplay.app.api.errors import error_response, wants_msgpack_header
+from rlreplay.app.api.logs import ACCESS_LOGGER, access_log
+from rlreplay.app.metrics import Metrics
+from rlreplay.app.storage.faults import storage_error
+from rlreplay.wire.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
 
 __all__ = ["RequestContextMiddleware"]
 
@@ -104,7 +104,7 @@ class RequestContextMiddleware:
     * An exception nothing else handled becomes a 500 ``internal`` answer, logged with its
       traceback.
     * Every request, refused ones included, is one access log line (logger
-      ``rlreplay.access``) and one observation in :class:`app.metrics.Metrics`.
+      ``rlreplay.access``) and one observation in :class:`rlreplay.app.metrics.Metrics`.
     """
 
     def __init__(

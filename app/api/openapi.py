@@ -17,8 +17,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.api.schemas import REQUEST_MODELS, ErrorBody
-from clients.errors import (
+from rlreplay.app.api.schemas import REQUEST_MODELS, ErrorBody
+from rlreplay.wire.errors import (
     BadRequest,
     PayloadTooLarge,
     ReplayError,
@@ -64,7 +64,7 @@ def request_body(model: type[BaseModel], *, example: Any, required: bool = True)
     """``openapi_extra`` documenting a JSON or msgpack body shaped like ``model``.
 
     Args:
-        model: The documenting model (one of :data:`app.api.schemas.REQUEST_MODELS`).
+        model: The documenting model (one of :data:`rlreplay.app.api.schemas.REQUEST_MODELS`).
         example: An example body.
         required: Whether the body may be left out.
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from app.api.bodies import parse_sample
-from app.api.deps import TableName, serve_body
-from app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json
-from app.api.envelopes import sample_json, sample_msgpack
-from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
-from app.api.schemas import SampleRequest, SampleResponse
-from app.engine.engine import Engine
-from app.metrics import Metrics
-from clients.errors import DeadlineExceeded, TableNotFound
+from rlreplay.app.api.bodies import parse_sample
+from rlreplay.app.api.deps import TableName, serve_body
+from rlreplay.app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json
+from rlreplay.app.api.envelopes import sample_json, sample_msgpack
+from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.schemas import SampleRequest, SampleResponse
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.metrics import Metrics
+from rlreplay.wire.errors import DeadlineExceeded, TableNotFound
 
 __all__ = ["router", "sample_reply"]
 
@@ -46,7 +46,7 @@ async def sample(request: Request, table: TableName) -> Response:
 async def sample_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
-    """The work of :func:`sample` (a :data:`~app.api.deps.BodyHandler`)."""
+    """The work of :func:`sample` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     params = parse_sample(body, fmt)
     items = await engine.sample_batch(
         table,

@@ -1,6 +1,7 @@
 """Pydantic models of the wire bodies, used only to document them in the OpenAPI schema.
 
-Routes parse bodies themselves (:mod:`app.api.bodies`) so that item values stay raw msgpack;
+Routes parse bodies themselves (:mod:`rlreplay.app.api.bodies`) so that item values stay raw
+msgpack;
 these models describe the same shapes, with examples, for ``/openapi.json`` and ``/docs``.
 """
 
@@ -10,9 +11,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.bodies import DEFAULT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_TIMEOUT_MS
-from app.engine.config import TableConfig
-from app.engine.items import MAX_KEY_BYTES
+from rlreplay.app.api.bodies import DEFAULT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_TIMEOUT_MS
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import MAX_KEY_BYTES
 
 __all__ = [
     "REQUEST_MODELS",
@@ -215,7 +216,7 @@ class Health(BaseModel):
     status: str = Field(examples=["ok"])
 
 
-#: Models of request bodies, added to the schema's components by :mod:`app.api.openapi`.
+#: Models of request bodies, added to the schema's components by :mod:`rlreplay.app.api.openapi`.
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     TableConfig,
     PushRequest,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from app.api.bodies import parse_table_config
-from app.api.deps import AcceptsMsgpack, EngineDep, TableName
-from app.api.encoding import body_format, encode
-from app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
-from app.api.schemas import TableInfo, TableList
-from app.engine.config import TableConfig
-from clients.errors import TableExists, TableNotFound
+from rlreplay.app.api.bodies import parse_table_config
+from rlreplay.app.api.deps import AcceptsMsgpack, EngineDep, TableName
+from rlreplay.app.api.encoding import body_format, encode
+from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.schemas import TableInfo, TableList
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.wire.errors import TableExists, TableNotFound
 
 __all__ = ["router"]
 

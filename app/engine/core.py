@@ -8,18 +8,18 @@ import logging
 
 import numpy as np
 
-from app.engine.ops import DeleteOp
-from app.engine.state import EngineState
-from app.engine.table import Table
-from app.settings import Settings
-from app.storage.faults import storage_error
-from clients.errors import (
+from rlreplay.app.settings import Settings
+from rlreplay.app.storage.faults import storage_error
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import (
     Overloaded,
     TableNotFound,
     Unavailable,
     ValidationFailed,
 )
-from workers.task_processor import TaskProcessor
+from rlreplay.workers.ops import DeleteOp
+from rlreplay.workers.state import EngineState
+from rlreplay.workers.task_processor import TaskProcessor
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ DEFAULT_TIMEOUT_S = 10.0
 
 
 class EngineCore:
-    """The engine's state and the checks every call makes (:class:`~app.engine.engine.Engine`
+    """The engine's state and the checks every call makes
+    (:class:`~rlreplay.app.engine.engine.Engine`
     builds on it)."""
 
     def __init__(self, settings: Settings) -> None:

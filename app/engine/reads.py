@@ -11,22 +11,22 @@ from typing import Any, cast
 
 import numpy as np
 
-from app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
-from app.engine.items import (
+from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
+from rlreplay.app.tables.items import (
     Item,
     ItemBatch,
     SampleBatch,
     SampledItem,
 )
-from app.engine.ops import (
-    PopulateOp,
-)
-from app.engine.state import cache_charge, value_key
-from app.engine.table import Table
-from clients.errors import (
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import (
     DeadlineExceeded,
     ValidationFailed,
 )
+from rlreplay.workers.ops import (
+    PopulateOp,
+)
+from rlreplay.workers.state import cache_charge, value_key
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ POPULATE_FRACTION = 8
 
 
 class EngineReads(EngineCore):
-    """Reads of :class:`~app.engine.engine.Engine`: they run in the caller's task."""
+    """Reads of :class:`~rlreplay.app.engine.engine.Engine`: they run in the caller's task."""
 
     async def get(self, table: str, key: str) -> Item | None:
         """The item as a reader sees it now, or None."""

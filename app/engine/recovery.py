@@ -16,18 +16,18 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from app.engine.config import TableConfig
-from app.engine.items import NewItem, push_body_items
-from app.engine.ops import CreateTableOp, DeleteOp, DropTableOp, Op, PriorityOp, PutOp
-from app.engine.state import EngineState, cache_charge
-from app.engine.table import Table
-from app.engine.wal import LogRecoveryError, WriteAheadLog
-from app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
-from workers.apply import index_fields_of
-from workers.memory_checkpoint import MEMORY_CHECKPOINT, read_checkpoint_file
-from workers.task_processor import TaskProcessor
+from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
+from rlreplay.app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem, push_body_items
+from rlreplay.app.tables.table import Table
+from rlreplay.workers.apply import index_fields_of
+from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT, read_checkpoint_file
+from rlreplay.workers.ops import CreateTableOp, DeleteOp, DropTableOp, Op, PriorityOp, PutOp
+from rlreplay.workers.state import EngineState, cache_charge
+from rlreplay.workers.task_processor import TaskProcessor
 
-log = logging.getLogger("app.engine.engine")
+log = logging.getLogger("rlreplay.app.engine.engine")
 
 _REPLAY_YIELD_EVERY = 16  # log records replayed between turns given to the event loop
 

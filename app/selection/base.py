@@ -7,7 +7,7 @@ The same classes serve as samplers (``sample``) and as removers: the table asks
 ``sample(1)`` of a remover and deletes what it names, or, to shrink by ``k`` items at
 once, ``evict(k)``, which picks and drops them in one call.
 
-Built-ins live in :mod:`app.selection.registry`; third-party selectors are entry points
+Built-ins live in :mod:`rlreplay.app.selection.registry`; third-party selectors are entry points
 of the group ``rlreplay.samplers`` (see ``examples/score_sampler``).
 """
 

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from app.selection.base import Floats, Selector, Slots
-from app.selection.tournament_tree import TournamentTree
+from rlreplay.app.selection.base import Floats, Selector, Slots
+from rlreplay.app.selection.tournament_tree import TournamentTree
 
 
 class _HeapSelector(Selector):

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from app.selection.base import Floats, Selector, Slots
-from app.selection.slot_array import grown
+from rlreplay.app.selection.base import Floats, Selector, Slots
+from rlreplay.app.selection.slot_array import grown
 
 
 class InsertionLog:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from app.selection.base import Floats, Selector, Slots
-from app.selection.param_checks import at_least_zero
-from app.selection.sum_tree import SumTree
-from app.selection.uniform import UniformSampler
+from rlreplay.app.selection.base import Floats, Selector, Slots
+from rlreplay.app.selection.param_checks import at_least_zero
+from rlreplay.app.selection.sum_tree import SumTree
+from rlreplay.app.selection.uniform import UniformSampler
 
 
 class PrioritizedSampler(Selector):

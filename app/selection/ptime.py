@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from app.selection.base import Floats, Selector, Slots
-from app.selection.param_checks import above_zero
-from app.selection.slot_array import grown
-from app.selection.sum_tree import SumTree
-from app.selection.uniform import UniformSampler
+from rlreplay.app.selection.base import Floats, Selector, Slots
+from rlreplay.app.selection.param_checks import above_zero
+from rlreplay.app.selection.slot_array import grown
+from rlreplay.app.selection.sum_tree import SumTree
+from rlreplay.app.selection.uniform import UniformSampler
 
 # Exponents of 2 kept within (-_REBASE_AT, _REBASE_AT]: far from float64's 2^±1022 limits.
 _REBASE_AT = 512.0

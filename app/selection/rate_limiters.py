@@ -2,7 +2,8 @@
 
 A :class:`RateLimiter` counts a table's inserts and samples and answers two questions,
 synchronously and without side effects: may ``n`` more inserts go in now, and may ``n``
-more samples be taken now? :func:`make_rate_limiter` builds one from a table config's
+more samples be taken now? :func:`~rlreplay.app.tables.table.make_rate_limiter` builds one from a
+table config's
 ``rate_limiter`` spec. A :class:`RateGate` wraps it and makes callers wait for a yes.
 
 The cursor (Reverb calls it *diff*) is ``inserts · samples_per_insert - samples``:
@@ -67,13 +68,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.engine.config import (
-    MinSizeLimiter,
-    QueueLimiter,
-    RateLimiterSpec,
-    SampleToInsertRatioLimiter,
-)
-from clients.errors import DeadlineExceeded, ReplayError, ValidationFailed
+from rlreplay.wire.errors import DeadlineExceeded, ReplayError, ValidationFailed
 
 
 @dataclass(slots=True)
@@ -224,31 +219,6 @@ class RateLimiter:
         self.deletes = int(state["deletes"])
 
 
-def make_rate_limiter(spec: RateLimiterSpec | None) -> RateLimiter:
-    """The limiter a table config's ``rate_limiter`` describes.
-
-    None gives a limiter of kind ``"none"`` that behaves as ``min_size`` 1 (Reverb's
-    default, ``MinSize(1)``: samples wait while the table is empty); a gate around it
-    reports ``limited`` False, so a table may skip the gate and wait for an item itself.
-    """
-    if spec is None:
-        return RateLimiter("none", 1.0, 1, -math.inf, math.inf)
-    if isinstance(spec, MinSizeLimiter):
-        return RateLimiter("min_size", 1.0, spec.min_size, -math.inf, math.inf)
-    if isinstance(spec, SampleToInsertRatioLimiter):
-        offset = spec.samples_per_insert * spec.min_size_to_sample
-        return RateLimiter(
-            "sample_to_insert_ratio",
-            spec.samples_per_insert,
-            spec.min_size_to_sample,
-            offset - spec.error_buffer,
-            offset + spec.error_buffer,
-        )
-    if isinstance(spec, QueueLimiter):
-        return RateLimiter("queue", 1.0, 1, 0.0, float(spec.size))
-    raise ValueError(f"unknown rate limiter spec {spec!r}")
-
-
 class RateGate:
     """A table's rate limiter plus the waiting room for the calls it holds back.
 
@@ -261,7 +231,8 @@ class RateGate:
         """Creates a gate with nobody waiting.
 
         Args:
-            limiter: the limiter whose counts this gate keeps; see :func:`make_rate_limiter`.
+            limiter: the limiter whose counts this gate keeps; see
+            :func:`~rlreplay.app.tables.table.make_rate_limiter`.
             size_fn: the table's current size, as readers see it; without it the size is
                 the limiter's ``inserts - deletes``.
         """

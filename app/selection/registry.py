@@ -2,7 +2,7 @@
 
 A third-party distribution adds a sampler by declaring an entry point in that group,
 whose name is the ``type`` used in a table config and whose object is a
-:class:`~app.selection.base.Selector` subclass::
+:class:`~rlreplay.app.selection.base.Selector` subclass::
 
     [project.entry-points."rlreplay.samplers"]
     score = "rlreplay_score_sampler:HighestScoreSampler"
@@ -15,12 +15,12 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from app.selection.base import Selector
-from app.selection.heap import MaxHeapSelector, MinHeapSelector
-from app.selection.insertion_order import FifoSelector, LifoSelector
-from app.selection.prioritized import PrioritizedSampler
-from app.selection.ptime import PTimeSampler
-from app.selection.uniform import UniformSampler
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.heap import MaxHeapSelector, MinHeapSelector
+from rlreplay.app.selection.insertion_order import FifoSelector, LifoSelector
+from rlreplay.app.selection.prioritized import PrioritizedSampler
+from rlreplay.app.selection.ptime import PTimeSampler
+from rlreplay.app.selection.uniform import UniformSampler
 
 ENTRY_POINT_GROUP = "rlreplay.samplers"
 

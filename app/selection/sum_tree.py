@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from app.selection.base import Floats, Slots
+from rlreplay.app.selection.base import Floats, Slots
 
 # Nodes in the tree's "jump" level: above it no node is stored; a prefix sum over this
 # level (recomputed lazily, a few microseconds) replaces the top of the tree, so a search

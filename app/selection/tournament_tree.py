@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from app.selection.base import Floats, Slots
-from app.selection.slot_array import grown
+from rlreplay.app.selection.base import Floats, Slots
+from rlreplay.app.selection.slot_array import grown
 
 # Below this many changed leaves a plain Python walk up the tree beats numpy's per-call cost.
 _SCALAR_UPDATE_MAX = 4

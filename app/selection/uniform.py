@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from app.selection.base import Floats, Selector, Slots
-from app.selection.slot_array import grown
+from rlreplay.app.selection.base import Floats, Selector, Slots
+from rlreplay.app.selection.slot_array import grown
 
 #: Removals of up to this many slots take the per-slot loop (cheaper than numpy's set-up).
 _LOOP_AT_MOST = 4

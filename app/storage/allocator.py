@@ -6,7 +6,7 @@ gets a heap (an *arena*) of its own, so resident memory drifts above what the ca
 holds. Three measures, all glibc-only and harmless elsewhere:
 
 - at most :data:`ARENA_MAX` arenas (``M_ARENA_MAX``), so the I/O threads share heaps;
-- fixed mmap and trim thresholds (:mod:`clients.allocator`, which the client uses too):
+- fixed mmap and trim thresholds (:mod:`rlreplay.wire.allocator`, which the client uses too):
   with glibc's defaults each request freed its body, the freed heap top went back to the
   OS, and the next request faulted it in again (17 page faults per push of 64 x 4 KiB);
 - :func:`release_free_memory` (``malloc_trim``), which the writer calls after it has
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import gc
 
-from clients.allocator import glibc, raise_malloc_thresholds
+from rlreplay.wire.allocator import glibc, raise_malloc_thresholds
 
 M_ARENA_MAX = -8
 ARENA_MAX = 2

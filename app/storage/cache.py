@@ -7,7 +7,7 @@ entry, gives referenced entries a second chance (moving them to the back) and ev
 the others. That keeps the hit path to a couple of stores, and eviction LRU-like.
 
 The order is a log of ``(table, slot, ticket)`` entries in numpy arrays, as
-:class:`~app.selection.insertion_order.InsertionLog` keeps its own: each cached slot has a
+:class:`~rlreplay.app.selection.insertion_order.InsertionLog` keeps its own: each cached slot has a
 ticket and a charge in per-table arrays, a discard only forgets the ticket (the log entry
 goes stale, skipped lazily and dropped when the log is compacted), and a push's 64 values
 enter or leave in a few numpy calls. An ``OrderedDict`` of ``(table, slot)`` tuples did the
@@ -17,15 +17,21 @@ with it and 22 to 32 µs now; 64 replaced values, 24 µs and 11 to 15 µs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from app.selection.slot_array import grown
+from rlreplay.app.selection.slot_array import grown
 
-if TYPE_CHECKING:
-    from app.engine.table import Table
+
+class CachedTable(Protocol):
+    """What the ledger needs of a table: its per-slot CLOCK bits, set by cache hits."""
+
+    referenced: npt.NDArray[np.uint8]
+
+
+Table = TypeVar("Table", bound=CachedTable)
 
 # Bytes charged per cached entry on top of key and value: the bytes object header (33),
 # the key string header (~50), the index's dict entry, the per-slot list and flag entries
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
 ENTRY_OVERHEAD = 220
 
 
-class CacheLedger:
+class CacheLedger(Generic[Table]):
     """Global CLOCK order and byte count of every cached value, bounded by ``limit_bytes``."""
 
     def __init__(self, *, limit_bytes: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import time
 
-from clients.errors import ReplayError, StorageFull, Unavailable
+from rlreplay.wire.errors import ReplayError, StorageFull, Unavailable
 
 __all__ = ["Backoff", "is_disk_full", "storage_error"]
 

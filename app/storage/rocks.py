@@ -56,7 +56,8 @@ def table_prefix(tag: bytes, tid: int) -> bytes:
 class RocksStore:
     """A RocksDB database tuned for large values and a bounded memory footprint.
 
-    All methods block; the engine calls them through :class:`~app.storage.blocking.BlockingIO`.
+    All methods block; the engine calls them through
+    :class:`~rlreplay.app.storage.blocking.BlockingIO`.
     """
 
     def __init__(self, path: Path, *, write_buffer_mb: int = 8, block_cache_mb: int = 8) -> None:

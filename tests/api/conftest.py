@@ -10,8 +10,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.main import create_app
-from app.settings import Settings
+from rlreplay.app.main import create_app
+from rlreplay.app.settings import Settings
 from tests.live import LiveServer, running_server
 
 

@@ -14,10 +14,10 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.api import bodies
-from app.api.bodies import PushBody, parse_push
-from app.api.encoding import BodyFormat
-from clients.errors import BadRequest, ValidationFailed
+from rlreplay.app.api import bodies
+from rlreplay.app.api.bodies import PushBody, parse_push
+from rlreplay.app.api.encoding import BodyFormat
+from rlreplay.wire.errors import BadRequest, ValidationFailed
 
 _KEYS = st.one_of(
     st.text(alphabet=st.characters(max_codepoint=127), min_size=0, max_size=8),

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app import package_version
-from app.cli import build_parser, main, settings_from_args
-from app.settings import Settings
+from rlreplay.app import package_version
+from rlreplay.app.cli import build_parser, main, settings_from_args
+from rlreplay.app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,8 +100,8 @@ def test_sidecar_is_not_implemented_yet(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [
-        (["-m", "app", "--help"], ["--storage-mode", "RLREPLAY_"]),
-        (["-c", "from app.cli import main; main()", "--help"], ["serve", "sidecar"]),
+        (["-m", "rlreplay.app", "--help"], ["--storage-mode", "RLREPLAY_"]),
+        (["-c", "from rlreplay.app.cli import main; main()", "--help"], ["serve", "sidecar"]),
     ],
     ids=["python-m-app", "console-script"],
 )

@@ -1,4 +1,4 @@
-"""Connection hygiene (:mod:`app.api.connections`): a slow request head or body is cut off,
+"""Connection hygiene (:mod:`rlreplay.app.api.connections`): a slow request head or body is cut off,
 an idle keep-alive connection closes, a connection past the cap is refused, and ``/healthz``
 answers throughout.
 
@@ -26,9 +26,9 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from app.api.connections import ConnectionLimits, guarded_protocol
-from app.cli import uvicorn_options
-from app.settings import Settings
+from rlreplay.app.api.connections import ConnectionLimits, guarded_protocol
+from rlreplay.app.cli import uvicorn_options
+from rlreplay.app.settings import Settings
 from tests.live import LiveServer, running_server
 
 PARSERS = ["httptools", "h11"]
@@ -389,7 +389,7 @@ def test_the_settings_reach_uvicorn(tmp_path: Path) -> None:
 def test_the_open_file_limit_is_raised_to_fit_max_connections() -> None:
     script = (
         "import resource\n"
-        "from app.api.connections import raise_descriptor_limit\n"
+        "from rlreplay.app.api.connections import raise_descriptor_limit\n"
         "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
         "raise_descriptor_limit(1000)\n"

@@ -10,9 +10,9 @@ import httpx
 import msgpack
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
-from clients.codec import packb
+from rlreplay.app.main import create_app
+from rlreplay.app.settings import Settings
+from rlreplay.wire.codec import packb
 
 MSGPACK = "application/msgpack"
 
@@ -159,7 +159,7 @@ async def test_503_overloaded_has_retry_after(tmp_path: Path) -> None:
             r = await c.post(PUSH, json={"items": [*items, {"key": "k2", "value": 2}]})
             assert_error(r, 422, "validation_error")
             engine = app.state.engine
-            from clients.errors import Overloaded
+            from rlreplay.wire.errors import Overloaded
 
             async def full(*args: Any, **kwargs: Any) -> int:
                 raise Overloaded("the write queue is full", retry_after=2.5)

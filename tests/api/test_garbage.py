@@ -7,7 +7,7 @@ import random
 import httpx
 import msgpack
 
-from clients.codec import packb
+from rlreplay.wire.codec import packb
 
 ROUTES = [
     ("POST", "/v1/tables/default/items"),

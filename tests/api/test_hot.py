@@ -1,4 +1,4 @@
-"""The hot path (``app.api.hot``) answers exactly as FastAPI's routes do.
+"""The hot path (``rlreplay.app.api.hot``) answers exactly as FastAPI's routes do.
 
 The same requests go to two in-process apps, one serving the data routes through the hot
 path and one through FastAPI alone; status, headers that matter, bodies and the request
@@ -16,8 +16,8 @@ import httpx
 import msgpack
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
+from rlreplay.app.main import create_app
+from rlreplay.app.settings import Settings
 
 MP = {"content-type": "application/msgpack", "accept": "application/msgpack"}
 JS = {"content-type": "application/json"}

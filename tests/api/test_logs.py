@@ -7,7 +7,7 @@ import io
 import json
 import logging
 
-from app.api.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
+from rlreplay.app.api.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 
 FIELDS = {
     "request_id": "req-1",

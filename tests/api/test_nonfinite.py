@@ -12,9 +12,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from app.api.encoding import dump_json
-from clients.arrays import EXT_NDARRAY, array_payload
-from clients.codec import from_jsonable, unpackb
+from rlreplay.app.api.encoding import dump_json
+from rlreplay.wire.arrays import EXT_NDARRAY, array_payload
+from rlreplay.wire.codec import from_jsonable, unpackb
 from tests.live import LiveServer
 
 MSGPACK = "application/msgpack"

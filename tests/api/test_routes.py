@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from clients.codec import packb, unpackb
+from rlreplay.wire.codec import packb, unpackb
 
 MSGPACK = "application/msgpack"
 
@@ -276,7 +276,7 @@ async def test_access_log_is_one_json_line_per_request(
 ) -> None:
     import json
 
-    from app.api.logs import JsonFormatter
+    from rlreplay.app.api.logs import JsonFormatter
 
     caplog.set_level("INFO", logger="rlreplay.access")
     await client.get("/v1/tables/nope", headers={"x-request-id": "req-42"})

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from clients import ReplayClient
+from rlreplay.clients import ReplayClient
 from tests.clients.replay_fake import FakeServer
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from clients import ReplayClient, packb
+from rlreplay.clients import ReplayClient, packb
 from tests.live import running_server
 
 TABLE = "bench"
@@ -58,10 +58,10 @@ async def rate(seconds: float, step: Callable[[], Awaitable[int]], callers: int 
 
 
 async def engine_rate(seconds: float, batch_size: int, callers: int) -> float:
-    from app.engine.config import SamplerSpec, TableConfig
-    from app.engine.engine import Engine
-    from app.engine.items import NewItem
-    from app.settings import Settings
+    from rlreplay.app.engine.engine import Engine
+    from rlreplay.app.settings import Settings
+    from rlreplay.app.tables.config import SamplerSpec, TableConfig
+    from rlreplay.app.tables.items import NewItem
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(Settings(data_dir=Path(tmp)))

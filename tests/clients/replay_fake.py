@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from clients.codec import packb, to_jsonable, unpackb
+from rlreplay.wire.codec import packb, to_jsonable, unpackb
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 

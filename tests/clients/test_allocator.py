@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.allocator import glibc
+from rlreplay.wire.allocator import glibc
 
 # The child imports nothing heavy before it measures: imports that free big buffers move
 # glibc's dynamic thresholds, which would hide the default behaviour.
@@ -21,7 +21,7 @@ def faults():
         return int(f.read().rsplit(")", 1)[1].split()[7])
 
 if sys.argv[1] == "tuned":
-    from clients.allocator import raise_malloc_thresholds
+    from rlreplay.wire.allocator import raise_malloc_thresholds
     assert raise_malloc_thresholds()
 bodies = [os.urandom(256 * 1024) for _ in range(16)]  # request bodies
 def rounds(n):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients import (
+from rlreplay.clients import (
     BFloat16Array,
     DeadlineExceeded,
     ReplayClient,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients import ReplayClient, TableExists, TableNotFound, ValidationFailed
-from clients.codec import to_jsonable, unpackb
+from rlreplay.clients import ReplayClient, TableExists, TableNotFound, ValidationFailed
+from rlreplay.wire.codec import to_jsonable, unpackb
 from tests.clients.replay_fake import FakeServer, answer
 
 

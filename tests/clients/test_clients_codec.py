@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from clients import BFloat16Array, codec
-from clients.codec import (
+from rlreplay.clients import BFloat16Array
+from rlreplay.wire import codec
+from rlreplay.wire.codec import (
     EXT_NDARRAY,
     from_jsonable,
     jsonable_to_msgpack,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-import clients
-from clients import ReplayClient, ReplayError
-from clients import errors as errors_module
+from rlreplay import clients
+from rlreplay.clients import ReplayClient, ReplayError
+from rlreplay.wire import errors as errors_module
 from tests.clients.replay_fake import error
 
 CASES = [

@@ -15,9 +15,9 @@ BLOCKED = [
     "rocksdict",
     "uvicorn",
     "torch",
-    "app",
-    "workers",
-    "gpu",
+    "rlreplay.app",
+    "rlreplay.workers",
+    "rlreplay.gpu",
 ]
 
 SCRIPT = textwrap.dedent(
@@ -28,23 +28,28 @@ SCRIPT = textwrap.dedent(
 
     class Blocker:
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
+            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
                 raise ImportError(f"{name} is blocked in this test")
             return None
 
     sys.meta_path.insert(0, Blocker())
 
     import numpy as np
-    import clients
-    from clients import ReplayClient, packb, unpackb, to_jsonable, from_jsonable
-    import clients.client, clients.codec, clients.arrays, clients.retry, clients.errors
+    import rlreplay.clients
+    from rlreplay import ReplayClient as TopLevelClient
+    assert TopLevelClient is rlreplay.clients.ReplayClient
+    from rlreplay.clients import ReplayClient, packb, unpackb, to_jsonable, from_jsonable
+    import rlreplay.clients.client, rlreplay.clients.retry
+    import rlreplay.wire.codec, rlreplay.wire.arrays, rlreplay.wire.errors
 
     value = {"obs": np.arange(4, dtype="<f4"), "b": b"x"}
     back = unpackb(packb(value))
     assert back["obs"].tobytes() == value["obs"].tobytes()
     assert from_jsonable(to_jsonable(value))["b"] == b"x"
     ReplayClient("http://127.0.0.1:1")
-    loaded = sorted({m.split(".")[0] for m in sys.modules} & BLOCKED)
+    loaded = sorted(
+        m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED)
+    )
     assert not loaded, loaded
     print("ok")
     """
@@ -68,7 +73,7 @@ def test_torch_stays_unimported_until_a_tensor_is_used() -> None:
         """
         import sys
         import numpy as np
-        from clients import packb, unpackb
+        from rlreplay.clients import packb, unpackb
         unpackb(packb({"a": np.zeros(3), "b": [1, "x"]}))
         assert "torch" not in sys.modules
         import torch

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from clients import Overloaded, ReplayClient, Unavailable, ValidationFailed
-from clients.retry import RetryPolicy, parse_retry_after
+from rlreplay.clients import Overloaded, ReplayClient, Unavailable, ValidationFailed
+from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from tests.clients.replay_fake import answer, error
 
 Call = Callable[[ReplayClient], Awaitable[Any]]

@@ -8,7 +8,7 @@ from contextlib import aclosing
 import httpx
 import pytest
 
-from clients import DeadlineExceeded, ReplayClient
+from rlreplay.clients import DeadlineExceeded, ReplayClient
 from tests.clients.replay_fake import answer, error
 
 

@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from clients import ReplayClient, Unavailable, packb
-from clients.transport import LeanTransport
+from rlreplay.clients import ReplayClient, Unavailable, packb
+from rlreplay.clients.transport import LeanTransport
 from tests.live import free_port, running_server
 
 MAX_REQUESTS_PER_CONNECTION = 100

@@ -9,10 +9,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.settings import Settings
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import msgpack
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem, push_body_items
-from app.settings import Settings
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem, push_body_items
 
 
 def value_of(key: str) -> bytes:

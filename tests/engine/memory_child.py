@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.settings import Settings
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
 
 VALUE_BYTES = 40 * 1024
 TOTAL_BYTES = 600 * 1024 * 1024

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.storage.cache import CacheLedger
+from rlreplay.app.storage.cache import CacheLedger
 
 
 class FakeTable:

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from app.engine.engine import Engine
+from rlreplay.app.engine.engine import Engine
 from tests.engine.conftest import make_settings
 from tests.engine.crash_child import value_of
 
@@ -32,13 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
         ("memory", "process", 0.2),
     ],
 )
-@pytest.mark.parametrize("run_s", [0.4, 1.5])
+# The child is killed once it has answered this many pushes: the log is checkpointed every
+# ~500 of them, so both kills land after several checkpoints, the second after many more.
+@pytest.mark.parametrize("answered", [1_000, 4_000])
 def test_sigkill_loses_nothing_answered(
-    tmp_path: Path, mode: str, wal_writer: str, cache_mb: float, run_s: float
+    tmp_path: Path, mode: str, wal_writer: str, cache_mb: float, answered: int
 ) -> None:
     data_dir = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -52,14 +54,25 @@ def test_sigkill_loses_nothing_answered(
         stdout=subprocess.PIPE,
         env=env,
         text=True,
-    )
-    assert child.stdout is not None
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        time.sleep(run_s)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        out, _ = child.communicate(timeout=30)
+    ) as child:
+        assert child.stdout is not None
+        lines: list[str] = []
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            acks, deadline = 0, time.monotonic() + 120  # generous: a loaded machine is slow
+            while acks < answered and time.monotonic() < deadline:
+                line = child.stdout.readline()
+                if not line:
+                    break
+                lines.append(line)
+                acks += line.startswith("ack put")
+        finally:
+            child.send_signal(signal.SIGKILL)
+            # read through the text buffer readline() filled (communicate() reads the raw
+            # pipe and would drop what that buffer holds)
+            rest = child.stdout.read()
+            child.wait(timeout=30)
+    out = "".join(lines) + rest
     state: dict[str, str] = {}  # key -> "put" / "del" for answered ops, "?" for in-flight ones
     for line in out.splitlines():
         parts = line.split()

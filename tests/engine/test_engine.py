@@ -11,10 +11,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.engine.config import SamplerSpec, TableConfig
-from app.engine.engine import Engine
-from app.engine.ops import CheckpointOp
-from clients.errors import (
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.tables.config import SamplerSpec, TableConfig
+from rlreplay.wire.errors import (
     DeadlineExceeded,
     Overloaded,
     StorageFull,
@@ -23,6 +22,7 @@ from clients.errors import (
     Unavailable,
     ValidationFailed,
 )
+from rlreplay.workers.ops import CheckpointOp
 from tests.engine.conftest import item, make_settings
 from tests.engine.test_model import check_cache_accounting
 

@@ -18,9 +18,9 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.storage.cache import ENTRY_OVERHEAD
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.storage.cache import ENTRY_OVERHEAD
+from rlreplay.app.tables.config import TableConfig
 from tests.engine.conftest import item, make_settings
 
 KEYS = st.sampled_from([f"k{i}" for i in range(12)] + ["é/ü", "a b"])

@@ -15,11 +15,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.engine import log_process, log_segments, log_writer
-from app.engine import wal as wal_module
-from app.engine.log_format import LEGACY_FRAME
-from app.engine.wal import FRAME, SEGMENT_SUFFIX, WriteAheadLog
-from app.storage.blocking import BlockingIO
+from rlreplay.app.log import flushes, segments, writer_process
+from rlreplay.app.log import wal as wal_module
+from rlreplay.app.log.framing import LEGACY_FRAME
+from rlreplay.app.log.wal import FRAME, SEGMENT_SUFFIX, WriteAheadLog
+from rlreplay.app.storage.blocking import BlockingIO
 
 
 @pytest.fixture
@@ -203,7 +203,7 @@ async def test_the_buffered_fallback_writes_the_same_log(
     if wal_module.O_DIRECT:
         monkeypatch.setattr(os, "open", refusing_open)
         monkeypatch.setattr(os, "pwrite", refusing_pwrite)
-        caplog.set_level(logging.INFO, logger="app.engine.wal")
+        caplog.set_level(logging.INFO, logger="rlreplay.app.log.wal")
         refused = await write(tmp_path / "refused")
         assert refused._direct is False and refused._fd is not None
         assert not fcntl.fcntl(refused._fd, fcntl.F_GETFL) & wal_module.O_DIRECT
@@ -331,7 +331,7 @@ async def test_appends_during_a_flush_go_to_another_buffer(tmp_path: Path, io: B
 # -- the log writer process ---------------------------------------------------------------
 
 needs_process = pytest.mark.skipif(
-    not log_writer.SUPPORTED, reason="no memfd or descriptor passing on this platform"
+    not writer_process.SUPPORTED, reason="no memfd or descriptor passing on this platform"
 )
 
 
@@ -377,7 +377,7 @@ async def test_the_log_writer_process_writes_what_the_thread_would(
 async def test_auto_starts_the_process_once_the_log_is_busy(
     tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(log_process, "PROCESS_AFTER_FLUSHES", 5)
+    monkeypatch.setattr(flushes, "PROCESS_AFTER_FLUSHES", 5)
     wal = fresh(tmp_path, io)
     await _busy(wal, 4, "a")
     assert wal._proc is None and wal._thread_flushes == 4
@@ -529,7 +529,7 @@ async def test_after_a_failed_rotation_the_next_flush_opens_the_segment(
 async def test_a_second_log_on_the_folder_waits_for_the_first(
     tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(log_segments, "LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(segments, "LOCK_WAIT_S", 0.2)
     wal = fresh(tmp_path, io, writer="thread")
     await wal.commit(wal.append(["del", "t", ["a"]]))
     with pytest.raises(RuntimeError, match="in use by another process"):
@@ -544,7 +544,7 @@ async def test_the_log_writer_process_holds_the_lock_until_it_exits(
 ) -> None:
     """A server killed with -9 leaves its log writer finishing a write: a new server must
     not replay (or reuse a segment name) before that process is gone."""
-    monkeypatch.setattr(log_segments, "LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(segments, "LOCK_WAIT_S", 0.2)
     wal = fresh(tmp_path, io, writer="process")
     lsns = await _busy(wal, 2, "a")
     assert wal._proc is not None and wal._lock_fd is not None

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
+from rlreplay.app.main import create_app
+from rlreplay.app.settings import Settings
 
 HUGE = "1" + "0" * 400  # an integer past 64 bits, and past a float's range
 JSON = {"content-type": "application/json"}

@@ -11,14 +11,14 @@ from typing import Any
 import msgpack
 import pytest
 
-import app.engine.wal as wal_module
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.engine.wal import LogRecoveryError, WriteAheadLog
-from app.settings import Settings
-from app.storage.blocking import BlockingIO
-from clients.errors import (
+import rlreplay.app.log.wal as wal_module
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
+from rlreplay.app.settings import Settings
+from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
+from rlreplay.wire.errors import (
     DeadlineExceeded,
     Overloaded,
     StorageFull,

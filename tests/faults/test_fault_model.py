@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import app.engine.wal as wal_module
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.settings import Settings
-from app.storage.rocks import RocksStore
-from clients.errors import StorageFull, TableExists, TableNotFound, Unavailable
+import rlreplay.app.log.wal as wal_module
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.storage.rocks import RocksStore
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
+from rlreplay.wire.errors import StorageFull, TableExists, TableNotFound, Unavailable
 
 KEYS = [f"k{i}" for i in range(8)]
 TABLES = ["a", "b"]

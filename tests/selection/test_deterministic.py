@@ -6,10 +6,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.selection.base import Selector
-from app.selection.heap import MaxHeapSelector, MinHeapSelector
-from app.selection.insertion_order import FifoSelector, InsertionLog, LifoSelector
-from app.selection.uniform import UniformSampler
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.heap import MaxHeapSelector, MinHeapSelector
+from rlreplay.app.selection.insertion_order import FifoSelector, InsertionLog, LifoSelector
+from rlreplay.app.selection.uniform import UniformSampler
 
 RNG = np.random.default_rng(0)
 

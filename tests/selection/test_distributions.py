@@ -13,10 +13,10 @@ import numpy.typing as npt
 import pytest
 from scipy.stats import chisquare
 
-from app.selection.base import Selector
-from app.selection.prioritized import PrioritizedSampler
-from app.selection.ptime import PTimeSampler
-from app.selection.uniform import UniformSampler
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.prioritized import PrioritizedSampler
+from rlreplay.app.selection.ptime import PTimeSampler
+from rlreplay.app.selection.uniform import UniformSampler
 
 DRAWS = 300_000
 P_MIN = 1e-4

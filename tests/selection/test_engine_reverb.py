@@ -1,6 +1,6 @@
 """Reverb's table recipes, end to end through the engine: queues, stacks, priority views.
 
-These tests drive :class:`app.engine.engine.Engine` (memory mode) with the selectors and
+These tests drive :class:`rlreplay.app.engine.engine.Engine` (memory mode) with the selectors and
 rate limiters of this package, and check what a client of such a table relies on.
 """
 
@@ -15,11 +15,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from app.engine.config import TableConfig
-from app.engine.engine import Engine
-from app.engine.items import NewItem
-from app.settings import Settings
-from clients.errors import DeadlineExceeded
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
+from rlreplay.wire.errors import DeadlineExceeded
 
 SHORT = 0.05
 

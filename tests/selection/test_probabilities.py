@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.selection.prioritized import PrioritizedSampler
-from app.selection.ptime import PTimeSampler
-from app.selection.sum_tree import SumTree
+from rlreplay.app.selection.prioritized import PrioritizedSampler
+from rlreplay.app.selection.ptime import PTimeSampler
+from rlreplay.app.selection.sum_tree import SumTree
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.4, 0.6, 1.0, 2.5])

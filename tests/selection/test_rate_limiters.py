@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from app.engine.config import MinSizeLimiter, QueueLimiter, SampleToInsertRatioLimiter
-from app.selection.rate_limiters import RateGate, RateLimiter, make_rate_limiter
-from clients.errors import DeadlineExceeded, TableNotFound, ValidationFailed
+from rlreplay.app.selection.rate_limiters import RateGate, RateLimiter
+from rlreplay.app.tables.config import MinSizeLimiter, QueueLimiter, SampleToInsertRatioLimiter
+from rlreplay.app.tables.table import make_rate_limiter
+from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, ValidationFailed
 
 SHORT = 0.05  # seconds: long enough for a waiter to block, short enough for a fast suite
 

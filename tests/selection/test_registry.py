@@ -7,8 +7,8 @@ from importlib.metadata import entry_points
 import numpy as np
 import pytest
 
-from app.selection.base import Selector
-from app.selection.registry import (
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.registry import (
     BUILTIN,
     ENTRY_POINT_GROUP,
     make_selector,

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.selection.base import Selector
-from app.selection.registry import make_selector
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.registry import make_selector
 
 ALPHA = 0.7
 HALF_LIFE = 3.0

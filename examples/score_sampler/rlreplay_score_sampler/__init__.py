@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.selection.base import Floats, Selector, Slots
+from rlreplay.app.selection.base import Floats, Selector, Slots
 
 __all__ = ["HighestScoreSampler"]
 

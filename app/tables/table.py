@@ -3,13 +3,14 @@
 The table keeps its whole index in memory: key → slot, and per-slot columns (priority,
 insertion time, times sampled, value size, version, and whether the value is cached,
 dirty or on disk). Values sit in :attr:`Table.values` when cached, else in RocksDB.
-Only the writer (:class:`workers.task_processor.TaskProcessor`) changes the applied
+Only the writer (:class:`rlreplay.workers.task_processor.TaskProcessor`) changes the applied
 state; readers merge :attr:`Table.pending` (accepted, not yet applied) over it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -17,11 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.config import TableConfig
-from app.engine.items import NewItem
-from app.selection.base import Selector
-from app.selection.rate_limiters import RateGate, make_rate_limiter
-from app.selection.registry import make_selector
+from rlreplay.app.selection.base import Selector
+from rlreplay.app.selection.rate_limiters import RateGate, RateLimiter
+from rlreplay.app.selection.registry import make_selector
+from rlreplay.app.tables.config import (
+    MinSizeLimiter,
+    QueueLimiter,
+    RateLimiterSpec,
+    SampleToInsertRatioLimiter,
+    TableConfig,
+)
+from rlreplay.app.tables.items import NewItem
 
 PendingEntry = tuple[
     int, NewItem | None, float
@@ -117,6 +124,31 @@ def summarize_tables(
 
 
 _SIZE = attrgetter("visible")
+
+
+def make_rate_limiter(spec: RateLimiterSpec | None) -> RateLimiter:
+    """The limiter a table config's ``rate_limiter`` describes.
+
+    None gives a limiter of kind ``"none"`` that behaves as ``min_size`` 1 (Reverb's
+    default, ``MinSize(1)``: samples wait while the table is empty); a gate around it
+    reports ``limited`` False, so a table may skip the gate and wait for an item itself.
+    """
+    if spec is None:
+        return RateLimiter("none", 1.0, 1, -math.inf, math.inf)
+    if isinstance(spec, MinSizeLimiter):
+        return RateLimiter("min_size", 1.0, spec.min_size, -math.inf, math.inf)
+    if isinstance(spec, SampleToInsertRatioLimiter):
+        offset = spec.samples_per_insert * spec.min_size_to_sample
+        return RateLimiter(
+            "sample_to_insert_ratio",
+            spec.samples_per_insert,
+            spec.min_size_to_sample,
+            offset - spec.error_buffer,
+            offset + spec.error_buffer,
+        )
+    if isinstance(spec, QueueLimiter):
+        return RateLimiter("queue", 1.0, 1, 0.0, float(spec.size))
+    raise ValueError(f"unknown rate limiter spec {spec!r}")
 
 
 class Table:

@@ -1,10 +1,10 @@
-"""The service's errors: the tree of ``clients.errors`` and the one place mapping it to HTTP.
+"""The service's errors: the tree of ``rlreplay.wire.errors`` and the one place mapping it to HTTP.
 
-The tree itself lives in :mod:`clients.errors` (so the client raises the very classes the
+The tree itself lives in :mod:`rlreplay.wire.errors` (so the client raises the very classes the
 server does, and the server imports them from there); this module holds what turns an
 exception into the contract's body ``{"error": {"code": ..., "message": ...}}``::
 
-    ReplayError (clients.errors)  ──> replay_error_handler      ──> its status and code
+    ReplayError (rlreplay.wire.errors)  ──> replay_error_handler      ──> its status and code
     StarletteHTTPException         ──> http_exception_handler    ──> not_found, method_not_allowed
     RequestValidationError         ──> validation_error_handler  ──> 422 (400 for malformed input)
     anything else                  ──> app.api.middleware.RequestContextMiddleware ──> 500 internal
@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from clients.errors import (
+from rlreplay.wire.errors import (
     BadRequest,
     MethodNotAllowed,
     NotFound,

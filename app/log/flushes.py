@@ -1,4 +1,4 @@
-"""Log flushes through the log writer process (:mod:`app.engine.log_writer`).
+"""Log flushes through the log writer process (:mod:`rlreplay.app.log.writer_process`).
 
 ``append`` frames records into a page-aligned shared buffer; the process writes and
 fdatasyncs it (up to ``MAX_IN_FLIGHT`` flushes at a time) while the next buffer fills, so
@@ -16,13 +16,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.engine.log_format import ZEROS, region_size
-from app.engine.log_writer import LogWriterProcess, SharedBuffer
+from rlreplay.app.log.framing import ZEROS, region_size
+from rlreplay.app.log.writer_process import LogWriterProcess, SharedBuffer
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-log = logging.getLogger("app.engine.wal")
+log = logging.getLogger("rlreplay.app.log.wal")
 
 MAX_IN_FLIGHT = 3  # flushes handed to the log writer process and not answered yet
 PROCESS_AFTER_FLUSHES = 64  # writer="auto": the process starts once the log is this busy
@@ -41,7 +41,7 @@ class Flush:
 
 
 class ProcessFlushes:
-    """The part of :class:`~app.engine.wal.WriteAheadLog` that feeds the log writer process
+    """The part of :class:`~rlreplay.app.log.wal.WriteAheadLog` that feeds the log writer process
     (a base class of it: the state below is the log's, set up by its constructor)."""
 
     _folder: Path

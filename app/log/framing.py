@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 from xxhash import xxh3_64_intdigest
 
-log = logging.getLogger("app.engine.wal")
+log = logging.getLogger("rlreplay.app.log.wal")
 
 FRAME = struct.Struct("<IQ")  # payload length, xxh3_64 of the payload
 BIN32 = struct.Struct(">BI")  # msgpack's bin 32 header (0xc6, length)

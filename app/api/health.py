@@ -1,19 +1,19 @@
 """Operations: liveness, readiness and Prometheus metrics.
 
 They stay open with API keys configured, except ``/metrics`` with ``--metrics-require-key``
-(the check is :class:`app.api.middleware.RequestContextMiddleware`'s, as for ``/v1``).
+(the check is :class:`rlreplay.app.api.middleware.RequestContextMiddleware`'s, as for ``/v1``).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep
-from app.api.encoding import encode
-from app.api.openapi import answers
-from app.api.schemas import Health
-from app.metrics import CONTENT_TYPE
-from clients.errors import Unauthorized, Unavailable
+from rlreplay.app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep
+from rlreplay.app.api.encoding import encode
+from rlreplay.app.api.openapi import answers
+from rlreplay.app.api.schemas import Health
+from rlreplay.app.metrics import CONTENT_TYPE
+from rlreplay.wire.errors import Unauthorized, Unavailable
 
 __all__ = ["router"]
 

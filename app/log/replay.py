@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.engine.log_format import FRAMING, LEGACY_SUFFIX, LogRecoveryError, read_segment
+from rlreplay.app.log.framing import FRAMING, LEGACY_SUFFIX, LogRecoveryError, read_segment
 
-log = logging.getLogger("app.engine.wal")
+log = logging.getLogger("rlreplay.app.log.wal")
 
 
 def replay_segments(

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.engine.config import TableConfig
-from app.engine.items import NewItem
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
 
 if TYPE_CHECKING:
-    from app.engine.table import Table
+    from rlreplay.app.tables.table import Table
 
 
 @dataclass(slots=True, eq=False)
@@ -75,7 +75,7 @@ class DropTableOp(Op):
 @dataclass(slots=True, eq=False)
 class CheckpointOp(Op):
     """Make what is applied durable without the log, then truncate the log (see
-    :meth:`workers.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
+    :meth:`rlreplay.workers.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
 
     full: bool = False
 

@@ -3,8 +3,8 @@
 Msgpack (:func:`packb`, :func:`unpackb`):
 
 * NumPy arrays and torch tensors travel as extension type :data:`EXT_NDARRAY` (see
-  :mod:`clients.arrays` for the payload); they decode to NumPy arrays (bfloat16 to
-  :class:`~clients.arrays.BFloat16Array`), bit-exactly and with the same dtype and shape.
+  :mod:`rlreplay.wire.arrays` for the payload); they decode to NumPy arrays (bfloat16 to
+  :class:`~rlreplay.wire.arrays.BFloat16Array`), bit-exactly and with the same dtype and shape.
 * NumPy scalars become Python scalars (``np.float32(0.5)`` → ``0.5``, ``np.bool_`` → ``bool``);
   those with no Python msgpack type (complex, long double, datetime64) become 0-d arrays.
 * Tuples become lists; maps may have ``str``, ``bytes``, ``int``, ``float``, ``bool`` or
@@ -42,7 +42,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from clients.arrays import (
+from rlreplay.wire.arrays import (
     EXT_NDARRAY,
     BFloat16Array,
     array_payload,

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from app.engine.table import Table, TableCounters
-from app.engine.wal import WriteAheadLog
-from app.settings import Settings
-from app.storage.blocking import BlockingIO
-from app.storage.cache import ENTRY_OVERHEAD, CacheLedger
-from app.storage.rocks import META, RocksStore
-from clients.errors import ValidationFailed
+from rlreplay.app.log.wal import WriteAheadLog
+from rlreplay.app.settings import Settings
+from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.app.storage.cache import ENTRY_OVERHEAD, CacheLedger
+from rlreplay.app.storage.rocks import META, RocksStore
+from rlreplay.app.tables.table import Table, TableCounters
+from rlreplay.wire.errors import ValidationFailed
 
 
 @dataclass(slots=True)
@@ -21,7 +21,7 @@ class EngineState:
 
     settings: Settings
     io: BlockingIO
-    ledger: CacheLedger
+    ledger: CacheLedger[Table]
     store: RocksStore | None = None
     wal: WriteAheadLog | None = None
     tables: dict[str, Table] = field(default_factory=dict)

@@ -6,10 +6,10 @@ appended meanwhile waits for the next one, so many concurrent pushes share one f
 
 ``append`` frames each record on the event loop, straight into a page-aligned shared buffer;
 a flush only pads, writes and fdatasyncs that buffer while the next one fills, in the log
-writer process (:mod:`app.engine.log_process`) or in the flush thread. The on-disk format is
-in :mod:`app.engine.log_format`, replay in :mod:`app.engine.log_replay`, and what a failed
-flush lost in :mod:`app.engine.log_refusals`.
-Segment files (the lock, rotation, recycling) are managed in :mod:`app.engine.log_segments`.
+writer process (:mod:`rlreplay.app.log.flushes`) or in the flush thread. The on-disk format is
+in :mod:`rlreplay.app.log.framing`, replay in :mod:`rlreplay.app.log.replay`, and what a failed
+flush lost in :mod:`rlreplay.app.log.refusals`.
+Segment files (the lock, rotation, recycling) are managed in :mod:`rlreplay.app.log.segments`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any, Literal
 import msgpack
 from xxhash import xxh3_64_intdigest
 
-from app.engine.log_format import (
+from rlreplay.app.log.flushes import MAX_IN_FLIGHT, Flush, ProcessFlushes
+from rlreplay.app.log.framing import (
     BIN32,
     FRAME,
     O_DIRECT,
@@ -38,12 +39,11 @@ from app.engine.log_format import (
     LogRecoveryError,
     region_size,
 )
-from app.engine.log_process import MAX_IN_FLIGHT, Flush, ProcessFlushes
-from app.engine.log_refusals import Refusal, Refusals
-from app.engine.log_replay import replay_segments
-from app.engine.log_segments import SegmentFiles
-from app.engine.log_writer import SUPPORTED, LogWriterProcess, SharedBuffer
-from app.storage.blocking import BlockingIO
+from rlreplay.app.log.refusals import Refusal, Refusals
+from rlreplay.app.log.replay import replay_segments
+from rlreplay.app.log.segments import SegmentFiles
+from rlreplay.app.log.writer_process import SUPPORTED, LogWriterProcess, SharedBuffer
+from rlreplay.app.storage.blocking import BlockingIO
 
 __all__ = [
     "FRAME",
@@ -132,7 +132,7 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
 
     def replay(self, after_lsn: int, *, strict: bool = True) -> Iterator[list[Any]]:
         """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking); see
-        :func:`~app.engine.log_replay.replay_segments` (``strict``: a gap raises)."""
+        :func:`~rlreplay.app.log.replay.replay_segments` (``strict``: a gap raises)."""
         self._lock()
         found: list[tuple[int, Path, int]] = []
         last = after_lsn

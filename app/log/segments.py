@@ -19,17 +19,17 @@ import threading
 import time
 from pathlib import Path
 
-from app.engine.log_format import O_DIRECT, SEGMENT_SUFFIX, SPARE_SUFFIX, segment_name
-from app.storage.blocking import BlockingIO
+from rlreplay.app.log.framing import O_DIRECT, SEGMENT_SUFFIX, SPARE_SUFFIX, segment_name
+from rlreplay.app.storage.blocking import BlockingIO
 
-log = logging.getLogger("app.engine.wal")
+log = logging.getLogger("rlreplay.app.log.wal")
 
 SPARES = 1  # spare segments kept (each rotation takes one, each truncation gives one)
 LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
 
 
 class SegmentFiles:
-    """The part of :class:`~app.engine.wal.WriteAheadLog` that manages its files (a base
+    """The part of :class:`~rlreplay.app.log.wal.WriteAheadLog` that manages its files (a base
     class of it: the state below is the log's, set up by its constructor)."""
 
     _folder: Path

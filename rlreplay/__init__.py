@@ -1,0 +1,76 @@
+"""rlreplay: an experience replay service for reinforcement learning, over HTTP.
+
+Users import the client from here (``from rlreplay import ReplayClient``); the service is
+``rlreplay serve``. Importing this package loads the client and its wire codec only: no
+server dependency, no torch, and nothing global changes.
+
+Subpackages: :mod:`rlreplay.clients` (the async client), :mod:`rlreplay.wire` (errors and
+the msgpack codec that client and server share), :mod:`rlreplay.app` (the service) and
+:mod:`rlreplay.workers` (its single writer).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("rlreplay")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0.0.0"
+
+__all__ = [
+    "BFloat16Array",
+    "BadRequest",
+    "DeadlineExceeded",
+    "Gone",
+    "Item",
+    "ItemNotFound",
+    "MethodNotAllowed",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ReplayClient",
+    "ReplayError",
+    "StorageFull",
+    "TableExists",
+    "TableNotFound",
+    "Unauthorized",
+    "Unavailable",
+    "UnsupportedMediaType",
+    "ValidationFailed",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from rlreplay.clients import (
+        BadRequest,
+        BFloat16Array,
+        DeadlineExceeded,
+        Gone,
+        Item,
+        ItemNotFound,
+        MethodNotAllowed,
+        NotFound,
+        Overloaded,
+        PayloadTooLarge,
+        ReplayClient,
+        ReplayError,
+        StorageFull,
+        TableExists,
+        TableNotFound,
+        Unauthorized,
+        Unavailable,
+        UnsupportedMediaType,
+        ValidationFailed,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """Loads the client on first use, so that ``import rlreplay.app`` (the service, and
+    its log writer process) does not pay for httpx and the client's codec."""
+    if name in __all__ and name != "__version__":
+        from rlreplay import clients
+
+        return getattr(clients, name)
+    raise AttributeError(f"module 'rlreplay' has no attribute {name!r}")
