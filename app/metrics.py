@@ -201,7 +201,7 @@ class EngineExposition:
             _head(
                 "rlreplay_write_queue_depth",
                 "gauge",
-                "What waits in the writer's queues: ops in p0 and p1, item ops and bytes held.",
+                "What waits in the writer's queues: urgent and housekeeping ops, item ops, bytes held.",
             )
         )
         for queue, depth in self._engine.queue_depths().items():

@@ -56,8 +56,8 @@ class Settings(BaseSettings):
     write_queue_mb: float = Field(
         512, gt=0, description="Bytes of values the write queue holds before 503 overloaded."
     )
-    p0_probability: float = Field(
-        0.8, ge=0, le=1, description="Chance the writer takes p0 (push/delete) over p1 work."
+    urgent_probability: float = Field(
+        0.8, ge=0, le=1, description="Chance the writer takes urgent ops over housekeeping."
     )
     io_threads: int = Field(4, gt=0, description="Threads for blocking RocksDB and file I/O.")
     backup_url: str | None = Field(

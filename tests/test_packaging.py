@@ -4,6 +4,7 @@ nothing outside it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,16 +14,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+IGNORED = shutil.ignore_patterns("__pycache__", "*.egg-info")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy, so the checkout gets no build/ or egg-info
+    source = tmp_path_factory.mktemp("source")
+    for name in ("rlreplay", "app", "workers", "clients", "wire"):
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=IGNORED)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run(
         [
             sys.executable,
             *("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"),
-            *("-w", str(out), str(REPO)),
+            *("-w", str(out), str(source)),
         ],
         check=True,
         capture_output=True,

@@ -55,7 +55,7 @@ class OpApplier:
     """The writer's work on tables and storage (the base of the task processor)."""
 
     def __init__(self, state: EngineState, *, seed: int | None = None) -> None:
-        self._s = state
+        self._state = state
         self._np_rng = np.random.default_rng(seed)
         self._evict_queued = False
         self._checkpoint_queued = False
@@ -73,7 +73,7 @@ class OpApplier:
         self._deferred_puts: list[tuple[bytes, bytes]] = []
         self._deferred_ranges: list[tuple[bytes, bytes]] = []
 
-    def submit(self, op: Op, *, p1: bool = False) -> None:
+    def submit(self, op: Op, *, housekeeping: bool = False) -> None:
         """Queue an op for the writer (the task processor's)."""
         raise NotImplementedError
 
@@ -107,7 +107,7 @@ class OpApplier:
         """Disk mode: write a push's values and metadata to RocksDB; False if it failed (the
         values then stay in the cache, dirty, until a checkpoint or eviction writes them: the
         op is in the log and must be applied all the same)."""
-        s = self._s
+        s = self._state
         assert s.store is not None
         puts: list[tuple[bytes, bytes]] = []
         for it, slot in zip(items, slots, strict=True):
@@ -147,7 +147,7 @@ class OpApplier:
                 await self.checkpoint(full=op.full)
             except OSError as exc:
                 self._background_failed("checkpoint", exc, self.checkpoint_retry)
-                raise_into(op, storage_error(exc, str(self._s.settings.data_dir)))
+                raise_into(op, storage_error(exc, str(self._state.settings.data_dir)))
             else:
                 self.checkpoint_retry.succeeded()
         elif isinstance(op, CreateTableOp):
@@ -158,7 +158,7 @@ class OpApplier:
             raise TypeError(f"unknown op {op!r}")
 
     async def _put(self, op: PutOp, *, replay: bool) -> None:
-        t, s = op.table, self._s
+        t, s = op.table, self._state
         if t.dropped:
             return
         items = op.items
@@ -257,7 +257,7 @@ class OpApplier:
                 await self._evict()
             elif not self._evict_queued:
                 self._evict_queued = True
-                self.submit(EvictOp(0, weight=0), p1=True)
+                self.submit(EvictOp(0, weight=0), housekeeping=True)
 
     async def _trim(self, t: Table) -> None:
         """Delete items chosen by the remover until the table fits ``max_size``."""
@@ -278,7 +278,7 @@ class OpApplier:
 
     async def trim_all(self) -> None:
         """Bring every table within its ``max_size`` (after replaying the log)."""
-        for t in list(self._s.tables.values()):
+        for t in list(self._state.tables.values()):
             await self._trim(t)
 
     async def _delete(self, t: Table, keys: Any, seq: int) -> None:
@@ -317,7 +317,7 @@ class OpApplier:
     ) -> None:
         """Forget the distinct, unselected ``slots`` holding ``keys``: their cached values,
         their RocksDB records (queued deletes) and the slots themselves."""
-        s = self._s
+        s = self._state
         values = t.values
         cached = [slot for slot in slot_list if values[slot] is not None]
         if cached:
@@ -375,16 +375,16 @@ class OpApplier:
         t.values[slot] = op.value
         t.dirty[slot] = 0
         size = int(t.size[slot])
-        self._s.ledger.add(t, slot, cache_charge(size))
+        self._state.ledger.add(t, slot, cache_charge(size))
         t.bytes_in_cache += size
         t.counters.populates += 1
-        if self._s.ledger.over and not self._evict_queued:
+        if self._state.ledger.over and not self._evict_queued:
             self._evict_queued = True
-            self.submit(EvictOp(0, weight=0), p1=True)
+            self.submit(EvictOp(0, weight=0), housekeeping=True)
 
     async def _evict(self) -> None:
         """Move cold values to RocksDB until the cache is under its low watermark."""
-        s = self._s
+        s = self._state
         if s.store is None or not s.ledger.over:
             return
         if not self.evict_retry.due():
@@ -437,10 +437,10 @@ class OpApplier:
                 by_table.setdefault(t, []).append(slot)
         for t, slots in by_table.items():
             charges = [cache_charge(int(t.size[slot])) for slot in slots]
-            self._s.ledger.add_many(t, slots, charges)
+            self._state.ledger.add_many(t, slots, charges)
 
     async def _create(self, op: CreateTableOp) -> None:
-        s = self._s
+        s = self._state
         existing = s.tables.get(op.name)
         if existing is not None:
             if existing.config != op.config:
@@ -459,7 +459,7 @@ class OpApplier:
         s.tables[op.name] = table
 
     async def _drop(self, table: Table) -> None:
-        s = self._s
+        s = self._state
         if table.dropped:
             return
         table.dropped = True
@@ -486,7 +486,7 @@ class OpApplier:
         """Write table records and range deletes now, with the deletes queued so far; if
         RocksDB fails, the next checkpoint's batch writes them (before the log that holds
         their op is cut), so the op is applied all the same."""
-        s = self._s
+        s = self._state
         assert s.store is not None
         deletes = self._take_disk_deletes()
         if s.store.failure is None and not self._deferred_puts and not self._deferred_ranges:

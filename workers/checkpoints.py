@@ -40,7 +40,7 @@ class Checkpointer(OpApplier):
         about three intervals (two, and the segment the cut falls in: about
         ``3 x wal_checkpoint_mb``), and a restart replays them.
         """
-        s = self._s
+        s = self._state
         wal = s.wal
         if wal is None and s.mode == "memory":
             return
@@ -67,7 +67,7 @@ class Checkpointer(OpApplier):
         logged after ``covered`` stays dirty, and so does its metadata (its record would
         not match the value RocksDB holds).
         """
-        s = self._s
+        s = self._state
         assert s.store is not None
         puts: list[tuple[bytes, bytes]] = list(self._deferred_puts)
         ranges = list(self._deferred_ranges)
@@ -122,7 +122,7 @@ class Checkpointer(OpApplier):
 
     async def _write_memory_checkpoint(self, covered: int) -> None:
         """Write every table to the snapshot file, off the event loop (the writer waits)."""
-        s = self._s
+        s = self._state
         header = {
             "lsn": covered,
             "next_tid": s.next_tid,

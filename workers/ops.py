@@ -1,8 +1,8 @@
 """The ops the single writer applies. Routes build them; only the writer executes them.
 
-p0 (time-sensitive): :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`,
+Urgent: :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`,
 :class:`CreateTableOp`, :class:`DropTableOp`, :class:`CheckpointOp`.
-p1 (housekeeping): :class:`EvictOp`, :class:`PopulateOp`.
+Housekeeping: :class:`EvictOp`, :class:`PopulateOp`.
 """
 
 from __future__ import annotations

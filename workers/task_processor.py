@@ -1,9 +1,9 @@
 """The single writer: the only code that changes tables and storage.
 
-Callers enqueue ops (see :mod:`rlreplay.workers.ops`) on the p0 queue (push, delete,
-priorities, tables, checkpoint) or the p1 queue (evict, populate) and, if they want,
-await the op's future. One owned task drains both: when both have work it takes p0 with
-probability ``p0_probability`` (0.8 by default) and p1 otherwise, so housekeeping is
+Callers enqueue ops (see :mod:`rlreplay.workers.ops`) on the urgent queue (push, delete,
+priorities, tables, checkpoint) or the housekeeping queue (evict, populate) and, if they want,
+await the op's future. One owned task drains both: when both have work it takes urgent work with
+probability ``urgent_probability`` (0.8 by default) and housekeeping otherwise, so housekeeping is
 never starved. If the task dies, every queued op's future and every reader waiting on a
 table fail with :class:`~rlreplay.wire.errors.Unavailable` instead of hanging.
 
@@ -49,13 +49,13 @@ class TaskProcessor(Checkpointer):
     """Owns the writer task and applies ops in order."""
 
     def __init__(
-        self, state: EngineState, *, p0_probability: float, seed: int | None = None
+        self, state: EngineState, *, urgent_probability: float, seed: int | None = None
     ) -> None:
         super().__init__(state, seed=seed)
-        self._p0_probability = p0_probability
+        self._urgent_probability = urgent_probability
         self._rng = random.Random(seed)
-        self.p0: deque[Op] = deque()
-        self.p1: deque[Op] = deque()
+        self.urgent: deque[Op] = deque()
+        self.housekeeping: deque[Op] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._idle = False
@@ -80,7 +80,7 @@ class TaskProcessor(Checkpointer):
         return self._task is not None and not self._task.done()
 
     async def stop(self, timeout_s: float | None = 10.0) -> None:
-        """Apply every queued p0 op, then stop the task; idempotent. Past ``timeout_s`` (a
+        """Apply every queued urgent op, then stop the task; idempotent. Past ``timeout_s`` (a
         writer stuck on a failing disk) it stops anyway: what is left is in the log."""
         if self._task is None:
             return
@@ -115,35 +115,35 @@ class TaskProcessor(Checkpointer):
         self._fail_all(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for queue in (self.p0, self.p1):
+        for queue in (self.urgent, self.housekeeping):
             while queue:
                 op = queue.popleft()
                 if op.future is not None and not op.future.done():
                     op.future.set_exception(exc)
-        for table in self._s.tables.values():
+        for table in self._state.tables.values():
             table.fail_waiters(exc)
 
     # -- queueing -------------------------------------------------------------------------
 
-    def submit(self, op: Op, *, p1: bool = False) -> None:
+    def submit(self, op: Op, *, housekeeping: bool = False) -> None:
         """Enqueue an op (never blocks; the caller has checked the queue bound)."""
         if self._task is None or self._task.done():
             raise Unavailable("the writer is not running")
         op.queued_at = time.monotonic()
-        (self.p1 if p1 else self.p0).append(op)
-        self._s.queued_items += op.weight
-        self._s.queued_bytes += op.nbytes
+        (self.housekeeping if housekeeping else self.urgent).append(op)
+        self._state.queued_items += op.weight
+        self._state.queued_bytes += op.nbytes
         self._wake.set()
 
     @property
     def lag_s(self) -> float:
         """Seconds the oldest queued op has waited (0 when both queues are empty)."""
-        waiting = [q[0].queued_at for q in (self.p0, self.p1) if q]
+        waiting = [q[0].queued_at for q in (self.urgent, self.housekeeping) if q]
         return time.monotonic() - min(waiting) if waiting else 0.0
 
     def oldest_queued_seq(self) -> int | None:
-        """Sequence number of the oldest logged op still waiting in p0."""
-        for op in self.p0:
+        """Sequence number of the oldest logged op still waiting in the urgent queue."""
+        for op in self.urgent:
             if op.seq:
                 return op.seq
         return None
@@ -156,7 +156,7 @@ class TaskProcessor(Checkpointer):
     async def _run(self) -> None:
         since_yield = 0
         while True:
-            if not self.p0 and not self.p1:
+            if not self.urgent and not self.housekeeping:
                 self._wake.clear()
                 self._idle = True
                 retry_in = self._retry_in()
@@ -170,19 +170,21 @@ class TaskProcessor(Checkpointer):
                 self._idle = False
                 since_yield = 0
                 self._queue_retries()
-                if not self.p0 and not self.p1:
+                if not self.urgent and not self.housekeeping:
                     continue
-            s = self._s
+            s = self._state
             if (
                 s.ledger.over
                 and s.mode != "memory"
                 and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR
             ):
                 await self._evict()
-            if self.p0 and (not self.p1 or self._rng.random() < self._p0_probability):
-                op = self.p0.popleft()
+            if self.urgent and (
+                not self.housekeeping or self._rng.random() < self._urgent_probability
+            ):
+                op = self.urgent.popleft()
             else:
-                op = self.p1.popleft()
+                op = self.housekeeping.popleft()
             s.queued_items -= op.weight
             s.queued_bytes -= op.nbytes
             wal = s.wal
@@ -227,13 +229,13 @@ class TaskProcessor(Checkpointer):
         """Take the ops whose log record a failed flush lost out of the queue, fail their
         callers, and recompute the pending index of their tables without them; idempotent
         (the caller that saw the failure and the writer both call it)."""
-        s = self._s
+        s = self._state
         wal = s.wal
         if wal is None:
             return
         refused: list[Op] = []
         kept: deque[Op] = deque()
-        for op in self.p0:
+        for op in self.urgent:
             if op.seq and (op.refused or wal.refusal(op.seq) is not None):
                 refused.append(op)
                 s.queued_items -= op.weight
@@ -246,8 +248,8 @@ class TaskProcessor(Checkpointer):
                 refused.append(current)
         if not refused:
             return
-        self.p0.clear()
-        self.p0.extend(kept)
+        self.urgent.clear()
+        self.urgent.extend(kept)
         tables: list[Table] = []
         for op in refused:
             error = wal.refusal(op.seq)
@@ -282,13 +284,13 @@ class TaskProcessor(Checkpointer):
     def _queue_retries(self) -> None:
         """Queue the failed background writes that are due again."""
         if self.checkpoint_retry.failing and self.checkpoint_retry.due():
-            if not self._checkpoint_queued and (self._s.wal is not None or self._s.store):
+            if not self._checkpoint_queued and (self._state.wal is not None or self._state.store):
                 self._checkpoint_queued = True
                 self.submit(CheckpointOp(0, weight=0))
         if self.evict_retry.failing and self.evict_retry.due():
-            if not self._evict_queued and self._s.ledger.over:
+            if not self._evict_queued and self._state.ledger.over:
                 self._evict_queued = True
-                self.submit(EvictOp(0, weight=0), p1=True)
+                self.submit(EvictOp(0, weight=0), housekeeping=True)
 
 
 def _item_op_of(op: Op, table: Table) -> bool:

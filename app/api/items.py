@@ -102,7 +102,7 @@ async def push_reply(
 ) -> Reply:
     """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     push = parse_push(body, fmt)
-    n = await engine.push(table, push.items, wait=push.wait, checked=True, body=push.raw)
+    n = await engine.push(table, push.items, wait=push.wait, validated=True, body=push.raw)
     metrics.count_items("push", n)
     return _accepted(n, committed=push.wait, as_msgpack=as_msgpack)
 

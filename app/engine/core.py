@@ -47,7 +47,7 @@ class EngineCore:
         return self._ready and self._processor is not None and self._processor.running
 
     @property
-    def _s(self) -> EngineState:
+    def state(self) -> EngineState:
         if self._state is None:
             raise Unavailable("the engine is not started")
         if not self._open:
@@ -64,7 +64,7 @@ class EngineCore:
         return p
 
     def _table(self, name: str) -> Table:
-        table = self._s.tables.get(name)
+        table = self.state.tables.get(name)
         if table is None or table.dropping:
             raise TableNotFound(f"no table {name!r}")
         return table
@@ -83,7 +83,7 @@ class EngineCore:
         return None if p is None or p.failure is None else repr(p.failure)
 
     def _reserve(self, n: int, nbytes: int) -> None:
-        s = self._s
+        s = self.state
         st = self.settings
         if (
             s.queued_items + n > st.write_queue_ops
@@ -126,7 +126,7 @@ class EngineCore:
     def _enqueue_delete(
         self, writer: TaskProcessor, t: Table, keys: list[str], *, wait: bool
     ) -> tuple[int, asyncio.Future[None] | None]:
-        s = self._s
+        s = self.state
         seq = s.next_seq(["del", t.name, keys] if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait else None
         doomed = {k: (seq, None, 0.0) for k in keys}

@@ -84,7 +84,7 @@ class Engine(EngineReads):
             settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes)
         )
         self._state = state
-        processor = TaskProcessor(state, p0_probability=st.p0_probability, seed=st.seed)
+        processor = TaskProcessor(state, urgent_probability=st.urgent_probability, seed=st.seed)
         self._processor = processor
         try:
             self._recovered_records = await recover(state, processor)
@@ -149,13 +149,13 @@ class Engine(EngineReads):
             raise ValidationFailed(
                 f"table name {name!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
             )
-        existing = self._s.tables.get(name)
+        existing = self.state.tables.get(name)
         if existing is not None and not existing.dropping:
             if existing.config == config:
                 return False
             raise TableExists(f"table {name!r} exists with another config")
         limit = self.settings.max_tables
-        if sum(not t.dropping for t in self._s.tables.values()) >= limit:
+        if sum(not t.dropping for t in self.state.tables.values()) >= limit:
             raise StorageFull(f"the server holds {limit} tables, its --max-tables: drop one first")
         await self._create(name, config)
         return True
@@ -192,14 +192,14 @@ class Engine(EngineReads):
         table = self._table(name)
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seq = self._s.next_seq(["drop", name])
+        seq = self.state.next_seq(["drop", name])
         table.dropping = True  # until the drop is applied (or refused), calls find no table
         writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
         await self._committed(seq, fut)
 
     def table_names(self) -> list[str]:
         """Names of the tables, sorted."""
-        return sorted(self._s.tables)
+        return sorted(self.state.tables)
 
     def describe(self, name: str) -> dict[str, Any]:
         """``{"name", "config", "stats"}`` of a table; TableNotFound when missing."""
@@ -207,7 +207,7 @@ class Engine(EngineReads):
 
     def tables_summary(self, largest: int | None) -> TablesSummary:
         """Every table's stats summed, and those of the ``largest`` biggest tables (all: None)."""
-        s = self._s
+        s = self.state
         return summarize_tables(s.tables.values(), dropped=s.dropped_counters, largest=largest)
 
     # -- writes ---------------------------------------------------------------------------
@@ -219,12 +219,12 @@ class Engine(EngineReads):
         *,
         wait: bool = False,
         timeout_s: float | None = None,
-        checked: bool = False,
+        validated: bool = False,
         body: bytes | None = None,
     ) -> int:
         """Accept items; on return every reader sees them. With ``wait``, return once applied.
 
-        ``checked=True`` skips the key and priority checks: the caller made them already
+        ``validated=True`` skips the key and priority checks: the caller made them already
         (:func:`rlreplay.app.api.bodies.parse_push` does, with the same rules). ``body``: the
         msgpack
         push body ``items`` were decoded from by
@@ -236,7 +236,7 @@ class Engine(EngineReads):
         writer = self._writer()
         if not items:
             return 0
-        if checked:
+        if validated:
             nbytes = sum([len(it.value) for it in items])
         else:
             nbytes = 0
@@ -250,7 +250,7 @@ class Engine(EngineReads):
                 nbytes += len(it.value)
         n = len(items)
         self._reserve(n, nbytes)
-        s = self._s
+        s = self.state
         if s.mode == "memory":
             need = s.ledger.bytes + s.queued_bytes + nbytes + n * cache_charge(0)
             if need > s.ledger.limit_bytes:
@@ -327,7 +327,7 @@ class Engine(EngineReads):
         if not keys:
             return 0, missing
         self._reserve(len(keys), 0)
-        s = self._s
+        s = self.state
         seq = s.next_seq(["pri", table, keys, values] if s.wal is not None else None)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         t.accept(seq, len(keys))
@@ -351,8 +351,8 @@ class Engine(EngineReads):
         p = self._processor
         s = self._state
         return {
-            "p0": len(p.p0) if p else 0,
-            "p1": len(p.p1) if p else 0,
+            "urgent": len(p.urgent) if p else 0,
+            "housekeeping": len(p.housekeeping) if p else 0,
             "items": s.queued_items if s else 0,
             "bytes": s.queued_bytes if s else 0,
         }
@@ -364,7 +364,7 @@ class Engine(EngineReads):
 
     def storage_stats(self) -> dict[str, Any]:
         """Engine-wide figures for metrics: cache bytes and limit, log bytes, applied ops."""
-        s = self._s
+        s = self.state
         return {
             "cache_bytes": s.ledger.bytes,
             "cache_limit_bytes": s.ledger.limit_bytes,

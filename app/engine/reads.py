@@ -101,7 +101,7 @@ class EngineReads(EngineCore):
         self, t: Table, misses: list[tuple[int, int, str]], out: list[Any]
     ) -> None:
         """Fill ``out[i]`` for values not in the cache, from RocksDB; schedules populates."""
-        s = self._s
+        s = self.state
         assert s.store is not None
         metas = [
             (
@@ -127,7 +127,7 @@ class EngineReads(EngineCore):
             ):
                 writer.submit(
                     PopulateOp(0, weight=0, table=t, slot=slot, version=meta[3], value=value),
-                    p1=True,
+                    housekeeping=True,
                 )
             assert value is not None
             out[i] = Item(key, value, meta[0], meta[1], meta[2])

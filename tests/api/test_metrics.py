@@ -117,7 +117,7 @@ async def test_a_capped_scrape_has_the_totals_and_the_largest_tables(tmp_path: P
         assert samples[("rlreplay_all_tables_items", ())] == sum(SIZES.values())
         assert samples[("rlreplay_all_tables_inserts_total", ())] == sum(SIZES.values())
         assert samples[("rlreplay_all_tables_bytes_in_cache", ())] > 0
-        assert ("rlreplay_write_queue_depth", (("queue", "p0"),)) in samples
+        assert ("rlreplay_write_queue_depth", (("queue", "urgent"),)) in samples
         assert ("rlreplay_cache_bytes", ()) in samples
 
         # the request metrics are in the same scrape
@@ -166,7 +166,7 @@ class FakeEngine:
         self.writer_lag_s = float("inf")
 
     def queue_depths(self) -> dict[str, int]:
-        return {"p0": 0}
+        return {"urgent": 0}
 
     def storage_stats(self) -> dict[str, Any]:
         return {"cache_bytes": 10**17}

@@ -150,7 +150,7 @@ async def test_a_capped_table_trimmed_in_batches_keeps_its_accounts(
         await eng.flush()
         await check_cache_accounting(eng)
         newest = [f"b{b}/{i}" for b in range(9, 12) for i in range(8)][-20:]
-        t = eng._s.tables["c"]
+        t = eng.state.tables["c"]
         assert sorted(t.index) == sorted(newest)
         assert eng.describe("c")["stats"]["size"] == 20 == len(t.index)
         on_disk = [slot for slot in t.index.values() if t.on_disk[slot]]
@@ -159,7 +159,7 @@ async def test_a_capped_table_trimmed_in_batches_keeps_its_accounts(
             assert on_disk
             await eng.stop()
             await eng.start()
-            t = eng._s.tables["c"]
+            t = eng.state.tables["c"]
             stored = {k[len(b"v" + t.prefix) :].decode() for k, _ in store_scan(eng, t)}
             assert stored == set(newest)
         got = await eng.get_many("c", newest)
@@ -171,7 +171,7 @@ async def test_a_capped_table_trimmed_in_batches_keeps_its_accounts(
 
 
 def store_scan(eng: Engine, t: Any) -> list[tuple[bytes, bytes]]:
-    store = eng._s.store
+    store = eng.state.store
     assert store is not None
     return list(store.scan(b"v" + t.prefix))
 
@@ -217,7 +217,7 @@ async def test_values_evicted_within_a_checkpoint_interval_never_reach_rocksdb(
     await eng.start()
     try:
         await eng.create_table("c", TableConfig(max_size=40))
-        store = eng._s.store
+        store = eng.state.store
         assert store is not None
         written: list[bytes] = []
         write = store.write

@@ -56,10 +56,10 @@ async def check_cache_accounting(eng: Engine) -> None:
     processor = eng._processor
     assert processor is not None
     for _ in range(1000):
-        if processor.idle and not processor.p0 and not processor.p1:
+        if processor.idle and not processor.urgent and not processor.housekeeping:
             break
         await asyncio.sleep(0.001)
-    state = eng._s
+    state = eng.state
     ledger = state.ledger
     assert ledger.bytes == sum(ledger.entries().values())
     expected = {}
