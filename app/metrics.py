@@ -201,7 +201,7 @@ class EngineExposition:
             _head(
                 "rlreplay_write_queue_depth",
                 "gauge",
-                "What waits in the writer's queues: urgent and housekeeping ops, item ops, bytes held.",
+                "What waits in the writer's queues: ops by queue, item ops, bytes held.",
             )
         )
         for queue, depth in self._engine.queue_depths().items():
