@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 
+from rlreplay.app.log import records
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
@@ -127,7 +128,7 @@ class EngineCore:
         self, writer: TaskProcessor, t: Table, keys: list[str], *, wait: bool
     ) -> tuple[int, asyncio.Future[None] | None]:
         s = self.state
-        seq = s.next_seq(["del", t.name, keys] if s.wal is not None else None)
+        seq = s.next_seq(records.delete(t.name, keys) if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait else None
         doomed = {k: (seq, None, 0.0) for k in keys}
         t.visible -= sum(1 for key in doomed if t.contains(key))

@@ -20,6 +20,7 @@ from typing import Any
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S
 from rlreplay.app.engine.reads import EngineReads
 from rlreplay.app.engine.recovery import recover, release
+from rlreplay.app.log import records
 from rlreplay.app.storage.allocator import tune_allocator
 from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.cache import CacheLedger
@@ -183,7 +184,7 @@ class Engine(EngineReads):
             log.warning("table %r: %s", name, warning)
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seq = self._state.next_seq(["create", name, config.to_wire()])
+        seq = self._state.next_seq(records.create_table(name, config.to_wire()))
         writer.submit(CreateTableOp(seq, future=fut, weight=0, name=name, config=config))
         await self._committed(seq, fut)
 
@@ -192,7 +193,7 @@ class Engine(EngineReads):
         table = self._table(name)
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seq = self.state.next_seq(["drop", name])
+        seq = self.state.next_seq(records.drop_table(name))
         table.dropping = True  # until the drop is applied (or refused), calls find no table
         writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
         await self._committed(seq, fut)
@@ -275,11 +276,11 @@ class Engine(EngineReads):
         if s.wal is None:
             seq = s.next_seq(None)
         elif body is not None:
-            seq = s.next_seq(["putb", table, now], body)
+            seq = s.next_seq(records.push_body(table, now), body)
         else:
             keys = [it.key for it in items]
             values, priorities = [it.value for it in items], [it.priority for it in items]
-            seq = s.next_seq(["put", table, keys, values, priorities, now])
+            seq = s.next_seq(records.put(table, keys, values, priorities, now))
         fut = asyncio.get_running_loop().create_future() if wait else None
         entries = {it.key: (seq, it, now) for it in items}
         t.visible += t.count_unseen(entries)
@@ -328,7 +329,7 @@ class Engine(EngineReads):
             return 0, missing
         self._reserve(len(keys), 0)
         s = self.state
-        seq = s.next_seq(["pri", table, keys, values] if s.wal is not None else None)
+        seq = s.next_seq(records.priorities(table, keys, values) if s.wal is not None else None)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         t.accept(seq, len(keys))
         writer.submit(

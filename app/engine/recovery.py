@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
 from rlreplay.app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
 from rlreplay.app.tables.config import TableConfig
@@ -164,26 +165,25 @@ async def load_memory_checkpoint(state: EngineState) -> int:
 
 def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
     """The op a log record describes (ValueError, KeyError...: it cannot be applied)."""
-    lsn, kind, name = record[0], record[1], record[2]
-    if kind == "create":
-        return CreateTableOp(lsn, name=name, config=TableConfig.model_validate(record[3]))
+    rec = records.read_record(record)
+    lsn, name, fields = rec.lsn, rec.table, rec.fields
+    if rec.kind == records.CREATE_TABLE:
+        return CreateTableOp(lsn, name=name, config=TableConfig.model_validate(fields[0]))
     table = state.tables.get(name)
     if table is None:
         raise KeyError(f"its table {name!r} does not exist at that point of the log")
-    if kind == "put":
-        _, _, _, keys, values, prios, ts = record
+    if rec.kind == records.PUT:
+        keys, values, prios, ts = fields
         items = [NewItem(k, v, p) for k, v, p in zip(keys, values, prios, strict=True)]
         return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
-    if kind == "putb":  # a push body as the client sent it
-        _, _, _, ts, body = record
+    if rec.kind == records.PUSH_BODY:
+        ts, body = fields
         return PutOp(lsn, table=table, items=push_body_items(body), inserted_at=ts, weight=0)
-    if kind == "del":
-        return DeleteOp(lsn, table=table, keys=record[3], weight=0)
-    if kind == "pri":
-        return PriorityOp(lsn, table=table, keys=record[3], priorities=record[4], weight=0)
-    if kind == "drop":
-        return DropTableOp(lsn, table=table)
-    raise ValueError(f"unknown log record kind {kind!r}")
+    if rec.kind == records.DELETE:
+        return DeleteOp(lsn, table=table, keys=fields[0], weight=0)
+    if rec.kind == records.PRIORITIES:
+        return PriorityOp(lsn, table=table, keys=fields[0], priorities=fields[1], weight=0)
+    return DropTableOp(lsn, table=table)
 
 
 def restore_rows(

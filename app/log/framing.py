@@ -10,9 +10,6 @@ A zero frame header (length 0, checksum 0; payloads are never empty) reads as "p
 to the next boundary". Aligned regions let the log write with ``O_DIRECT`` from one reusable
 page-aligned buffer; where the filesystem refuses ``O_DIRECT`` the same regions are written
 buffered, so there is one on-disk format.
-
-Segments named ``*.log`` come from older versions, whose frames were
-``<length:u32><crc32:u32>``: replay reads them with that framing; new segments are ``*.wal``.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +30,6 @@ FRAME = struct.Struct("<IQ")  # payload length, xxh3_64 of the payload
 BIN32 = struct.Struct(">BI")  # msgpack's bin 32 header (0xc6, length)
 SEGMENT_SUFFIX = ".wal"
 SPARE_SUFFIX = ".spare"  # a segment no longer needed, kept to be reused as a new one
-LEGACY_FRAME = struct.Struct("<II")  # payload length, crc32: segments written before .wal
-LEGACY_SUFFIX = ".log"
-FRAMING: dict[str, tuple[struct.Struct, Callable[[Any], int]]] = {
-    SEGMENT_SUFFIX: (FRAME, xxh3_64_intdigest),
-    LEGACY_SUFFIX: (LEGACY_FRAME, zlib.crc32),
-}
 BLOCK = 4096  # O_DIRECT alignment of file offsets, write lengths and the buffer's address
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 ZEROS = bytes(2 * BLOCK)  # the longest padding is BLOCK + FRAME.size - 1 bytes
@@ -75,7 +65,7 @@ def read_segment(path: Path) -> Iterator[tuple[list[Any], int]]:
     does not follow the previous one's ends the segment too: a crash in mid-flush may
     have left a later block of it on disk without an earlier one.
     """
-    frame, checksum = FRAMING[path.suffix]
+    frame, checksum = FRAME, xxh3_64_intdigest
     data = path.read_bytes()
     pos, prev_lsn, first_lsn = 0, None, int(path.stem)
     while pos + frame.size <= len(data):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlreplay.app.log.framing import FRAMING, LEGACY_SUFFIX, LogRecoveryError, read_segment
+from rlreplay.app.log.framing import SEGMENT_SUFFIX, LogRecoveryError, read_segment
 
 log = logging.getLogger("rlreplay.app.log.wal")
 
@@ -30,10 +30,7 @@ def replay_segments(
     then stops at the gap with a warning and sets the later segments aside, as RocksDB's
     point-in-time recovery does.
     """
-    paths = sorted(
-        (p for suffix in FRAMING for p in folder.glob(f"*{suffix}")),
-        key=lambda p: (int(p.stem), p.suffix != LEGACY_SUFFIX),
-    )
+    paths = sorted(folder.glob(f"*{SEGMENT_SUFFIX}"), key=lambda p: int(p.stem))
     previous: tuple[Path, int] | None = None  # the segment before: path, last LSN
     for i, path in enumerate(paths):
         name = int(path.stem)

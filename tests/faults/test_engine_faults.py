@@ -13,6 +13,7 @@ import pytest
 
 import rlreplay.app.log.wal as wal_module
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
@@ -302,9 +303,9 @@ async def test_a_record_that_cannot_be_applied_is_named_not_skipped_silently(
     wal = WriteAheadLog(data / "wal", io=io, writer="thread")
     list(wal.replay(0))
     wal.open(0)
-    await wal.commit(wal.append(["create", "t", TableConfig().to_wire()]))
-    await wal.commit(wal.append(["del", "t"]))  # no keys: a record no version writes
-    await wal.commit(wal.append(["put", "t", ["k"], [msgpack.packb(1)], [1.0], 1.0]))
+    await wal.commit(wal.append(records.create_table("t", TableConfig().to_wire())))
+    await wal.commit(wal.append(records.delete("t", ["a"])[:-1]))  # no keys: never written
+    await wal.commit(wal.append(records.put("t", ["k"], [msgpack.packb(1)], [1.0], 1.0)))
     wal.close()
     io.close()
     eng = Engine(settings(data, storage_mode="memory", wal_recovery=recovery))

@@ -7,7 +7,6 @@ import errno
 import fcntl
 import logging
 import os
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ import pytest
 
 from rlreplay.app.log import flushes, segments, writer_process
 from rlreplay.app.log import wal as wal_module
-from rlreplay.app.log.framing import LEGACY_FRAME
 from rlreplay.app.log.wal import FRAME, SEGMENT_SUFFIX, WriteAheadLog
 from rlreplay.app.storage.blocking import BlockingIO
 
@@ -432,22 +430,6 @@ async def test_when_the_process_dies_the_thread_takes_over(tmp_path: Path, io: B
     wal.close()
     got = [r[0] for r in reopen(tmp_path, io)]
     assert got in ([*kept, *after], [*kept, maybe, *after])
-
-
-async def test_segments_of_older_versions_still_replay(tmp_path: Path, io: BlockingIO) -> None:
-    frames = b""
-    for lsn in range(1, 4):
-        payload = msgpack.packb([lsn, "del", "t", [f"k{lsn}"]], use_bin_type=True)
-        frames += LEGACY_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-    (tmp_path / "00000000000000000001.log").write_bytes(frames)  # CRC32 frames, no padding
-    wal = WriteAheadLog(tmp_path, io=io)
-    assert [r[3] for r in wal.replay(0)] == [["k1"], ["k2"], ["k3"]]
-    wal.open(0)
-    await wal.commit(wal.append(["del", "t", ["k4"]]))
-    await wal.truncate(3)  # a checkpoint that covers the old segment deletes it
-    wal.close()
-    assert [r[0] for r in reopen(tmp_path, io)] == [4]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000000000000000004.wal", "LOCK"]
 
 
 async def test_a_torn_segment_with_the_next_name_is_started_afresh(

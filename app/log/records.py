@@ -1,0 +1,93 @@
+"""What a log record says: one named kind per write the engine accepts, and its fields.
+
+A record is the msgpack list ``[lsn, kind, version, table, *fields]``; the framing module
+puts the LSN in front and checksums it. ``version`` is :data:`RECORD_VERSION` when written;
+replay refuses a record of another version by name, so a log written by a newer server is
+never half-understood. The builders here are the only code that lays records out, and
+:func:`read_record` the only code that reads them back.
+
+Kinds and their fields:
+
+===============  ==========================================================================
+``create_table`` ``config``: the table's config as the contract spells it
+``drop_table``   (none)
+``put``          ``keys``, ``values`` (msgpack bytes), ``priorities``, ``inserted_at``
+``push_body``    ``inserted_at``, then the push body as the client sent it (the contract's
+                 ``{"items": [...]}`` in msgpack), as one more element: logging the body as
+                 it came spares encoding every item again
+``delete``       ``keys``
+``priorities``   ``keys``, ``priorities``
+===============  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Bumped whenever a kind's fields change; replay refuses other versions by name.
+RECORD_VERSION = 1
+
+CREATE_TABLE = "create_table"
+DROP_TABLE = "drop_table"
+PUT = "put"
+PUSH_BODY = "push_body"
+DELETE = "delete"
+PRIORITIES = "priorities"
+KINDS = frozenset({CREATE_TABLE, DROP_TABLE, PUT, PUSH_BODY, DELETE, PRIORITIES})
+
+
+def create_table(table: str, config: dict[str, Any]) -> list[Any]:
+    """A table was created with ``config`` (its wire form)."""
+    return [CREATE_TABLE, RECORD_VERSION, table, config]
+
+
+def drop_table(table: str) -> list[Any]:
+    """A table and everything in it was dropped."""
+    return [DROP_TABLE, RECORD_VERSION, table]
+
+
+def put(
+    table: str, keys: list[str], values: list[bytes], priorities: list[float], inserted_at: float
+) -> list[Any]:
+    """Items were inserted or replaced."""
+    return [PUT, RECORD_VERSION, table, keys, values, priorities, inserted_at]
+
+
+def push_body(table: str, inserted_at: float) -> list[Any]:
+    """Items were pushed in a body logged as sent: append the body as the record's blob."""
+    return [PUSH_BODY, RECORD_VERSION, table, inserted_at]
+
+
+def delete(table: str, keys: list[str]) -> list[Any]:
+    """Items were deleted."""
+    return [DELETE, RECORD_VERSION, table, keys]
+
+
+def priorities(table: str, keys: list[str], values: list[float]) -> list[Any]:
+    """Items' priorities were set."""
+    return [PRIORITIES, RECORD_VERSION, table, keys, values]
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """A record read back: its LSN, kind and table, and the kind's fields in order."""
+
+    lsn: int
+    kind: str
+    table: str
+    fields: tuple[Any, ...]
+
+
+def read_record(record: list[Any]) -> LogRecord:
+    """The record a replayed list holds (ValueError: not a record this server writes)."""
+    if len(record) < 4:
+        raise ValueError(f"a record of {len(record)} elements is too short")
+    lsn, kind, version, table, *fields = record
+    if kind not in KINDS:
+        raise ValueError(f"unknown log record kind {kind!r}")
+    if version != RECORD_VERSION:
+        raise ValueError(
+            f"a {kind!r} record of version {version!r}: this server reads version {RECORD_VERSION}"
+        )
+    return LogRecord(lsn, kind, table, tuple(fields))
