@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from rlreplay.app.tables.table import STAT_NAMES, TablesSummary
+from rlreplay.app.tables.stats import STAT_NAMES, TablesSummary
 from rlreplay.wire.errors import Unavailable
 
 __all__ = ["CONTENT_TYPE", "EngineExposition", "EngineView", "Metrics"]

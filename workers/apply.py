@@ -196,33 +196,18 @@ class OpApplier:
         if cached_before is not None:
             t.bytes_in_cache -= int(t.size[cached_before].sum())
         slots = np.array(slot_list, dtype=np.int64)
-        if replaced:
-            gone = np.array(replaced, dtype=np.int64)
-            t.sampler.remove(gone)
-            if t.remover is not None:
-                t.remover.remove(gone)
         new_values = [it.value for it in items]
         sizes = np.fromiter(map(len, new_values), np.int64, n)
         sizes += np.fromiter(map(len, keys), np.int64, n)
         prios = np.fromiter(map(_priority_of, items), np.float64, n)
-        t.priority[slots] = prios
-        t.inserted_at[slots] = ts
-        t.times_sampled[slots] = 0
-        t.size[slots] = sizes
-        t.version[slots] += 1
-        t.referenced[slots] = 0
-        t.order[slots] = np.arange(t.next_order, t.next_order + len(slots))
-        t.put_seq[slots] = seq
-        t.next_order += len(slots)
         fields: list[dict[str, Any]] | None = None
         if t.index_fields:
             fields = [index_fields_of(it.value, t.index_fields) for it in items]
-            t.fields.update(zip(slot_list, fields, strict=True))
+        t.assign(slots, slot_list, prios, sizes, ts, seq, fields, replaced)
         written = mode == "disk" and await self._write_through(t, items, slot_list)
         if written:
             t.meta_dirty[slots] = 0
             for slot, size in zip(slot_list, sizes.tolist(), strict=True):
-                retired[slot] = 0
                 values[slot] = None
                 t.on_disk[slot] = 1
                 t.dirty[slot] = 0
@@ -232,23 +217,18 @@ class OpApplier:
             t.meta_dirty[slots] = 1
             for slot, value in zip(slot_list, new_values, strict=True):
                 values[slot] = value
-            # short-lived views of the flag bytearrays (a live view would block their growth)
-            np.frombuffer(retired, np.uint8)[slots] = 0
+            # a short-lived view of the flag bytearray (a live view would block its growth)
             np.frombuffer(t.dirty, np.uint8)[slots] = 1
             if cached_before is not None:  # replaced while cached: like a hit (CLOCK)
                 t.referenced[cached_before] = 1
             s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
             t.bytes_in_cache += int(sizes.sum())
-        times = np.full(len(slots), ts)
-        t.sampler.insert(slots, prios, times, fields)
-        if t.remover is not None:
-            t.remover.insert(slots, prios, times, fields)
+        t.select(slots, prios, ts, fields)
         if mode == "disk":
             for key in mine:
                 entry = t.pending.get(key)
                 if entry is not None and entry[0] == seq:
                     del t.pending[key]
-        t.counters.inserts += len(items)
         if not replay:
             await self._trim(t)
         t.applied(op.seq, op.weight)
@@ -261,15 +241,11 @@ class OpApplier:
 
     async def _trim(self, t: Table) -> None:
         """Delete items chosen by the remover until the table fits ``max_size``."""
-        max_size = t.config.max_size
-        if max_size is None or t.remover is None or len(t.index) <= max_size:
-            return
-        excess = min(len(t.index) - max_size, len(t.remover))
-        slots = t.remover.evict(excess, self._np_rng)
+        slots = t.excess(self._np_rng)
         if not len(slots):
             return
         # the remover dropped them; the sampler drops the ones it still holds
-        self._unselect_many(t, slots, remover=False)
+        t.unselect(slots, remover=False)
         slot_list = slots.tolist()
         keys = [t.keys[slot] for slot in slot_list]
         # a pending op decides what readers see of a key
@@ -296,21 +272,8 @@ class OpApplier:
             return
         slot_list = list(found.values())
         slots = np.array(slot_list, dtype=np.int64)
-        self._unselect_many(t, slots, remover=True)
+        t.unselect(slots, remover=True)
         await self._free(t, slots, slot_list, list(found))
-
-    def _unselect_many(self, t: Table, slots: np.ndarray, *, remover: bool) -> None:
-        """Take ``slots`` out of selection (the sampler, and the remover if ``remover``),
-        those not out already, and mark them all retired."""
-        with memoryview(t.retired) as flags:  # released at once: the bytearray must grow
-            retired = np.frombuffer(flags, np.uint8)
-            live = slots[retired[slots] == 0]
-            retired[slots] = 1
-            del retired
-        if len(live):
-            t.sampler.remove(live)
-            if remover and t.remover is not None:
-                t.remover.remove(live)
 
     async def _free(
         self, t: Table, slots: np.ndarray, slot_list: list[int], keys: list[str]
@@ -346,25 +309,9 @@ class OpApplier:
         return out
 
     def _priorities(self, op: PriorityOp) -> None:
-        t = op.table
-        if t.dropped:
-            return
-        slots, prios = [], []
-        for key, prio in zip(op.keys, op.priorities, strict=True):
-            slot = t.index.get(key)
-            if slot is None:
-                continue
-            t.priority[slot] = prio
-            t.meta_dirty[slot] = 1
-            if not t.retired[slot]:
-                slots.append(slot)
-                prios.append(prio)
-        if slots:
-            sa, pa = np.asarray(slots, dtype=np.int64), np.asarray(prios, dtype=np.float64)
-            t.sampler.update(sa, pa)
-            if t.remover is not None:
-                t.remover.update(sa, pa)
-        t.applied(op.seq, op.weight)
+        if not op.table.dropped:
+            op.table.set_priorities(op.keys, op.priorities)
+        op.table.applied(op.seq, op.weight)
 
     def _populate(self, op: PopulateOp) -> None:
         t, slot = op.table, op.slot

@@ -11,7 +11,8 @@ from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD, CacheLedger
 from rlreplay.app.storage.rocks import META, RocksStore
-from rlreplay.app.tables.table import Table, TableCounters
+from rlreplay.app.tables.stats import TableCounters
+from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import ValidationFailed
 
 

@@ -29,7 +29,8 @@ from rlreplay.app.tables.items import (
     MAX_KEY_BYTES,
     NewItem,
 )
-from rlreplay.app.tables.table import Table, TablesSummary, summarize_tables
+from rlreplay.app.tables.stats import TablesSummary, summarize_tables
+from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
     ReplayError,
     StorageFull,

@@ -176,11 +176,11 @@ class EngineReads(EngineCore):
                         f"table {table!r} had no item to sample within {timeout:g} s"
                     )
                 await self._caught_up(t, deadline, timeout)
-            slots, probs, exhausted = self._draw(t, batch_size)
+            slots, probs, exhausted = t.draw(batch_size, self._rng)
             if include_values:
                 nbytes = int(t.size[slots].sum())
                 if nbytes > self._max_answer_bytes:
-                    self._undraw(t, slots, exhausted)
+                    t.undraw(slots, exhausted)
                     raise self._too_big(nbytes, f"a sample of {len(slots)} items")
         except BaseException:
             if t.gate.limited:
@@ -207,7 +207,7 @@ class EngineReads(EngineCore):
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                         await self._fill_sampled_misses(t, slot_list, batch)
                 except TimeoutError:
-                    self._undraw(t, slots, exhausted)
+                    t.undraw(slots, exhausted)
                     t.counters.samples -= len(slots)
                     if t.gate.limited:
                         t.gate.refund_sample(batch_size)
@@ -250,54 +250,3 @@ class EngineReads(EngineCore):
                 f"table {t.name!r}: the writes accepted before this sample were not applied "
                 f"within {waited_s:g} s; retry"
             )
-
-    def _undraw(self, t: Table, slots: Any, exhausted: list[str]) -> None:
-        """Take back a draw whose answer is refused: ``times_sampled`` as it was, and the
-        items it retired back in selection (at the end of the remover's order)."""
-        np.subtract.at(t.times_sampled, slots, 1)
-        for key in exhausted:
-            slot = t.index.get(key)
-            if slot is None or not t.retired[slot]:
-                continue
-            t.retired[slot] = 0
-            one = np.asarray([slot], dtype=np.int64)
-            fields = [t.fields.get(slot, {})] if t.index_fields else None
-            t.sampler.insert(one, t.priority[one], t.inserted_at[one], fields)
-            if t.remover is not None:
-                t.remover.insert(one, t.priority[one], t.inserted_at[one], fields)
-
-    def _draw(self, t: Table, n: int) -> tuple[Any, Any, list[str]]:
-        """Draw ``n`` picks; with ``max_times_sampled``, picks that use an item up retire it.
-
-        Draws are Reverb's: one after another, each seeing the previous ones' effect, so a
-        retired item is never handed out again (vectorised while nothing retires).
-        """
-        mts = t.config.max_times_sampled
-        rng = self._rng
-        if mts == 0:
-            slots, probs = t.sampler.sample(n, rng)
-            np.add.at(t.times_sampled, slots, 1)
-            t.meta_dirty[slots] = 1
-            return slots, probs, []
-        got_slots: list[int] = []
-        got_probs: list[float] = []
-        exhausted: list[str] = []
-        while len(got_slots) < n and len(t.sampler) > 0:
-            slots, probs = t.sampler.sample(n - len(got_slots), rng)
-            for slot, prob in zip(slots.tolist(), probs.tolist(), strict=True):
-                if t.retired[slot]:
-                    break  # the state changed under this draw: draw the rest again
-                t.times_sampled[slot] += 1
-                t.meta_dirty[slot] = 1
-                got_slots.append(slot)
-                got_probs.append(prob)
-                if t.times_sampled[slot] >= mts:
-                    one = np.asarray([slot], dtype=np.int64)
-                    t.sampler.remove(one)
-                    if t.remover is not None:
-                        t.remover.remove(one)
-                    t.retired[slot] = 1
-                    key = t.keys[slot]
-                    assert key is not None
-                    exhausted.append(key)
-        return np.asarray(got_slots, dtype=np.int64), np.asarray(got_probs), exhausted

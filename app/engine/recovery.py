@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 import msgpack
-import numpy as np
 
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
@@ -194,42 +193,8 @@ def restore_rows(
     on_disk: bool,
     fields: list[dict[str, Any]],
 ) -> None:
-    """Load recovered items (key, value or None, priority, inserted_at, times_sampled, size,
-    order), handing them to the selectors in their original insertion order."""
-    if not rows:
-        return
-    by_order = sorted(range(len(rows)), key=lambda i: rows[i][6])
-    rows = [rows[i] for i in by_order]
-    if fields:
-        fields = [fields[i] for i in by_order]
-    slots = np.empty(len(rows), dtype=np.int64)
-    cached: list[int] = []
-    charges: list[int] = []
-    for i, (key, value, prio, ts, sampled, size, order) in enumerate(rows):
-        slot = table.alloc_slot(key)
-        slots[i] = slot
-        table.order[slot] = order
-        table.priority[slot] = prio
-        table.inserted_at[slot] = ts
-        table.times_sampled[slot] = sampled
-        table.size[slot] = size
-        table.version[slot] += 1
-        if on_disk:
-            table.on_disk[slot] = 1
-            table.disk_size[slot] = size
-            table.bytes_on_disk += size
-        else:
-            table.values[slot] = value
-            table.dirty[slot] = 1
-            cached.append(slot)
-            charges.append(cache_charge(size))
-            table.bytes_in_cache += size
+    """Load recovered items into ``table`` (see :meth:`Table.restore`) and charge the cache
+    ledger for the values it now holds."""
+    cached, sizes = table.restore(rows, on_disk=on_disk, fields=fields)
     if cached:
-        state.ledger.add_many(table, cached, charges)
-    table.next_order = int(table.order[slots].max()) + 1
-    given = fields if table.index_fields else None
-    if given is not None:
-        table.fields.update(zip(slots.tolist(), given, strict=True))
-    table.sampler.insert(slots, table.priority[slots], table.inserted_at[slots], given)
-    if table.remover is not None:
-        table.remover.insert(slots, table.priority[slots], table.inserted_at[slots], given)
+        state.ledger.add_many(table, cached, [cache_charge(size) for size in sizes])

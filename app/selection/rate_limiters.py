@@ -2,7 +2,7 @@
 
 A :class:`RateLimiter` counts a table's inserts and samples and answers two questions,
 synchronously and without side effects: may ``n`` more inserts go in now, and may ``n``
-more samples be taken now? :func:`~rlreplay.app.tables.table.make_rate_limiter` builds one from a
+more samples be taken now? :func:`~rlreplay.app.tables.config.make_rate_limiter` builds one from a
 table config's
 ``rate_limiter`` spec. A :class:`RateGate` wraps it and makes callers wait for a yes.
 
@@ -232,7 +232,7 @@ class RateGate:
 
         Args:
             limiter: the limiter whose counts this gate keeps; see
-            :func:`~rlreplay.app.tables.table.make_rate_limiter`.
+            :func:`~rlreplay.app.tables.config.make_rate_limiter`.
             size_fn: the table's current size, as readers see it; without it the size is
                 the limiter's ``inserts - deletes``.
         """

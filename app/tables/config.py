@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlreplay.app.selection.rate_limiters import RateLimiter
+
 #: The largest count a config takes: the engine keeps counts in 64-bit signed integers.
 MAX_COUNT = 2**63 - 1
 
@@ -104,3 +106,28 @@ def check_numbers(value: Any, where: str) -> None:
     elif isinstance(value, dict):
         for key, element in value.items():
             check_numbers(element, f"{where}.{key}" if where else str(key))
+
+
+def make_rate_limiter(spec: RateLimiterSpec | None) -> RateLimiter:
+    """The limiter a table config's ``rate_limiter`` describes.
+
+    None gives a limiter of kind ``"none"`` that behaves as ``min_size`` 1 (Reverb's
+    default, ``MinSize(1)``: samples wait while the table is empty); a gate around it
+    reports ``limited`` False, so a table may skip the gate and wait for an item itself.
+    """
+    if spec is None:
+        return RateLimiter("none", 1.0, 1, -math.inf, math.inf)
+    if isinstance(spec, MinSizeLimiter):
+        return RateLimiter("min_size", 1.0, spec.min_size, -math.inf, math.inf)
+    if isinstance(spec, SampleToInsertRatioLimiter):
+        offset = spec.samples_per_insert * spec.min_size_to_sample
+        return RateLimiter(
+            "sample_to_insert_ratio",
+            spec.samples_per_insert,
+            spec.min_size_to_sample,
+            offset - spec.error_buffer,
+            offset + spec.error_buffer,
+        )
+    if isinstance(spec, QueueLimiter):
+        return RateLimiter("queue", 1.0, 1, 0.0, float(spec.size))
+    raise ValueError(f"unknown rate limiter spec {spec!r}")

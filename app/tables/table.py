@@ -3,152 +3,41 @@
 The table keeps its whole index in memory: key → slot, and per-slot columns (priority,
 insertion time, times sampled, value size, version, and whether the value is cached,
 dirty or on disk). Values sit in :attr:`Table.values` when cached, else in RocksDB.
-Only the writer (:class:`rlreplay.workers.task_processor.TaskProcessor`) changes the applied
-state; readers merge :attr:`Table.pending` (accepted, not yet applied) over it.
+
+Who may change a table, and when (everything runs on the event loop's thread, so no two
+of these interleave inside a method):
+
+* The writer (:class:`rlreplay.workers.task_processor.TaskProcessor`) applies ops in log
+  order: it assigns and frees slots and their columns, sets priorities, trims, and moves
+  values between the cache and RocksDB. It is the only code that changes which keys exist.
+* The engine's admission (on accepting a push, delete or priority update) records the op
+  in :attr:`Table.pending`, :attr:`Table.visible` and the accepted sequence number, which
+  readers merge over the applied state; the writer takes those entries out as it applies.
+* A sample, once every op accepted before it is applied, draws with :meth:`Table.draw`:
+  that counts ``times_sampled`` and takes items used up by ``max_times_sampled`` out of
+  selection (``retired``); their deletes then go through the writer like any other.
+  :meth:`Table.undraw` takes a draw back when its answer is refused.
+* Cache hits set the CLOCK bit (:attr:`Table.referenced`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from operator import attrgetter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from rlreplay.app.selection.base import Selector
-from rlreplay.app.selection.rate_limiters import RateGate, RateLimiter
+from rlreplay.app.selection.rate_limiters import RateGate
 from rlreplay.app.selection.registry import make_selector
-from rlreplay.app.tables.config import (
-    MinSizeLimiter,
-    QueueLimiter,
-    RateLimiterSpec,
-    SampleToInsertRatioLimiter,
-    TableConfig,
-)
+from rlreplay.app.tables.config import TableConfig, make_rate_limiter
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.tables.stats import STAT_NAMES, TableCounters
 
 PendingEntry = tuple[
     int, NewItem | None, float
 ]  # (op seq, the item or None for a delete, inserted_at)
-
-
-@dataclass(slots=True)
-class TableCounters:
-    """Monotonic counters reported in the table's stats."""
-
-    inserts: int = 0
-    samples: int = 0
-    deletes: int = 0
-    evictions_to_disk: int = 0
-    populates: int = 0
-
-    def add(self, other: TableCounters) -> None:
-        """Adds ``other``'s counts to these."""
-        self.inserts += other.inserts
-        self.samples += other.samples
-        self.deletes += other.deletes
-        self.evictions_to_disk += other.evictions_to_disk
-        self.populates += other.populates
-
-
-#: A table's stats as ``GET /v1/tables/{table}`` names them (``index_bytes`` aside), in the
-#: order of :meth:`Table.stat_values`.
-STAT_NAMES = (
-    "size",
-    "pending_ops",
-    "bytes_in_cache",
-    "bytes_on_disk",
-    "inserts",
-    "samples",
-    "deletes",
-    "evictions_to_disk",
-    "populates",
-)
-
-
-@dataclass(slots=True)
-class TablesSummary:
-    """Every table's stats summed, and the stats of some tables one by one.
-
-    Attributes:
-        tables: How many tables there are.
-        totals: The sum over every table of each stat of :data:`STAT_NAMES`, in that order;
-            the counters include those of the tables dropped since start.
-        largest: ``(name, stat values)`` of the tables asked for, the largest first (equal
-            sizes in the tables' order).
-    """
-
-    tables: int
-    totals: tuple[int, ...]
-    largest: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-
-
-def summarize_tables(
-    tables: Iterable[Table], *, dropped: TableCounters, largest: int | None
-) -> TablesSummary:
-    """The :class:`TablesSummary` of ``tables``: one pass of attribute reads, no per-table call.
-
-    Args:
-        tables: The tables.
-        dropped: The counters of the tables dropped so far, added to the totals so that the
-            summed counters never go down.
-        largest: How many tables to list one by one, the largest (most items) first; every
-            table when None.
-
-    Returns:
-        The summary.
-    """
-    rows = list(tables)
-    size = pending = cached = on_disk = 0
-    inserts, samples, deletes = dropped.inserts, dropped.samples, dropped.deletes
-    evictions, populates = dropped.evictions_to_disk, dropped.populates
-    for t in rows:  # inline sums: a method call per table costs several times as much
-        size += t.visible
-        pending += t.pending_ops
-        cached += t.bytes_in_cache
-        on_disk += t.bytes_on_disk
-        c = t.counters
-        inserts += c.inserts
-        samples += c.samples
-        deletes += c.deletes
-        evictions += c.evictions_to_disk
-        populates += c.populates
-    totals = (size, pending, cached, on_disk, inserts, samples, deletes, evictions, populates)
-    # A stable sort on the size alone (equal sizes keep the tables' order): cheaper than a
-    # heap or a (size, name) key, which call Python per table.
-    chosen = sorted(rows, key=_SIZE, reverse=True)[:largest]
-    return TablesSummary(len(rows), totals, [(t.name, t.stat_values()) for t in chosen])
-
-
-_SIZE = attrgetter("visible")
-
-
-def make_rate_limiter(spec: RateLimiterSpec | None) -> RateLimiter:
-    """The limiter a table config's ``rate_limiter`` describes.
-
-    None gives a limiter of kind ``"none"`` that behaves as ``min_size`` 1 (Reverb's
-    default, ``MinSize(1)``: samples wait while the table is empty); a gate around it
-    reports ``limited`` False, so a table may skip the gate and wait for an item itself.
-    """
-    if spec is None:
-        return RateLimiter("none", 1.0, 1, -math.inf, math.inf)
-    if isinstance(spec, MinSizeLimiter):
-        return RateLimiter("min_size", 1.0, spec.min_size, -math.inf, math.inf)
-    if isinstance(spec, SampleToInsertRatioLimiter):
-        offset = spec.samples_per_insert * spec.min_size_to_sample
-        return RateLimiter(
-            "sample_to_insert_ratio",
-            spec.samples_per_insert,
-            spec.min_size_to_sample,
-            offset - spec.error_buffer,
-            offset + spec.error_buffer,
-        )
-    if isinstance(spec, QueueLimiter):
-        return RateLimiter("queue", 1.0, 1, 0.0, float(spec.size))
-    raise ValueError(f"unknown rate limiter spec {spec!r}")
 
 
 class Table:
@@ -282,6 +171,188 @@ class Table:
             for slot in slot_list:
                 self.fields.pop(slot, None)
         self._free.extend(slot_list)
+
+    # -- operations (the writer's, and a sample's draw) -----------------------------------
+
+    def assign(
+        self,
+        slots: np.ndarray,
+        slot_list: list[int],
+        priorities: np.ndarray,
+        sizes: np.ndarray,
+        inserted_at: float,
+        seq: int,
+        fields: list[dict[str, Any]] | None,
+        replaced: list[int],
+    ) -> None:
+        """Give the (new or replaced) items at ``slots`` their columns; ``replaced`` are
+        those of the slots that were in selection before, taken out of it here."""
+        if replaced:
+            gone = np.array(replaced, dtype=np.int64)
+            self.sampler.remove(gone)
+            if self.remover is not None:
+                self.remover.remove(gone)
+        self.priority[slots] = priorities
+        self.inserted_at[slots] = inserted_at
+        self.times_sampled[slots] = 0
+        self.size[slots] = sizes
+        self.version[slots] += 1
+        self.referenced[slots] = 0
+        self.order[slots] = np.arange(self.next_order, self.next_order + len(slots))
+        self.put_seq[slots] = seq
+        self.next_order += len(slots)
+        if fields is not None:
+            self.fields.update(zip(slot_list, fields, strict=True))
+        with memoryview(self.retired) as flags:  # released at once: the bytearray must grow
+            np.frombuffer(flags, np.uint8)[slots] = 0
+
+    def select(
+        self,
+        slots: np.ndarray,
+        priorities: np.ndarray,
+        inserted_at: float,
+        fields: list[dict[str, Any]] | None,
+    ) -> None:
+        """Put items :meth:`assign` gave columns in selection, once their values can be
+        read (the writer calls it after storing them)."""
+        times = np.full(len(slots), inserted_at)
+        self.sampler.insert(slots, priorities, times, fields)
+        if self.remover is not None:
+            self.remover.insert(slots, priorities, times, fields)
+        self.counters.inserts += len(slots)
+
+    def unselect(self, slots: np.ndarray, *, remover: bool) -> None:
+        """Take ``slots`` out of selection (the sampler, and the remover if ``remover``),
+        those not out already, and mark them all retired."""
+        with memoryview(self.retired) as flags:  # released at once: the bytearray must grow
+            retired = np.frombuffer(flags, np.uint8)
+            live = slots[retired[slots] == 0]
+            retired[slots] = 1
+            del retired
+        if len(live):
+            self.sampler.remove(live)
+            if remover and self.remover is not None:
+                self.remover.remove(live)
+
+    def excess(self, rng: np.random.Generator) -> np.ndarray:
+        """The slots the remover gives up to bring the table within ``max_size`` (already
+        out of the remover; :meth:`unselect` takes them out of the sampler)."""
+        max_size = self.config.max_size
+        if max_size is None or self.remover is None or len(self.index) <= max_size:
+            return np.empty(0, dtype=np.int64)
+        return self.remover.evict(min(len(self.index) - max_size, len(self.remover)), rng)
+
+    def set_priorities(self, keys: Sequence[str], priorities: Sequence[float]) -> None:
+        """New priorities for the items of ``keys`` that exist (the others are skipped)."""
+        slots, prios = [], []
+        index_get, retired = self.index.get, self.retired
+        for key, prio in zip(keys, priorities, strict=True):
+            slot = index_get(key)
+            if slot is None:
+                continue
+            self.priority[slot] = prio
+            self.meta_dirty[slot] = 1
+            if not retired[slot]:
+                slots.append(slot)
+                prios.append(prio)
+        if slots:
+            sa, pa = np.asarray(slots, dtype=np.int64), np.asarray(prios, dtype=np.float64)
+            self.sampler.update(sa, pa)
+            if self.remover is not None:
+                self.remover.update(sa, pa)
+
+    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Draw ``n`` picks: their slots, probabilities, and the keys of the items the draw
+        used up (``max_times_sampled``), which it took out of selection.
+
+        Draws are Reverb's: one after another, each seeing the previous ones' effect, so a
+        retired item is never handed out again (vectorised while nothing retires).
+        """
+        mts = self.config.max_times_sampled
+        if mts == 0:
+            slots, probs = self.sampler.sample(n, rng)
+            np.add.at(self.times_sampled, slots, 1)
+            self.meta_dirty[slots] = 1
+            return slots, probs, []
+        got_slots: list[int] = []
+        got_probs: list[float] = []
+        exhausted: list[str] = []
+        while len(got_slots) < n and len(self.sampler) > 0:
+            slots, probs = self.sampler.sample(n - len(got_slots), rng)
+            for slot, prob in zip(slots.tolist(), probs.tolist(), strict=True):
+                if self.retired[slot]:
+                    break  # the state changed under this draw: draw the rest again
+                self.times_sampled[slot] += 1
+                self.meta_dirty[slot] = 1
+                got_slots.append(slot)
+                got_probs.append(prob)
+                if self.times_sampled[slot] >= mts:
+                    self.unselect(np.asarray([slot], dtype=np.int64), remover=True)
+                    key = self.keys[slot]
+                    assert key is not None
+                    exhausted.append(key)
+        return np.asarray(got_slots, dtype=np.int64), np.asarray(got_probs), exhausted
+
+    def undraw(self, slots: np.ndarray, exhausted: list[str]) -> None:
+        """Take back a draw whose answer is refused: ``times_sampled`` as it was, and the
+        items it retired back in selection (at the end of the remover's order)."""
+        np.subtract.at(self.times_sampled, slots, 1)
+        for key in exhausted:
+            slot = self.index.get(key)
+            if slot is None or not self.retired[slot]:
+                continue
+            self.retired[slot] = 0
+            one = np.asarray([slot], dtype=np.int64)
+            fields = [self.fields.get(slot, {})] if self.index_fields else None
+            self.sampler.insert(one, self.priority[one], self.inserted_at[one], fields)
+            if self.remover is not None:
+                self.remover.insert(one, self.priority[one], self.inserted_at[one], fields)
+
+    def restore(
+        self, rows: list[tuple[Any, ...]], *, on_disk: bool, fields: list[dict[str, Any]]
+    ) -> tuple[list[int], list[int]]:
+        """Load recovered items (key, value or None, priority, inserted_at, times_sampled,
+        size, order), handing them to the selectors in their original insertion order.
+
+        Returns:
+            The slots whose values are now cached, and their sizes (for the cache ledger).
+        """
+        if not rows:
+            return [], []
+        by_order = sorted(range(len(rows)), key=lambda i: rows[i][6])
+        rows = [rows[i] for i in by_order]
+        if fields:
+            fields = [fields[i] for i in by_order]
+        slots = np.empty(len(rows), dtype=np.int64)
+        cached: list[int] = []
+        sizes: list[int] = []
+        for i, (key, value, prio, ts, sampled, size, order) in enumerate(rows):
+            slot = self.alloc_slot(key)
+            slots[i] = slot
+            self.order[slot] = order
+            self.priority[slot] = prio
+            self.inserted_at[slot] = ts
+            self.times_sampled[slot] = sampled
+            self.size[slot] = size
+            self.version[slot] += 1
+            if on_disk:
+                self.on_disk[slot] = 1
+                self.disk_size[slot] = size
+                self.bytes_on_disk += size
+            else:
+                self.values[slot] = value
+                self.dirty[slot] = 1
+                cached.append(slot)
+                sizes.append(size)
+                self.bytes_in_cache += size
+        self.next_order = int(self.order[slots].max()) + 1
+        given = fields if self.index_fields else None
+        if given is not None:
+            self.fields.update(zip(slots.tolist(), given, strict=True))
+        self.sampler.insert(slots, self.priority[slots], self.inserted_at[slots], given)
+        if self.remover is not None:
+            self.remover.insert(slots, self.priority[slots], self.inserted_at[slots], given)
+        return cached, sizes
 
     # -- barrier between accepted and applied ---------------------------------------------
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rlreplay.app.main import create_app
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.settings import Settings
-from rlreplay.app.tables.table import STAT_NAMES, TablesSummary
+from rlreplay.app.tables.stats import STAT_NAMES, TablesSummary
 from tests.api.test_cli import parse as parse_flags
 from tests.api.test_errors import assert_error
 

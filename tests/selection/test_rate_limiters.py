@@ -9,8 +9,12 @@ import time
 import pytest
 
 from rlreplay.app.selection.rate_limiters import RateGate, RateLimiter
-from rlreplay.app.tables.config import MinSizeLimiter, QueueLimiter, SampleToInsertRatioLimiter
-from rlreplay.app.tables.table import make_rate_limiter
+from rlreplay.app.tables.config import (
+    MinSizeLimiter,
+    QueueLimiter,
+    SampleToInsertRatioLimiter,
+    make_rate_limiter,
+)
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, ValidationFailed
 
 SHORT = 0.05  # seconds: long enough for a waiter to block, short enough for a fast suite
