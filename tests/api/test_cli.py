@@ -118,3 +118,13 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"rlreplay {package_version()}"
     assert package_version() != "0.0.0"  # the project is installed (editable) in the venv
+
+
+def test_every_setting_is_documented_with_its_flag_and_variable() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs/configuration.md").read_text()
+    missing = [
+        name
+        for name in Settings.model_fields
+        if f"`--{name.replace('_', '-')}" not in doc or f"`RLREPLAY_{name.upper()}`" not in doc
+    ]
+    assert not missing, f"docs/configuration.md lacks {missing}"
