@@ -19,6 +19,7 @@ from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT, write_checkpoi
 from rlreplay.workers.state import (
     meta_bytes,
     meta_key,
+    table_record,
     value_key,
 )
 
@@ -101,6 +102,8 @@ class Checkpointer(OpApplier):
                     t.dirty[slot] = 0
                 puts.append((meta_key(t, key), meta_bytes(t, slot)))
                 t.meta_dirty[slot] = 0
+        # each table's own state (rate limiter counts, counters) as of this checkpoint
+        puts.extend((b"t" + t.name.encode(), table_record(t)) for t in s.tables.values())
         puts.append((LSN_KEY, covered.to_bytes(8, "big")))
         deletes = self._take_disk_deletes()
         try:
@@ -126,10 +129,7 @@ class Checkpointer(OpApplier):
         header = {
             "lsn": covered,
             "next_tid": s.next_tid,
-            "tables": [
-                {"name": t.name, "id": t.tid, "config": t.config.to_wire()}
-                for t in s.tables.values()
-            ],
+            "tables": [{"name": t.name, **t.state_dict()} for t in s.tables.values()],
         }
         await s.io.run(
             write_checkpoint_file,

@@ -77,8 +77,8 @@ def meta_bytes(table: Table, slot: int) -> bytes:
 
 
 def table_record(table: Table) -> bytes:
-    """The RocksDB value describing a table."""
-    record: bytes = msgpack.packb({"id": table.tid, "config": table.config.to_wire()})
+    """The RocksDB value describing a table: its :meth:`~Table.state_dict`."""
+    record: bytes = msgpack.packb(table.state_dict())
     return record
 
 

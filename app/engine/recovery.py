@@ -103,9 +103,8 @@ async def load_store(state: EngineState) -> int:
         tables = []
         cut = 5  # b"m" + 4-byte table id
         for key, value in store.scan(b"t"):
-            rec = msgpack.unpackb(value, raw=False)
-            tid = int(rec["id"])
-            table = Table(key[1:].decode(), tid, TableConfig.model_validate(rec["config"]))
+            table = Table.from_state_dict(key[1:].decode(), msgpack.unpackb(value, raw=False))
+            tid = table.tid
             rows = []
             fields: list[dict[str, Any]] = []
             for raw_key, raw_meta in store.scan(b"m" + tid.to_bytes(4, "big")):
@@ -143,8 +142,7 @@ async def load_memory_checkpoint(state: EngineState) -> int:
             )
         tables = []
         for spec in header["tables"]:
-            config = TableConfig.model_validate(spec["config"])
-            table = Table(spec["name"], int(spec["id"]), config)
+            table = Table.from_state_dict(spec["name"], spec)
             mine = by_tid.get(table.tid, [])
             fields = (
                 [index_fields_of(r[1], table.index_fields) for r in mine]

@@ -21,6 +21,22 @@ class TableCounters:
     evictions_to_disk: int = 0
     populates: int = 0
 
+    def state_dict(self) -> dict[str, int]:
+        """The counters, for a checkpoint."""
+        return {
+            "inserts": self.inserts,
+            "samples": self.samples,
+            "deletes": self.deletes,
+            "evictions_to_disk": self.evictions_to_disk,
+            "populates": self.populates,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores the counters of :meth:`state_dict`."""
+        for name, value in state.items():
+            if name in self.__slots__:
+                setattr(self, name, int(value))
+
     def add(self, other: TableCounters) -> None:
         """Adds ``other``'s counts to these."""
         self.inserts += other.inserts

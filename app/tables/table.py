@@ -172,6 +172,33 @@ class Table:
                 self.fields.pop(slot, None)
         self._free.extend(slot_list)
 
+    # -- persistence ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The table's own state beyond its items: its id, config, the rate limiter's
+        counts and the stats' counters (each item's columns are saved with the item)."""
+        return {
+            "id": self.tid,
+            "config": self.config.to_wire(),
+            "limiter": self.gate.limiter.state_dict(),
+            "counters": self.counters.state_dict(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, name: str, state: dict[str, Any]) -> Table:
+        """The (empty) table a :meth:`state_dict` describes; its items are restored apart."""
+        table = cls(name, int(state["id"]), TableConfig.model_validate(state["config"]))
+        table.load_state_dict(state)
+        return table
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the counts of :meth:`state_dict` (a state saved before they were kept
+        leaves them at zero)."""
+        if "limiter" in state:
+            self.gate.limiter.load_state_dict(state["limiter"])
+        if "counters" in state:
+            self.counters.load_state_dict(state["counters"])
+
     # -- operations (the writer's, and a sample's draw) -----------------------------------
 
     def assign(
