@@ -302,7 +302,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 _STREAM = """
 import asyncio, sys, time
-from rlreplay.clients import ReplayClient
+from rlreplay.clients import ReplayClient, tune_malloc
+
+tune_malloc()  # a trainer taking 1 MB batches opts in (the client never does it by itself)
 
 async def main(url, seconds):
     async with ReplayClient(url) as rb:

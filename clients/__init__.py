@@ -5,6 +5,7 @@ tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 """
 
 from rlreplay.clients.client import Item, ReplayClient
+from rlreplay.wire.allocator import tune_malloc
 from rlreplay.wire.arrays import EXT_NDARRAY, BFloat16Array
 from rlreplay.wire.codec import (
     from_jsonable,
@@ -63,5 +64,6 @@ __all__ = [
     "packb",
     "spell_floats",
     "to_jsonable",
+    "tune_malloc",
     "unpackb",
 ]

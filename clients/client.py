@@ -25,7 +25,6 @@ import httpx
 
 from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from rlreplay.clients.transport import LeanTransport
-from rlreplay.wire.allocator import raise_malloc_thresholds
 from rlreplay.wire.codec import from_jsonable, packb, unpackb
 from rlreplay.wire.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
 
@@ -49,24 +48,6 @@ _IDEMPOTENT: Final = {"idempotent": True}
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
-# On the httpx default transport (https:// URLs, or lean_transport=False), httpcore (1.0.x)
-# reads a response body in 64 KiB pieces, each one a trip through h11 and anyio costing
-# ~60 us of Python: a 1 MiB sample answer took 2 ms of client CPU. Reading up to 1 MiB at a
-# time made stream() ~1.5x faster there (bench/http.py). It is a class attribute of
-# httpcore's HTTP/1.1 connection, so it applies to every httpx client in the process; the
-# only cost is a larger read buffer. The lean transport (clients.transport) does not need it.
-_READ_BYTES = 1 << 20
-
-
-def _widen_httpcore_reads() -> None:
-    try:
-        from httpcore._async.http11 import AsyncHTTP11Connection
-    except ImportError:  # a future httpcore moved it: keep its default
-        return
-    if getattr(AsyncHTTP11Connection, "READ_NUM_BYTES", _READ_BYTES) < _READ_BYTES:
-        AsyncHTTP11Connection.READ_NUM_BYTES = _READ_BYTES
-
-
 def _segment(value: str, what: str) -> str:
     """One percent-encoded path segment; ``/``, ``:``, ``?``, ``%`` and dot-segments included."""
     if not isinstance(value, str) or not value:
@@ -84,6 +65,9 @@ class ReplayClient:
         async with ReplayClient("http://127.0.0.1:8000") as rb:
             await rb.push("default", [{"key": "k", "value": {"obs": np.zeros(4)}}])
             batch = await rb.sample("default", batch_size=32)
+
+    Creating, using and closing a client changes nothing outside it: a trainer that takes
+    large batches may also call :func:`rlreplay.tune_malloc` once, on purpose.
 
     Args:
         base_url: The server's root URL.
@@ -108,12 +92,6 @@ class ReplayClient:
             and large answers cost the client far less CPU than on httpx's default
             transport (httpcore). False uses httpx's default transport, as ``https://`` URLs
             always do. Either way the errors, timeouts and retries are the same.
-        tune_malloc: On glibc, fix the process's malloc mmap and trim thresholds (4 MiB
-            and 32 MiB, :mod:`rlreplay.wire.allocator`) so that the ~1 MB answers of large
-            samples do not fault their pages in on every batch: with glibc's defaults
-            ``stream()`` took ~230 page faults and twice the CPU per 1 MB batch. The
-            process then keeps up to 32 MiB of freed heap instead of returning it at once.
-            False leaves the allocator alone.
     """
 
     def __init__(
@@ -128,7 +106,6 @@ class ReplayClient:
         max_backoff_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
         lean_transport: bool = True,
-        tune_malloc: bool = True,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
@@ -138,8 +115,6 @@ class ReplayClient:
             retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
         )
         self._timeout_s = timeout_s
-        if tune_malloc:
-            raise_malloc_thresholds()
         # Our own LeanTransport is called directly (see _exchange), skipping the per-request work
         # of httpx.AsyncClient (auth and redirect flows, cookies, hooks) that we never use.
         self._lean: LeanTransport | None = None
@@ -149,8 +124,6 @@ class ReplayClient:
                 max_keepalive_connections=max_connections,
                 keepalive_expiry=_KEEPALIVE_EXPIRY_S,
             )
-        elif transport is None:
-            _widen_httpcore_reads()
         # Calls beyond max_connections wait here, in O(1), rather than in httpcore's pool
         # queue, whose bookkeeping costs O(connections x queued requests) per event.
         self._slots = asyncio.Semaphore(max_connections)

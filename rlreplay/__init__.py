@@ -40,6 +40,7 @@ __all__ = [
     "UnsupportedMediaType",
     "ValidationFailed",
     "__version__",
+    "tune_malloc",
 ]
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
         Unavailable,
         UnsupportedMediaType,
         ValidationFailed,
+        tune_malloc,
     )
 
 

@@ -19,7 +19,7 @@ import ctypes.util
 import sys
 from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "raise_malloc_thresholds"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "raise_malloc_thresholds", "tune_malloc"]
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -54,3 +54,10 @@ def raise_malloc_thresholds() -> bool:
         return False
     ok = bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     return ok & bool(lib.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def tune_malloc() -> bool:
+    """Opt in to the fixed thresholds in a client process that takes large batches (a
+    trainer calling ``stream()``); they apply to the whole process, so nothing calls this
+    for you. False where the C library is not glibc."""
+    return raise_malloc_thresholds()

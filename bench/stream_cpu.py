@@ -1,6 +1,6 @@
-"""Measure sampling throughput through the client (not collected by pytest).
+"""Sampling throughput through the client, against the engine's own rate.
 
-Run: ``.venv/bin/python tests/clients/measure_stream.py [--seconds 3] [--batch-size 64]``
+Run: ``.venv/bin/python -m bench.stream_cpu [--seconds 3] [--batch-size 64]``
 
 It fills a uniform table with 256 items of 4 KiB (a ``|u1`` array each) and reports items/s:
 
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rlreplay.clients import ReplayClient, packb
+from rlreplay.clients import ReplayClient, packb, tune_malloc
 from tests.live import running_server
 
 TABLE = "bench"
@@ -180,6 +180,7 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
+    tune_malloc()  # as a trainer taking large batches would
     print(f"{ITEMS} items x {ITEM_BYTES} B, batch_size={args.batch_size}, {args.seconds}s per row")
     rows: list[tuple[str, float]] = []
     for callers in (1, 4):
