@@ -205,6 +205,7 @@ def _serve(settings: Settings) -> int:
 
     app = create_app(
         settings,
+        hot_routes=settings.hot_routes,
         tune_gc_after_start=True,
         recover_in_background=True,
         on_recovery_failure=stop_serving,

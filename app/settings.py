@@ -152,6 +152,14 @@ class Settings(BaseSettings):
         gt=0,
         description="Change events kept for the GPU sidecar's feed (not implemented yet).",
     )
+    hot_routes: bool = Field(
+        True,
+        description=(
+            "Serve push, batchGet, batchDelete, priorities and sample on the hot path, "
+            "past Starlette's routing (off: every request goes through FastAPI; the same "
+            "answers, for comparison in the benchmark)."
+        ),
+    )
     log_level: str = Field("info", description="Logging level.")
     seed: int | None = Field(
         None, ge=0, description="Seed of the samplers' and removers' random draws (none: fresh)."

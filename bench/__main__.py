@@ -1,7 +1,8 @@
 """``python -m bench [section ...] [--quick]``: run the benchmark sections and print their tables.
 
 Sections: engine (storage and writer), selection (samplers vs TorchRL), http (the
-service vs the framework's ceiling), metrics (a /metrics scrape's cost by table count).
+service vs the framework's ceiling), fast_paths (each hand-written fast path on and off),
+metrics (a /metrics scrape's cost by table count).
 With no section named, all run.
 """
 
@@ -13,7 +14,7 @@ import os
 import platform
 import sys
 
-SECTIONS = ("engine", "selection", "http", "metrics")
+SECTIONS = ("engine", "selection", "http", "fast_paths", "metrics")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,7 +54,7 @@ PUSH_BODIES = 16
 PRELOAD = 4096
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -94,7 +94,7 @@ def _push_template() -> bytes:
     return body
 
 
-def _push_body(n: int) -> bytes:
+def push_body(n: int) -> bytes:
     value = msgpack.packb({"obs": os.urandom(ITEM_BYTES - 16)})
     body: bytes = msgpack.packb(
         {
@@ -248,11 +248,11 @@ def _wrk(
     return (rate * (total - bad) / total if total else 0.0), bad
 
 
-#: What :func:`_paired` measures: ceiling rate, server rate, their ratio, non-2xx answers.
+#: What :func:`paired` measures: ceiling rate, server rate, their ratio, non-2xx answers.
 PairFigures = tuple[float, float, float, int]
 
 
-def _paired(
+def paired(
     urls: tuple[str, str],
     bodies: list[bytes],
     items: int,
@@ -284,14 +284,14 @@ def _paired(
     return statistics.median(rates[0]), statistics.median(rates[1]), statistics.median(ratios), bad
 
 
-def _start(cmd: list[str], url: str, ready: str, log: Path) -> subprocess.Popen[bytes]:
+def start_process(cmd: list[str], url: str, ready: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     _wait_ready(url, ready, proc)
     return proc
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(30)
@@ -367,15 +367,15 @@ def main(argv: list[str] | None = None) -> None:
     if shutil.which("wrk") is None:
         print("bench.http: wrk is not installed (apt-get install -y wrk); skipped")
         return
-    push_bodies = [_push_body(n) for n in range(PUSH_BODIES)]
+    push_bodies = [push_body(n) for n in range(PUSH_BODIES)]
     templates = [_push_template() for _ in range(PUSH_BODIES)]
     rows: list[list[object]] = []
     fresh_rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        port = _free_port()
+        port = free_port()
         ceiling = f"http://127.0.0.1:{port}"
-        ceiling_proc = _start(
+        ceiling_proc = start_process(
             [sys.executable, "-c", f"from bench.http import serve_ceiling; serve_ceiling({port})"],
             ceiling,
             "/readyz",
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
                 fresh_rows.append(fresh)
         finally:
-            _stop(ceiling_proc)
+            stop_process(ceiling_proc)
     print_table(
         f"HTTP throughput: push {PUSH_ITEMS} x 4 KiB, sample {SAMPLE_ITEMS} x 4 KiB (msgpack); "
         f"load: wrk, 1 thread, {args.connections} keep-alive connections; "
@@ -428,9 +428,9 @@ def _measure_mode(
     push_bodies, templates = bodies
     mode, _, durability = spec.partition(":")
     durability = durability or "wal"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(
+    proc = start_process(
         serve_command(
             port,
             workdir / f"data-{mode}-{durability}",
@@ -454,13 +454,13 @@ def _measure_mode(
             for n in range(PRELOAD // PUSH_ITEMS):
                 r = c.post(
                     "/v1/tables/default/items",
-                    content=_push_body(1000 + n),
+                    content=push_body(1000 + n),
                     headers={"content-type": "application/msgpack"},
                 )
                 r.raise_for_status()
 
         def pair(route: str, path: str, bodies: list[bytes], items: int) -> PairFigures:
-            return _paired((ceiling + route, url + path), bodies, items, args, workdir)
+            return paired((ceiling + route, url + path), bodies, items, args, workdir)
 
         ceiling_push, push, push_ratio, bad_push = pair(
             "/push", "/v1/tables/bench/items", push_bodies, PUSH_ITEMS
@@ -473,7 +473,7 @@ def _measure_mode(
             "/push", "/v1/tables/fresh/items", templates, PUSH_ITEMS
         )
     finally:
-        _stop(proc)
+        stop_process(proc)
     name = f"rlreplay {mode}, durability {durability}"
     fresh_row: list[object] = [name, fresh, ceiling_fresh, fresh_ratio, bad_fresh]
     return [

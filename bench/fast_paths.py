@@ -1,0 +1,197 @@
+"""Each hand-written fast path, on and off in the same run: the gain it earns.
+
+* hot routes (``app/api/hot.py``): the data routes past Starlette's routing and FastAPI's
+  resolver, against ``--no-hot-routes`` (every request through FastAPI): wrk pushes of
+  64 x 4 KiB and samples of 256 x 4 KiB (msgpack), ``durability none`` so that the log's
+  fsyncs do not hide the routing's cost.
+* the client's own HTTP/1.1 transport (``clients/transport.py``), against httpx's default
+  transport (``lean_transport=False``): ``ReplayClient.stream()`` items/s and the client's
+  CPU per batch, from a process of its own, against one server.
+* the log writer process (``--wal-writer process``), against flushes in a thread of the
+  server (``--wal-writer thread``): wrk pushes with ``durability wal``.
+
+Every figure is a median over pairs of runs, the two arms back to back (alternating which
+goes first); the ratio column is the median of the pairs' ratios on/off.
+
+Run: ``python -m bench.fast_paths [--duration 4] [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from bench.http import (
+    PRELOAD,
+    PUSH_BODIES,
+    PUSH_ITEMS,
+    SAMPLE_BODY,
+    SAMPLE_ITEMS,
+    free_port,
+    paired,
+    push_body,
+    start_process,
+    stop_process,
+)
+from bench.report import print_table
+from rlreplay.app.cli import serve_command
+
+_STREAM = """
+import asyncio, resource, sys, time
+from rlreplay.clients import ReplayClient, tune_malloc
+
+tune_malloc()
+
+async def main(url, seconds, lean):
+    async with ReplayClient(url, lean_transport=lean) as rb:
+        got = batches = 0
+        cpu0, started = time.process_time(), time.perf_counter()
+        async for batch in rb.stream("default", batch_size=%d, prefetch=4):
+            got += len(batch)
+            batches += 1
+            if time.perf_counter() - started > seconds:
+                break
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+        print(got / wall, cpu / batches * 1e6)
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2]), sys.argv[3] == "lean"))
+"""
+
+
+def _serve(workdir: Path, name: str, *flags: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """A server with ``flags``, its default table preloaded for samples."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_process(
+        serve_command(port, workdir / f"data-{name}", "--cache-memory-limit-mb", "2048", *flags),
+        url,
+        "/readyz",
+        workdir / f"server-{name}.log",
+    )
+    with httpx.Client(base_url=url, timeout=60) as c:
+        c.put("/v1/tables/bench", json={"max_size": 50_000}).raise_for_status()
+        for n in range(PRELOAD // PUSH_ITEMS):
+            c.post(
+                "/v1/tables/default/items",
+                content=push_body(1000 + n),
+                headers={"content-type": "application/msgpack"},
+            ).raise_for_status()
+    return url, proc
+
+
+def _server_pair(
+    workdir: Path, args: argparse.Namespace, off: tuple[str, ...], on: tuple[str, ...]
+) -> list[tuple[str, float, float, float]]:
+    """Push and sample rates of two servers, ``off`` and ``on`` flags, paired."""
+    bodies = [push_body(n) for n in range(PUSH_BODIES)]
+    url_off, proc_off = _serve(workdir, "off", *off)
+    try:
+        url_on, proc_on = _serve(workdir, "on", *on)
+        try:
+            urls = (url_off, url_on)
+            push = paired(
+                tuple(u + "/v1/tables/bench/items" for u in urls),  # type: ignore[arg-type]
+                bodies,
+                PUSH_ITEMS,
+                args,
+                workdir,
+            )
+            sample = paired(
+                tuple(u + "/v1/tables/default/sample" for u in urls),  # type: ignore[arg-type]
+                [SAMPLE_BODY],
+                SAMPLE_ITEMS,
+                args,
+                workdir,
+            )
+        finally:
+            stop_process(proc_on)
+    finally:
+        stop_process(proc_off)
+    return [("push", push[1], push[0], push[2]), ("sample", sample[1], sample[0], sample[2])]
+
+
+def _stream_once(url: str, seconds: float, lean: bool) -> tuple[float, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", _STREAM % SAMPLE_ITEMS, url, str(seconds), "lean" if lean else ""],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 60,
+    ).stdout
+    rate, cpu_us = out.split()
+    return float(rate), float(cpu_us)
+
+
+def _transport_pair(workdir: Path, args: argparse.Namespace) -> list[list[object]]:
+    url, proc = _serve(workdir, "stream", "--durability", "none")
+    try:
+        rates: tuple[list[float], list[float]] = ([], [])
+        cpus: tuple[list[float], list[float]] = ([], [])
+        ratios = []
+        for i in range(args.repeats):
+            pair = [0.0, 0.0]
+            for lean in (False, True) if i % 2 == 0 else (True, False):
+                rate, cpu = _stream_once(url, args.duration, lean)
+                rates[lean].append(rate)
+                cpus[lean].append(cpu)
+                pair[lean] = rate
+            ratios.append(pair[1] / pair[0])
+    finally:
+        stop_process(proc)
+    med = statistics.median
+    return [
+        [
+            "client transport: stream() items/s (client CPU µs per batch)",
+            f"{med(rates[1]):,.0f} ({med(cpus[1]):,.0f})",
+            f"{med(rates[0]):,.0f} ({med(cpus[0]):,.0f})",
+            med(ratios),
+        ]
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measures each fast path's arm and prints one table."""
+    parser = argparse.ArgumentParser(prog="python -m bench.fast_paths", description=__doc__)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per run")
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs per figure")
+    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
+    parser.add_argument("--quick", action="store_true", help="2 pairs of 2 s runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.repeats = 2.0, 2
+    if shutil.which("wrk") is None:
+        print("bench.fast_paths: wrk is not installed (apt-get install -y wrk); skipped")
+        return
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        none = ("--durability", "none")
+        for what, on, off, ratio in _server_pair(
+            workdir, args, (*none, "--no-hot-routes"), (*none, "--hot-routes")
+        ):
+            rows.append([f"hot routes: {what} items/s", on, off, ratio])
+        rows += _transport_pair(workdir, args)
+        wal = ("--durability", "wal")
+        for what, on, off, ratio in _server_pair(
+            workdir, args, (*wal, "--wal-writer", "thread"), (*wal, "--wal-writer", "process")
+        ):
+            if what == "push":
+                rows.append(["log writer process: push items/s (wal)", on, off, ratio])
+    print_table(
+        f"Fast paths on and off: {args.repeats} pairs of {args.duration:g} s runs, medians "
+        f"(wrk, 1 thread, {args.connections} connections; stream() prefetch 4, "
+        f"{SAMPLE_ITEMS} x 4 KiB per batch)",
+        ["fast path", "on", "off", "on / off"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
