@@ -20,7 +20,14 @@ import numpy as np
 from rlreplay.app.storage.allocator import release_free_memory
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD
 from rlreplay.app.storage.faults import Backoff, storage_error
-from rlreplay.app.storage.rocks import NEXT_TID_KEY, table_prefix
+from rlreplay.app.storage.layout import (
+    NEXT_TID_KEY,
+    meta_key,
+    pack_count,
+    table_key,
+    table_ranges,
+    value_key,
+)
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import TableExists, TableNotFound
 from rlreplay.workers.ops import (
@@ -38,9 +45,7 @@ from rlreplay.workers.state import (
     EngineState,
     cache_charge,
     meta_bytes,
-    meta_key,
     table_record,
-    value_key,
 )
 
 log = logging.getLogger("rlreplay.workers.task_processor")
@@ -111,8 +116,8 @@ class OpApplier:
         assert s.store is not None
         puts: list[tuple[bytes, bytes]] = []
         for it, slot in zip(items, slots, strict=True):
-            puts.append((value_key(t, it.key), it.value))
-            puts.append((meta_key(t, it.key), meta_bytes(t, slot)))
+            puts.append((value_key(t.prefix, it.key), it.value))
+            puts.append((meta_key(t.prefix, it.key), meta_bytes(t, slot)))
         deletes = self._take_disk_deletes()
         try:
             if s.store.failure is not None:
@@ -291,8 +296,8 @@ class OpApplier:
         if len(on_disk):
             deletes = self._disk_deletes
             for i in on_disk.tolist():
-                deletes.append(value_key(t, keys[i]))
-                deletes.append(meta_key(t, keys[i]))
+                deletes.append(value_key(t.prefix, keys[i]))
+                deletes.append(meta_key(t.prefix, keys[i]))
             t.bytes_on_disk -= int(t.disk_size[slots[on_disk]].sum())
         t.free_slots(slots, slot_list, keys)
         t.counters.deletes += len(slot_list)
@@ -343,9 +348,9 @@ class OpApplier:
             if t.dropped or key is None or value is None:
                 continue
             if t.dirty[slot]:
-                puts.append((value_key(t, key), value))
+                puts.append((value_key(t.prefix, key), value))
             if t.meta_dirty[slot] or t.dirty[slot]:
-                puts.append((meta_key(t, key), meta_bytes(t, slot)))
+                puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
         deletes = self._take_disk_deletes()
         try:
             if s.store.failure is not None:
@@ -398,8 +403,8 @@ class OpApplier:
         if s.store is not None:
             await self._store_write_or_defer(
                 [
-                    (b"t" + op.name.encode(), table_record(table)),
-                    (NEXT_TID_KEY, s.next_tid.to_bytes(8, "big")),
+                    (table_key(op.name), table_record(table)),
+                    (NEXT_TID_KEY, pack_count(s.next_tid)),
                 ],
                 [],
             )
@@ -416,11 +421,8 @@ class OpApplier:
         table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
         if s.store is not None:
-            ranges = [
-                (table_prefix(tag, table.tid), table_prefix(tag, table.tid + 1))
-                for tag in (b"v", b"m")
-            ]
-            record = b"t" + table.name.encode()
+            ranges = table_ranges(table.tid)
+            record = table_key(table.name)
             # a table record put off by a failed write must not outlive the table: the
             # checkpoint's batch applies its deletes before its puts
             self._deferred_puts = [(k, v) for k, v in self._deferred_puts if k != record]

@@ -12,15 +12,13 @@ import asyncio
 
 import numpy as np
 
-from rlreplay.app.storage.rocks import LSN_KEY
+from rlreplay.app.storage.layout import LSN_KEY, meta_key, pack_count, table_key, value_key
 from rlreplay.app.tables.table import Table
 from rlreplay.workers.apply import OpApplier
 from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT, write_checkpoint_file
 from rlreplay.workers.state import (
     meta_bytes,
-    meta_key,
     table_record,
-    value_key,
 )
 
 _FLUSH_YIELD_EVERY = 4096  # slots a checkpoint visits between turns given to the event loop
@@ -94,17 +92,17 @@ class Checkpointer(OpApplier):
                 if wrote:
                     value = t.values[slot]
                     assert value is not None
-                    puts.append((value_key(t, key), value))
+                    puts.append((value_key(t.prefix, key), value))
                     size = int(t.size[slot])
                     t.bytes_on_disk += size - int(t.disk_size[slot])
                     t.disk_size[slot] = size
                     t.on_disk[slot] = 1
                     t.dirty[slot] = 0
-                puts.append((meta_key(t, key), meta_bytes(t, slot)))
+                puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
                 t.meta_dirty[slot] = 0
         # each table's own state (rate limiter counts, counters) as of this checkpoint
-        puts.extend((b"t" + t.name.encode(), table_record(t)) for t in s.tables.values())
-        puts.append((LSN_KEY, covered.to_bytes(8, "big")))
+        puts.extend((table_key(t.name), table_record(t)) for t in s.tables.values())
+        puts.append((LSN_KEY, pack_count(covered)))
         deletes = self._take_disk_deletes()
         try:
             if s.store.failure is not None:

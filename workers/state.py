@@ -10,7 +10,8 @@ from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD, CacheLedger
-from rlreplay.app.storage.rocks import META, RocksStore
+from rlreplay.app.storage.layout import pack_meta
+from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.stats import TableCounters
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import ValidationFailed
@@ -51,29 +52,16 @@ class EngineState:
         return self.seq
 
 
-def value_key(table: Table, key: str) -> bytes:
-    """The RocksDB key of an item's value."""
-    return b"v" + table.prefix + key.encode()
-
-
-def meta_key(table: Table, key: str) -> bytes:
-    """The RocksDB key of an item's metadata."""
-    return b"m" + table.prefix + key.encode()
-
-
 def meta_bytes(table: Table, slot: int) -> bytes:
-    """The packed metadata of a slot, followed by its indexed fields (msgpack) if any."""
-    head = META.pack(
+    """The metadata record of a slot (see :mod:`rlreplay.app.storage.layout`)."""
+    return pack_meta(
         float(table.priority[slot]),
         float(table.inserted_at[slot]),
         int(table.times_sampled[slot]),
         int(table.size[slot]),
         int(table.order[slot]),
+        table.fields.get(slot, {}) if table.index_fields else None,
     )
-    if table.index_fields:
-        extra: bytes = msgpack.packb(table.fields.get(slot, {}), use_bin_type=True)
-        return head + extra
-    return head
 
 
 def table_record(table: Table) -> bytes:

@@ -12,6 +12,7 @@ from typing import Any, cast
 import numpy as np
 
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
+from rlreplay.app.storage.layout import value_key
 from rlreplay.app.tables.items import (
     Item,
     ItemBatch,
@@ -26,7 +27,7 @@ from rlreplay.wire.errors import (
 from rlreplay.workers.ops import (
     PopulateOp,
 )
-from rlreplay.workers.state import cache_charge, value_key
+from rlreplay.workers.state import cache_charge
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class EngineReads(EngineCore):
             )
             for _, slot, _ in misses
         ]
-        found = await s.io.run(s.store.get_many, [value_key(t, key) for _, _, key in misses])
+        found = await s.io.run(s.store.get_many, [value_key(t.prefix, key) for _, _, key in misses])
         writer = self._processor
         for (i, slot, key), meta, value in zip(misses, metas, found, strict=True):
             if value is None:  # deleted or replaced while we read: look again in memory

@@ -17,7 +17,8 @@ import msgpack
 
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
-from rlreplay.app.storage.rocks import LSN_KEY, META, NEXT_TID_KEY, RocksStore
+from rlreplay.app.storage import layout
+from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, push_body_items
 from rlreplay.app.tables.table import Table
@@ -98,26 +99,21 @@ async def load_store(state: EngineState) -> int:
     def load() -> tuple[int, int, list[Table]]:
         """The tables RocksDB holds, their items restored (in an I/O thread: a big
         table takes seconds, and the event loop answers probes meanwhile)."""
-        raw_lsn = store.get(LSN_KEY)
-        raw_tid = store.get(NEXT_TID_KEY)
         tables = []
-        cut = 5  # b"m" + 4-byte table id
         for key, value in store.scan(b"t"):
             table = Table.from_state_dict(key[1:].decode(), msgpack.unpackb(value, raw=False))
-            tid = table.tid
             rows = []
             fields: list[dict[str, Any]] = []
-            for raw_key, raw_meta in store.scan(b"m" + tid.to_bytes(4, "big")):
-                prio, ts, sampled, size, order = META.unpack_from(raw_meta)
-                rows.append((raw_key[cut:].decode(), None, prio, ts, sampled, size, order))
+            for raw_key, raw_meta in store.scan(b"m" + layout.table_id(table.tid)):
+                prio, ts, sampled, size, order, indexed = layout.unpack_meta(raw_meta)
+                rows.append((layout.item_key_of(raw_key), None, prio, ts, sampled, size, order))
                 if table.index_fields:
-                    extra = raw_meta[META.size :]
-                    fields.append(msgpack.unpackb(extra, raw=False) if extra else {})
+                    fields.append(indexed)
             restore_rows(state, table, rows, on_disk=True, fields=fields)
             tables.append(table)
         return (
-            int.from_bytes(raw_lsn, "big") if raw_lsn else 0,
-            int.from_bytes(raw_tid, "big") if raw_tid else 1,
+            layout.unpack_count(store.get(layout.LSN_KEY), 0),
+            layout.unpack_count(store.get(layout.NEXT_TID_KEY), 1),
             tables,
         )
 

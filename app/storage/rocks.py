@@ -24,7 +24,6 @@ import errno
 import gc
 import logging
 import shutil
-import struct
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,16 +40,8 @@ from rocksdict import (
 
 log = logging.getLogger(__name__)
 
-META = struct.Struct("<ddIIQ")
 _MAX_UNFLUSHED = 100_000  # keys remembered for recover() before write() flushes itself
 _REOPEN_SPACE = 4 << 20  # free space recover() wants beyond the values it writes back
-LSN_KEY = b"\x00lsn"
-NEXT_TID_KEY = b"\x00next_tid"
-
-
-def table_prefix(tag: bytes, tid: int) -> bytes:
-    """``tag`` + the table id as 4 big-endian bytes."""
-    return tag + tid.to_bytes(4, "big")
 
 
 class RocksStore:

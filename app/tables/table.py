@@ -31,6 +31,7 @@ import numpy as np
 from rlreplay.app.selection.base import Selector
 from rlreplay.app.selection.rate_limiters import RateGate
 from rlreplay.app.selection.registry import make_selector
+from rlreplay.app.storage.layout import table_id
 from rlreplay.app.tables.config import TableConfig, make_rate_limiter
 from rlreplay.app.tables.items import NewItem
 from rlreplay.app.tables.stats import STAT_NAMES, TableCounters
@@ -46,7 +47,7 @@ class Table:
     def __init__(self, name: str, tid: int, config: TableConfig) -> None:
         self.name = name
         self.tid = tid
-        self.prefix = tid.to_bytes(4, "big")
+        self.prefix = table_id(tid)  # its items' keys in RocksDB start with it
         self.config = config
         self.sampler: Selector = make_selector(config.sampler.type, config.sampler.params)
         self.remover: Selector | None = (

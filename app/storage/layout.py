@@ -1,0 +1,91 @@
+"""How rlreplay lays its state out in RocksDB: every key and every encoding, in one place.
+
+==========================  ================================================================
+key                         value
+==========================  ================================================================
+``\\x00lsn``                 the log position the last checkpoint covers (8 bytes, big-endian)
+``\\x00next_tid``            the next table id (8 bytes, big-endian)
+``t`` + table name          the table's ``state_dict()`` (msgpack): id, config, counts
+``v`` + table id + key      an item's value, the msgpack bytes as pushed
+``m`` + table id + key      an item's metadata: :data:`META` (priority, inserted_at,
+                            times_sampled, size, insertion order), then the fields a plugin
+                            sampler indexes (msgpack), if it indexes any
+==========================  ================================================================
+
+A table id is 4 big-endian bytes, so a table's values (and its metadata) are one key range.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+LSN_KEY = b"\x00lsn"
+NEXT_TID_KEY = b"\x00next_tid"
+META = struct.Struct("<ddIIQ")
+
+
+def table_id(tid: int) -> bytes:
+    """The 4 bytes that name table ``tid`` in its items' keys."""
+    return tid.to_bytes(4, "big")
+
+
+def table_key(name: str) -> bytes:
+    """The key of a table's own record."""
+    return b"t" + name.encode()
+
+
+def value_key(table_prefix: bytes, key: str) -> bytes:
+    """The key of an item's value (``table_prefix``: :func:`table_id` of its table)."""
+    return b"v" + table_prefix + key.encode()
+
+
+def meta_key(table_prefix: bytes, key: str) -> bytes:
+    """The key of an item's metadata."""
+    return b"m" + table_prefix + key.encode()
+
+
+def item_key_of(raw_key: bytes) -> str:
+    """The item key of a value or metadata key."""
+    return raw_key[5:].decode()
+
+
+def table_ranges(tid: int) -> list[tuple[bytes, bytes]]:
+    """The key ranges holding every value and metadata record of table ``tid``."""
+    return [(tag + table_id(tid), tag + table_id(tid + 1)) for tag in (b"v", b"m")]
+
+
+def pack_meta(
+    priority: float,
+    inserted_at: float,
+    times_sampled: int,
+    size: int,
+    order: int,
+    fields: dict[str, Any] | None,
+) -> bytes:
+    """An item's metadata record (``fields``: None when the table indexes none)."""
+    head = META.pack(priority, inserted_at, times_sampled, size, order)
+    if fields is None:
+        return head
+    extra: bytes = msgpack.packb(fields, use_bin_type=True)
+    return head + extra
+
+
+def unpack_meta(raw: bytes) -> tuple[float, float, int, int, int, dict[str, Any]]:
+    """(priority, inserted_at, times_sampled, size, order, indexed fields) of a record."""
+    priority, inserted_at, times_sampled, size, order = META.unpack_from(raw)
+    extra = raw[META.size :]
+    fields = msgpack.unpackb(extra, raw=False) if extra else {}
+    return priority, inserted_at, times_sampled, size, order, fields
+
+
+def pack_count(n: int) -> bytes:
+    """A log position or table id as stored."""
+    return n.to_bytes(8, "big")
+
+
+def unpack_count(raw: bytes | None, default: int) -> int:
+    """A stored count, or ``default`` where none is stored."""
+    return int.from_bytes(raw, "big") if raw else default
