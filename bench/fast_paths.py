@@ -19,7 +19,6 @@ Run: ``python -m bench.fast_paths [--duration 4] [--repeats 3]``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
@@ -36,9 +35,11 @@ from bench.http import (
     SAMPLE_ITEMS,
     free_port,
     paired,
+    parse_wrk_arguments,
     push_body,
     start_process,
     stop_process,
+    wrk_arguments,
 )
 from bench.report import print_table
 from rlreplay.app.cli import serve_command
@@ -159,15 +160,9 @@ def _transport_pair(workdir: Path, args: argparse.Namespace) -> list[list[object
 def main(argv: list[str] | None = None) -> None:
     """Measures each fast path's arm and prints one table."""
     parser = argparse.ArgumentParser(prog="python -m bench.fast_paths", description=__doc__)
-    parser.add_argument("--duration", type=float, default=4.0, help="seconds per run")
-    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs per figure")
-    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
-    parser.add_argument("--quick", action="store_true", help="2 pairs of 2 s runs")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.duration, args.repeats = 2.0, 2
-    if shutil.which("wrk") is None:
-        print("bench.fast_paths: wrk is not installed (apt-get install -y wrk); skipped")
+    wrk_arguments(parser, duration=4.0)
+    args = parse_wrk_arguments(parser, argv)
+    if args is None:
         return
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -348,24 +348,39 @@ def _stream_vs_wrk(url: str, args: argparse.Namespace, workdir: Path) -> tuple[f
     return statistics.median(rates), statistics.median(ratios)
 
 
+def wrk_arguments(parser: argparse.ArgumentParser, *, duration: float) -> None:
+    """The load options every wrk-driven section takes."""
+    parser.add_argument("--duration", type=float, default=duration, help="seconds per run")
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs per figure")
+    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
+    parser.add_argument("--quick", action="store_true", help="2 pairs of 2 s runs")
+
+
+def parse_wrk_arguments(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> argparse.Namespace | None:
+    """The parsed options (``--quick`` applied), or None when wrk is missing (said so)."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.repeats = 2.0, 2
+    if shutil.which("wrk") is None:
+        print(f"{parser.prog}: wrk is not installed (apt-get install -y wrk); skipped")
+        return None
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measures push and sample throughput of the server and of the ceiling; prints a table."""
     parser = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__)
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
-    parser.add_argument("--repeats", type=int, default=3, help="wrk runs per figure (median)")
-    parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
+    wrk_arguments(parser, duration=5.0)
     parser.add_argument(
         "--modes",
         default="memory,hybrid,hybrid:none",
         help="storage modes to measure, each optionally :durability",
     )
     parser.add_argument("--log-level", default="info", help="the server's log level")
-    parser.add_argument("--quick", action="store_true", help="2 runs of 2 s per figure")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.duration, args.repeats = 2.0, 2
-    if shutil.which("wrk") is None:
-        print("bench.http: wrk is not installed (apt-get install -y wrk); skipped")
+    args = parse_wrk_arguments(parser, argv)
+    if args is None:
         return
     push_bodies = [push_body(n) for n in range(PUSH_BODIES)]
     templates = [_push_template() for _ in range(PUSH_BODIES)]
