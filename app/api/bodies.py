@@ -1,6 +1,7 @@
-"""The contract's request bodies, parsed and validated from JSON or msgpack.
+"""The contract's request bodies, decoded from JSON or msgpack with the wire schemas.
 
-Rules shared by every body:
+Each body is decoded in one call by msgspec into its Struct of :mod:`rlreplay.wire.schemas`,
+which checks its fields' types and bounds. The contract splits refusals in two:
 
 * a body that is not valid JSON or msgpack, is not a map, or has a field of the wrong type
   is 400 ``bad_request``;
@@ -8,43 +9,52 @@ Rules shared by every body:
   (a key of 0 or over 512 bytes, a negative or non-finite priority, ``batch_size`` 0) is 422
   ``validation_error``.
 
-Push bodies in msgpack keep each item's ``value`` as the raw bytes the client sent: it is
-stored as is, never decoded. The common body (``{"items": [...]}``, optionally with
-``wait``, short ASCII keys, finite priorities) is decoded in one C call by msgspec
-(:func:`rlreplay.app.tables.items.decode_push_body`, which the log's replay shares: such a body is
-logged as sent), the values as :class:`msgspec.Raw` spans copied out; any other body is
-walked with :class:`msgpack.Unpacker`, which alone decides errors, so both give the same
-answer to every body (the fast path only takes bodies the walk accepts, with the same
-result).
-The fast path is about 20 µs for 64 items of 4 KiB, against 75 µs for the walk.
+msgspec reports both kinds as a :class:`msgspec.ValidationError` that names the field; its
+message tells them apart (:func:`_refusal`). What the Structs cannot state is checked here:
+
+* a key's limit is 512 bytes of UTF-8, while the schema bounds characters;
+* an infinite priority (``Meta(ge=0)`` already refuses NaN);
+* a field that a msgpack push body names twice (msgspec keeps the last; the contract refuses);
+* ``8.0`` is an integer, as in JSON Schema (msgspec refuses a float for an ``int`` field);
+* JSON that Python's parser reads and msgspec's does not (the ``NaN`` and ``Infinity``
+  literals, unpaired surrogates, UTF-16): such a body is read by :func:`json.loads`, as the
+  server always read it, and then checked by :func:`msgspec.convert` against the same Struct.
+
+Push bodies in msgpack keep each item's ``value`` as the raw bytes the client sent
+(:class:`msgspec.Raw`, copied out of the body): it is stored as is, never decoded, and the
+write-ahead log keeps the body itself rather than the items encoded again. JSON values, in
+the contract's JSON form, are converted to msgpack
+(:func:`~rlreplay.wire.codec.jsonable_to_msgpack`).
 """
 
 from __future__ import annotations
 
-import math
+import json
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-import msgpack
+import msgspec
 from pydantic import ValidationError
 
 from rlreplay.app.api.encoding import BodyFormat, decode_body
 from rlreplay.app.tables.config import TableConfig, check_numbers
-from rlreplay.app.tables.items import MAX_KEY_BYTES, NewItem, decode_push_body
+from rlreplay.app.tables.items import NewItem
 from rlreplay.wire.codec import jsonable_to_msgpack
 from rlreplay.wire.errors import BadRequest, ValidationFailed
+from rlreplay.wire.schemas import (
+    MAX_KEY_BYTES,
+    DeleteRequest,
+    KeysRequest,
+    PrioritiesRequest,
+    PushRequest,
+    SampleRequest,
+)
 
 __all__ = [
-    "DEFAULT_TIMEOUT_MS",
-    "MAX_BATCH_SIZE",
-    "MAX_TIMEOUT_MS",
-    "DeleteBody",
-    "KeysBody",
-    "PrioritiesBody",
     "PushBody",
-    "SampleBody",
     "check_key",
     "parse_delete",
     "parse_keys",
@@ -54,59 +64,110 @@ __all__ = [
     "parse_table_config",
 ]
 
-#: Largest ``batch_size`` of one sample request.
-MAX_BATCH_SIZE = 65_536
-#: ``timeout_ms`` of a sample request that names none.
-DEFAULT_TIMEOUT_MS = 10_000
-#: Longest ``timeout_ms`` accepted (ten minutes).
-MAX_TIMEOUT_MS = 600_000
-
-_DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, RecursionError)
-#: A key of at most this many ASCII characters is within the 512-byte limit.
-_ASCII_KEY_CHARS = MAX_KEY_BYTES
 _MAX_FLOAT = sys.float_info.max
+#: msgspec's message for a value of the wrong type (``Expected `int`, got `str` - at ...``);
+#: its other messages are about values out of range, missing and unknown fields.
+_WRONG_TYPE = re.compile(r"Expected `[^`]+`, got `[^`]+`")
+_FLOAT_FOR_INT = "Expected `int`, got `float`"
+#: What msgspec raises for bytes it cannot read (invalid UTF-8 is a UnicodeDecodeError).
+_UNREADABLE = (msgspec.DecodeError, ValueError, RecursionError)
+
+_Body = TypeVar("_Body", bound=msgspec.Struct)
 
 
 @dataclass(frozen=True, slots=True)
 class PushBody:
-    """``{"items": [{"key", "value", "priority"?}], "wait"?: false}``."""
+    """A decoded push body: the items to push and whether to wait for the writer."""
 
     items: list[NewItem]
     wait: bool
-    #: The body itself when it has the common msgpack form (the write-ahead log keeps it
-    #: as sent, instead of encoding the items again); None otherwise.
+    #: The body itself when it is msgpack (the write-ahead log keeps it as sent, instead of
+    #: encoding the items again); None for JSON.
     raw: bytes | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
-class KeysBody:
-    """``{"keys": [...]}`` of a batchGet."""
+class _PushRequestWithWait(PushRequest):
+    """A msgpack push body whose map has two entries: requiring ``wait`` proves that they are
+    ``items`` and ``wait``, not ``items`` twice."""
 
-    keys: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteBody:
-    """``{"keys": [...], "wait"?: false}`` of a batchDelete."""
-
-    keys: list[str]
     wait: bool
 
 
-@dataclass(frozen=True, slots=True)
-class SampleBody:
-    """``{"batch_size", "timeout_ms"?, "include_values"?}``."""
-
-    batch_size: int
-    timeout_ms: int
-    include_values: bool
+_JSON_PUSH = msgspec.json.Decoder(PushRequest)
+_MSGPACK_PUSH = msgspec.msgpack.Decoder(PushRequest)
+_MSGPACK_PUSH_WITH_WAIT = msgspec.msgpack.Decoder(_PushRequestWithWait)
 
 
-@dataclass(frozen=True, slots=True)
-class PrioritiesBody:
-    """``{"priorities": {key: priority}}``."""
+class _Decoders:
+    """The JSON and msgpack decoders of one request Struct."""
 
-    priorities: dict[str, float]
+    def __init__(self, struct: type[msgspec.Struct], *, integral_floats: bool = False) -> None:
+        self.struct = struct
+        self.json = msgspec.json.Decoder(struct)
+        self.msgpack = msgspec.msgpack.Decoder(struct)
+        #: Whether the Struct has integer fields, which take a float with no fraction.
+        self.integral_floats = integral_floats
+
+
+_KEYS = _Decoders(KeysRequest)
+_DELETE = _Decoders(DeleteRequest)
+_SAMPLE = _Decoders(SampleRequest, integral_floats=True)
+_PRIORITIES = _Decoders(PrioritiesRequest)
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def _refusal(exc: msgspec.ValidationError) -> BadRequest | ValidationFailed:
+    """The contract's error for msgspec's refusal: 400 for a wrong type, 422 otherwise."""
+    message = str(exc)
+    if _WRONG_TYPE.match(message):
+        return BadRequest(message)
+    return ValidationFailed(message)
+
+
+def _convert(obj: Any, struct: type[_Body], *, integral_floats: bool = False) -> _Body:
+    """``obj``, decoded without a type, checked against ``struct`` as the decoder checks."""
+    if integral_floats and isinstance(obj, dict):
+        obj = {key: _integer(value) for key, value in obj.items()}
+    try:
+        return msgspec.convert(obj, struct)
+    except msgspec.ValidationError as exc:
+        raise _refusal(exc) from None
+    except RecursionError as exc:
+        raise BadRequest("the body is nested too deep") from exc
+
+
+def _integer(value: Any) -> Any:
+    """A float with no fraction as an int, as JSON Schema counts it; any other value as is.
+
+    Only a body's own fields are looked at: the Structs' int fields are all there.
+    """
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+def _decode(body: bytes, fmt: BodyFormat, decoders: _Decoders) -> Any:
+    """A body decoded with its Struct; the contract's error when it is refused."""
+    if not body:
+        raise BadRequest("the request body is empty")
+    decoder = decoders.msgpack if fmt is BodyFormat.MSGPACK else decoders.json
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        if not (decoders.integral_floats and str(exc).startswith(_FLOAT_FOR_INT)):
+            raise _refusal(exc) from None
+    except _UNREADABLE as exc:
+        if fmt is BodyFormat.MSGPACK:
+            raise BadRequest(f"malformed msgpack body: {exc}") from exc
+    # a float given for an int, or JSON only Python's parser reads: read it as before
+    return _convert(
+        decode_body(body, fmt), decoders.struct, integral_floats=decoders.integral_floats
+    )
+
+
+# --- keys and priorities: what the schema cannot bound ----------------------------------------
 
 
 def check_key(key: object, where: str = "key") -> str:
@@ -125,40 +186,42 @@ def check_key(key: object, where: str = "key") -> str:
     """
     if type(key) is not str:
         raise BadRequest(f"{where} must be a string, not {_kind(key)}")
-    n = len(key)
-    if n == 0:
+    if not key:
         raise ValidationFailed(f"{where} must not be empty")
-    if n > MAX_KEY_BYTES // 4:
-        try:
-            size = len(key.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise ValidationFailed(f"{where} is not valid UTF-8") from exc
-        if size > MAX_KEY_BYTES:
-            raise ValidationFailed(f"{where} is {size} bytes of UTF-8; the limit is 512")
-    elif not key.isascii():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValidationFailed(f"{where} is not valid UTF-8") from exc
+    if not key.isascii():
+        _check_utf8(key, where)
+    elif len(key) > MAX_KEY_BYTES:
+        raise ValidationFailed(f"{where} is {len(key)} bytes of UTF-8; the limit is 512")
     return key
 
 
-def check_priority(value: object, where: str = "priority") -> float:
-    """A valid priority: a finite number ≥ 0 (booleans are not numbers here)."""
-    if type(value) is float:
-        priority = value
-    elif type(value) is int:
-        try:
-            priority = float(value)
-        except OverflowError:  # an integer past a float's range
-            raise ValidationFailed(
-                f"{where} must be a finite number >= 0, not an integer of {value.bit_length()} bits"
-            ) from None
-    else:
-        raise BadRequest(f"{where} must be a number, not {_kind(value)}")
-    if not (priority >= 0.0 and math.isfinite(priority)):
-        raise ValidationFailed(f"{where} must be a finite number >= 0, not {value}")
-    return priority
+def _check_utf8(key: str, where: str) -> None:
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # an unpaired surrogate, from JSON's \ud800 escapes
+        raise ValidationFailed(f"{where} is not valid UTF-8") from exc
+    if size > MAX_KEY_BYTES:
+        raise ValidationFailed(f"{where} is {size} bytes of UTF-8; the limit is 512")
+
+
+def _check_keys(keys: list[str], where: Callable[[int], str]) -> None:
+    """Keys the schema accepted (1 to 512 characters), checked in bytes of UTF-8.
+
+    ASCII keys, nearly all of them, are as long in bytes as in characters; the others are
+    encoded one by one.
+    """
+    if "".join(keys).isascii():
+        return
+    for i, key in enumerate(keys):
+        if not key.isascii():
+            _check_utf8(key, where(i))
+
+
+def _check_finite(priorities: list[float], where: Callable[[int], str]) -> None:
+    """Priorities the schema accepted (>= 0, not NaN), checked for infinity."""
+    if priorities and max(priorities) > _MAX_FLOAT:
+        i = next(i for i, p in enumerate(priorities) if p > _MAX_FLOAT)
+        raise ValidationFailed(f"{where(i)} must be a finite number >= 0, not inf")
 
 
 def _kind(value: object) -> str:
@@ -168,47 +231,15 @@ def _kind(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _as_map(obj: object, what: str) -> dict[str, Any]:
-    if not isinstance(obj, dict):
-        raise BadRequest(f"{what} must be a map, not {_kind(obj)}")
-    return obj
+def _item_key(i: int) -> str:
+    return f"items[{i}].key"
 
 
-def _fields(obj: dict[str, Any], *, required: set[str], allowed: set[str], what: str) -> None:
-    unknown = sorted(str(k) for k in obj if k not in allowed)
-    if unknown:
-        raise ValidationFailed(f"unknown field(s) in {what}: {', '.join(unknown)}")
-    missing = sorted(required - obj.keys())
-    if missing:
-        raise ValidationFailed(f"missing field(s) in {what}: {', '.join(missing)}")
-
-
-def _bool(value: object, where: str) -> bool:
-    if type(value) is not bool:
-        raise BadRequest(f"{where} must be a boolean, not {_kind(value)}")
-    return value
-
-
-def _int(value: object, where: str, *, low: int, high: int) -> int:
-    if type(value) is float and value.is_integer():  # JSON Schema: 8.0 is an integer
-        value = int(value)
-    if type(value) is not int:
-        raise BadRequest(f"{where} must be an integer, not {_kind(value)}")
-    if not low <= value <= high:
-        raise ValidationFailed(f"{where} must be between {low} and {high}, not {value}")
-    return value
-
-
-def _list(value: object, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise BadRequest(f"{where} must be a list, not {_kind(value)}")
-    return value
+def _item_priority(i: int) -> str:
+    return f"items[{i}].priority"
 
 
 # --- push -------------------------------------------------------------------------------------
-
-_ITEM_FIELDS = {"key", "value", "priority"}
-_PUSH_FIELDS = {"items", "wait"}
 
 
 def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
@@ -223,210 +254,135 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
 
     Raises:
         BadRequest: Malformed, or a field of the wrong type.
-        ValidationFailed: A missing or unknown field, a bad key or priority.
+        ValidationFailed: A missing, unknown or repeated field, a bad key or priority.
     """
-    if fmt is BodyFormat.MSGPACK:
-        fast = _parse_push_fast(body)
-        return fast if fast is not None else _walk_push(body)
-    obj = _as_map(decode_body(body, fmt), "the body")
-    _fields(obj, required={"items"}, allowed=_PUSH_FIELDS, what="the body")
-    wait = _bool(obj.get("wait", False), "wait")
-    items = []
-    for i, raw in enumerate(_list(obj["items"], "items")):
-        where = f"items[{i}]"
-        entry = _as_map(raw, where)
-        _fields(entry, required={"key", "value"}, allowed=_ITEM_FIELDS, what=where)
-        key = check_key(entry["key"], f"{where}.key")
-        priority = check_priority(entry.get("priority", 1.0), f"{where}.priority")
-        try:
-            value = jsonable_to_msgpack(entry["value"])
-        except (ValueError, TypeError, RecursionError) as exc:
-            if isinstance(exc.__cause__, OverflowError):  # well formed, but past 64 bits
-                raise ValidationFailed(
-                    f"{where}.value: an integer does not fit in 64 bits"
-                ) from exc
-            raise BadRequest(f"{where}.value: {exc}") from exc
-        items.append(NewItem(key, value, priority))
-    return PushBody(items, wait)
-
-
-def _parse_push_fast(body: bytes) -> PushBody | None:
-    """The common push body decoded by msgspec, or None: then the walk decides."""
-    decoded = decode_push_body(body)
-    if decoded is None:
-        return None
-    fast_items, wait = decoded
-    if not fast_items:
-        return PushBody([], wait)
-    keys = [it.key for it in fast_items]
-    priorities = [it.priority for it in fast_items]
-    # the walk's own fast acceptance: keys of 1 to 512 ASCII characters, priorities finite
-    # and >= 0 (a NaN or infinity makes the sum non-finite; an overflowing sum of finite
-    # priorities only sends the body to the walk, which accepts it)
-    if not (
-        "".join(keys).isascii()
-        and min(map(len, keys)) > 0
-        and max(map(len, keys)) <= _ASCII_KEY_CHARS
-        and min(priorities) >= 0.0
-        and math.isfinite(sum(priorities))
-    ):
-        return None
-    values = [bytes(it.value) for it in fast_items]
-    return PushBody(list(map(NewItem, keys, values, priorities)), wait, body)
-
-
-def _walk_push(body: bytes) -> PushBody:
-    """Any msgpack push body, walked field by field; raises the contract's errors."""
-    try:
-        return _walk_push_fields(body)
-    except (BadRequest, ValidationFailed):
-        raise
-    except _DECODE_ERRORS as exc:
-        raise BadRequest(f"malformed msgpack push body: {exc}") from exc
-
-
-def _walk_push_fields(body: bytes) -> PushBody:
     if not body:
         raise BadRequest("the request body is empty")
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(body), 1024))
-    unpacker.feed(body)
-    n_fields = _map_header(unpacker, "the body")
-    items: list[NewItem] | None = None
-    wait = False
-    seen: set[str] = set()
-    for _ in range(n_fields):
-        name = unpacker.unpack()
-        if name in seen:
-            raise ValidationFailed(f"duplicate field in the body: {name}")
-        if name == "items":
-            items = _msgpack_items(unpacker, body)
-        elif name == "wait":
-            wait = _bool(unpacker.unpack(), "wait")
-        else:
-            raise ValidationFailed(f"unknown field(s) in the body: {name}")
-        seen.add(name)
-    if unpacker.tell() != len(body):
-        raise BadRequest("trailing bytes after the msgpack body")
-    if items is None:
-        raise ValidationFailed("missing field(s) in the body: items")
-    return PushBody(items, wait)
+    if fmt is BodyFormat.MSGPACK:
+        push = _decode_msgpack_push(body)
+        values = [bytes(it.value) for it in push.items]
+    else:
+        push, values = _decode_json_push(body)
+    items = push.items
+    keys = [it.key for it in items]
+    priorities = [it.priority for it in items]
+    _check_keys(keys, _item_key)
+    _check_finite(priorities, _item_priority)
+    new_items = list(map(NewItem, keys, values, priorities))
+    return PushBody(new_items, push.wait, body if fmt is BodyFormat.MSGPACK else None)
 
 
-def _map_header(unpacker: msgpack.Unpacker, what: str) -> int:
+def _map_size(body: bytes) -> int | None:
+    """The number of entries of the msgpack map ``body`` starts with; None if it is no map."""
+    head = body[0]
+    if 0x80 <= head <= 0x8F:
+        return head & 0x0F
+    if head == 0xDE and len(body) >= 3:
+        return int.from_bytes(body[1:3], "big")
+    if head == 0xDF and len(body) >= 5:
+        return int.from_bytes(body[1:5], "big")
+    return None
+
+
+def _decode_msgpack_push(body: bytes) -> PushRequest:
+    size = _map_size(body)
+    # a map of two entries must hold both fields, so that a repeated "items" is refused
     try:
-        n: int = unpacker.read_map_header()
-    except ValueError as exc:
-        raise BadRequest(f"{what} must be a map") from exc
-    return n
+        push = (_MSGPACK_PUSH_WITH_WAIT if size == 2 else _MSGPACK_PUSH).decode(body)
+    except msgspec.ValidationError as exc:
+        if size == 2 and str(exc) == "Object missing required field `wait`":
+            raise ValidationFailed("duplicate field in the body: items") from None
+        raise _refusal(exc) from None
+    except _UNREADABLE as exc:
+        raise BadRequest(f"malformed msgpack push body: {exc}") from exc
+    if size is not None and size > 2:  # every name is known: some are repeated
+        raise ValidationFailed("duplicate field(s) in the body")
+    return push
 
 
-def _msgpack_items(unpacker: msgpack.Unpacker, body: bytes) -> list[NewItem]:
-    """The items of a msgpack push body, each ``value`` the raw bytes sent.
-
-    This loop runs per pushed item, so its common case is kept cheap: the unpacker's methods
-    are bound once, and a key that is short ASCII and a priority that is a finite float >= 0
-    are accepted as they are; anything else goes to :func:`check_key` and
-    :func:`check_priority`, which normalise it or raise with the item's position.
-    """
+def _decode_json_push(body: bytes) -> tuple[PushRequest, list[bytes]]:
+    """A JSON push body and its items' values converted to msgpack."""
     try:
-        count: int = unpacker.read_array_header()
-    except ValueError as exc:
-        raise BadRequest("items must be a list") from exc
-    read_map_header, unpack, skip, tell = (
-        unpacker.read_map_header,
-        unpacker.unpack,
-        unpacker.skip,
-        unpacker.tell,
-    )
-    items = []
-    for i in range(count):
-        try:
-            n_fields: int = read_map_header()
-        except ValueError as exc:
-            raise BadRequest(f"items[{i}] must be a map") from exc
-        key: object = None
-        value: bytes | None = None
-        priority: object = 1.0
-        for _ in range(n_fields):
-            name = unpack()
-            if name == "key":
-                key = unpack()
-            elif name == "value":
-                start = tell()
-                skip()
-                value = body[start : tell()]
-            elif name == "priority":
-                priority = unpack()
-            else:
-                raise ValidationFailed(f"unknown field(s) in items[{i}]: {name}")
-        if key is None or value is None:
-            missing = [f for f, v in (("key", key), ("value", value)) if v is None]
-            raise ValidationFailed(f"missing field(s) in items[{i}]: {', '.join(missing)}")
-        items.append(
-            NewItem(
-                key
-                if type(key) is str and 0 < len(key) <= _ASCII_KEY_CHARS and key.isascii()
-                else check_key(key, f"items[{i}].key"),
-                value,
-                priority
-                if type(priority) is float and 0.0 <= priority <= _MAX_FLOAT
-                else check_priority(priority, f"items[{i}].priority"),
-            )
-        )
-    return items
+        push = _JSON_PUSH.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _refusal(exc) from None
+    except _UNREADABLE:
+        # JSON that only Python's parser reads: the values are its, the rest is checked
+        push, forms = _convert_json_push(decode_body(body, BodyFormat.JSON))
+    else:
+        forms = [_json_form(bytes(it.value), i) for i, it in enumerate(push.items)]
+    return push, [_value_msgpack(form, i) for i, form in enumerate(forms)]
+
+
+#: Stands for a value while the rest of a push body read by json.loads is checked.
+_PLACEHOLDER = msgspec.Raw(b"null")
+
+
+def _convert_json_push(obj: Any) -> tuple[PushRequest, list[Any]]:
+    """A push body read by :func:`json.loads`, checked against :class:`PushRequest`, and its
+    items' values (which :func:`msgspec.convert` cannot make :class:`msgspec.Raw`)."""
+    forms: list[Any] = []
+    entries = obj.get("items") if isinstance(obj, dict) else None
+    if isinstance(entries, list):
+        for entry in entries:
+            if isinstance(entry, dict) and "value" in entry:
+                forms.append(entry["value"])
+                entry["value"] = _PLACEHOLDER
+    # once it converts, every item had a value: forms[i] is the value of items[i]
+    return _convert(obj, PushRequest), forms
+
+
+def _json_form(text: bytes, i: int) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"items[{i}].value: malformed json: {exc}") from exc
+
+
+def _value_msgpack(form: Any, i: int) -> bytes:
+    """The msgpack bytes of a value in the contract's JSON form."""
+    try:
+        return jsonable_to_msgpack(form)
+    except (ValueError, TypeError, RecursionError) as exc:
+        if isinstance(exc.__cause__, OverflowError):  # well formed, but past 64 bits
+            raise ValidationFailed(f"items[{i}].value: an integer does not fit in 64 bits") from exc
+        raise BadRequest(f"items[{i}].value: {exc}") from exc
 
 
 # --- keys, deletes, samples, priorities -------------------------------------------------------
 
 
-def _keys(obj: dict[str, Any]) -> Iterator[str]:
-    for i, key in enumerate(_list(obj["keys"], "keys")):
-        yield check_key(key, f"keys[{i}]")
+def _key_at(i: int) -> str:
+    return f"keys[{i}]"
 
 
-def parse_keys(body: bytes, fmt: BodyFormat) -> KeysBody:
+def parse_keys(body: bytes, fmt: BodyFormat) -> KeysRequest:
     """Parses ``{"keys": [...]}`` (batchGet)."""
-    obj = _as_map(decode_body(body, fmt), "the body")
-    _fields(obj, required={"keys"}, allowed={"keys"}, what="the body")
-    return KeysBody(list(_keys(obj)))
+    request: KeysRequest = _decode(body, fmt, _KEYS)
+    _check_keys(request.keys, _key_at)
+    return request
 
 
-def parse_delete(body: bytes, fmt: BodyFormat) -> DeleteBody:
+def parse_delete(body: bytes, fmt: BodyFormat) -> DeleteRequest:
     """Parses ``{"keys": [...], "wait"?: false}`` (batchDelete)."""
-    obj = _as_map(decode_body(body, fmt), "the body")
-    _fields(obj, required={"keys"}, allowed={"keys", "wait"}, what="the body")
-    return DeleteBody(list(_keys(obj)), _bool(obj.get("wait", False), "wait"))
+    request: DeleteRequest = _decode(body, fmt, _DELETE)
+    _check_keys(request.keys, _key_at)
+    return request
 
 
-def parse_sample(body: bytes, fmt: BodyFormat) -> SampleBody:
+def parse_sample(body: bytes, fmt: BodyFormat) -> SampleRequest:
     """Parses ``{"batch_size", "timeout_ms"?, "include_values"?}``."""
-    obj = _as_map(decode_body(body, fmt), "the body")
-    _fields(
-        obj,
-        required={"batch_size"},
-        allowed={"batch_size", "timeout_ms", "include_values"},
-        what="the body",
-    )
-    return SampleBody(
-        batch_size=_int(obj["batch_size"], "batch_size", low=1, high=MAX_BATCH_SIZE),
-        timeout_ms=_int(
-            obj.get("timeout_ms", DEFAULT_TIMEOUT_MS), "timeout_ms", low=0, high=MAX_TIMEOUT_MS
-        ),
-        include_values=_bool(obj.get("include_values", True), "include_values"),
-    )
+    request: SampleRequest = _decode(body, fmt, _SAMPLE)
+    return request
 
 
-def parse_priorities(body: bytes, fmt: BodyFormat) -> PrioritiesBody:
+def parse_priorities(body: bytes, fmt: BodyFormat) -> PrioritiesRequest:
     """Parses ``{"priorities": {key: priority, ...}}``."""
-    obj = _as_map(decode_body(body, fmt), "the body")
-    _fields(obj, required={"priorities"}, allowed={"priorities"}, what="the body")
-    given = _as_map(obj["priorities"], "priorities")
-    return PrioritiesBody(
-        {
-            check_key(key, "a key of priorities"): check_priority(value, f"priorities[{key!r}]")
-            for key, value in given.items()
-        }
-    )
+    request: PrioritiesRequest = _decode(body, fmt, _PRIORITIES)
+    keys = list(request.priorities)
+    _check_keys(keys, lambda i: "a key of priorities")
+    _check_finite(list(request.priorities.values()), lambda i: f"priorities[{keys[i]!r}]")
+    return request
 
 
 # --- table configs ----------------------------------------------------------------------------
@@ -450,7 +406,9 @@ def parse_table_config(body: bytes, fmt: BodyFormat | None) -> TableConfig:
     """
     if not body or fmt is None:
         return TableConfig.model_validate({})
-    obj = _as_map(decode_body(body, fmt), "the body")
+    obj = decode_body(body, fmt)
+    if not isinstance(obj, dict):
+        raise BadRequest(f"the body must be a map, not {_kind(obj)}")
     try:
         check_numbers(obj, "")
     except ValueError as exc:

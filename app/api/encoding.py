@@ -2,8 +2,8 @@
 
 Bodies are ``application/json`` or ``application/msgpack`` (``application/x-msgpack`` too);
 anything else is 415. Answers are msgpack when the request's ``Accept`` names msgpack and
-JSON otherwise. Routes read and decode bodies themselves (so that item values can stay raw
-msgpack bytes); the OpenAPI schema documents them separately (:mod:`rlreplay.app.api.schemas`).
+JSON otherwise. Routes read bodies themselves and decode them with the wire schemas
+(:mod:`rlreplay.app.api.bodies`), so that item values can stay raw msgpack bytes.
 """
 
 from __future__ import annotations

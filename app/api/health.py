@@ -11,9 +11,9 @@ from fastapi import APIRouter, Response
 from rlreplay.app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep
 from rlreplay.app.api.encoding import encode
 from rlreplay.app.api.openapi import answers
-from rlreplay.app.api.schemas import Health
 from rlreplay.app.metrics import CONTENT_TYPE
 from rlreplay.wire.errors import Unauthorized, Unavailable
+from rlreplay.wire.schemas import Health
 
 __all__ = ["router"]
 

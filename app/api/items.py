@@ -28,7 +28,16 @@ from rlreplay.app.api.encoding import (
 )
 from rlreplay.app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
-from rlreplay.app.api.schemas import (
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.metrics import Metrics
+from rlreplay.wire.errors import (
+    DeadlineExceeded,
+    ItemNotFound,
+    Overloaded,
+    StorageFull,
+    TableNotFound,
+)
+from rlreplay.wire.schemas import (
     Accepted,
     DeleteRequest,
     ItemList,
@@ -38,15 +47,6 @@ from rlreplay.app.api.schemas import (
     PrioritiesUpdated,
     PushCommitted,
     PushRequest,
-)
-from rlreplay.app.engine.engine import Engine
-from rlreplay.app.metrics import Metrics
-from rlreplay.wire.errors import (
-    DeadlineExceeded,
-    ItemNotFound,
-    Overloaded,
-    StorageFull,
-    TableNotFound,
 )
 
 __all__ = [
@@ -59,20 +59,12 @@ __all__ = [
 
 router = APIRouter(prefix="/v1/tables/{table}", tags=["items"])
 
-_PUSH_EXAMPLE = {
-    "items": [
-        {"key": "r1", "value": {"obs": [0.1, 0.2], "reward": 1.0}, "priority": 2.0},
-        {"key": "r2", "value": {"$bytes": "AAEC"}},
-    ],
-    "wait": False,
-}
-
 
 @router.post(
     "/items",
     status_code=202,
     response_model=None,
-    openapi_extra=request_body(PushRequest, example=_PUSH_EXAMPLE),
+    openapi_extra=request_body(PushRequest),
     responses=answers(
         {
             202: (Accepted, "Accepted: every later read sees the items."),
@@ -110,7 +102,7 @@ async def push_reply(
 @router.post(
     "/items:batchGet",
     response_model=None,
-    openapi_extra=request_body(KeysRequest, example={"keys": ["r1", "r2"]}),
+    openapi_extra=request_body(KeysRequest),
     responses=answers(
         {200: (ItemList, "The items in the order asked, null where missing.")},
         TableNotFound,
@@ -139,7 +131,7 @@ async def batch_get_reply(
     "/items:batchDelete",
     status_code=202,
     response_model=None,
-    openapi_extra=request_body(DeleteRequest, example={"keys": ["r1", "r2"]}),
+    openapi_extra=request_body(DeleteRequest),
     responses=answers(
         {
             202: (Accepted, "Accepted: every later read misses the keys."),
@@ -203,7 +195,7 @@ async def delete_item(request: Request, table: TableName, key: ItemKey) -> Respo
 @router.post(
     "/priorities",
     response_model=None,
-    openapi_extra=request_body(PrioritiesRequest, example={"priorities": {"r1": 0.5}}),
+    openapi_extra=request_body(PrioritiesRequest),
     responses=answers(
         {200: (PrioritiesUpdated, "Updated; unknown keys are skipped and counted.")},
         TableNotFound,

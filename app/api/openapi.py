@@ -1,8 +1,11 @@
 """The OpenAPI schema: documented bodies, answers and errors of routes that parse bodies themselves.
 
 Routes declare their request body with :func:`request_body` (``openapi_extra``) and their
-answers with :func:`answers`; :func:`build_openapi` adds the request models to the schema's
-components, since FastAPI only collects the models it validates itself.
+answers with :func:`answers`, naming the Structs of :mod:`rlreplay.wire.schemas` (the table
+config, the pydantic :class:`~rlreplay.app.tables.config.TableConfig`). FastAPI collects
+only the models it validates itself, so :func:`build_openapi` adds the schemas of these to
+the document's components: msgspec generates them from the same Structs the server decodes
+with.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ import inspect
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from rlreplay.app.api.schemas import REQUEST_MODELS, ErrorBody
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.wire import schemas
 from rlreplay.wire.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -37,8 +41,29 @@ __all__ = [
     "summaries_from_docstrings",
 ]
 
-_REF = "#/components/schemas/{model}"
+_REF = "#/components/schemas/{name}"  # msgspec's placeholder; pydantic's is {model}
 _BODY_TYPES = ("application/json", "application/msgpack", "application/x-msgpack")
+_ANSWER_TYPES = ("application/json", "application/msgpack")
+
+#: The wire schemas the document names: request bodies and answers (the Structs they
+#: contain are collected with them).
+_STRUCTS: tuple[type[msgspec.Struct], ...] = (
+    schemas.PushRequest,
+    schemas.KeysRequest,
+    schemas.DeleteRequest,
+    schemas.SampleRequest,
+    schemas.PrioritiesRequest,
+    schemas.ErrorBody,
+    schemas.Accepted,
+    schemas.PushCommitted,
+    schemas.ItemOut,
+    schemas.ItemList,
+    schemas.SampleResponse,
+    schemas.PrioritiesUpdated,
+    schemas.TableInfo,
+    schemas.TableList,
+    schemas.Health,
+)
 
 #: Errors every ``/v1`` route may answer.
 V1_ERRORS: tuple[type[ReplayError], ...] = (
@@ -56,34 +81,42 @@ BODY_ERRORS: tuple[type[ReplayError], ...] = (
 )
 
 
-def _ref(model: type[BaseModel]) -> dict[str, str]:
-    return {"$ref": _REF.format(model=model.__name__)}
+def _ref(schema: type[Any]) -> dict[str, str]:
+    return {"$ref": _REF.format(name=schema.__name__)}
 
 
-def request_body(model: type[BaseModel], *, example: Any, required: bool = True) -> dict[str, Any]:
-    """``openapi_extra`` documenting a JSON or msgpack body shaped like ``model``.
+def request_body(
+    schema: type[Any], *, example: Any = None, required: bool = True
+) -> dict[str, Any]:
+    """``openapi_extra`` documenting a JSON or msgpack body shaped like ``schema``.
 
     Args:
-        model: The documenting model (one of :data:`rlreplay.app.api.schemas.REQUEST_MODELS`).
-        example: An example body.
+        schema: A request Struct of :mod:`rlreplay.wire.schemas`, or ``TableConfig``.
+        example: An example body; by default the Struct's ``EXAMPLE``.
         required: Whether the body may be left out.
 
     Returns:
         The ``openapi_extra`` mapping of the route.
     """
-    content = {media: {"schema": _ref(model)} for media in _BODY_TYPES}
+    if example is None:
+        example = schema.EXAMPLE
+    content = {media: {"schema": _ref(schema)} for media in _BODY_TYPES}
     content["application/json"]["example"] = example
     return {"requestBody": {"required": required, "content": content}}
 
 
+def _content(schema: type[msgspec.Struct]) -> dict[str, Any]:
+    return {media: {"schema": _ref(schema)} for media in _ANSWER_TYPES}
+
+
 def answers(
-    ok: dict[int, tuple[type[BaseModel] | None, str]],
+    ok: dict[int, tuple[type[msgspec.Struct] | None, str]],
     *errors: type[ReplayError],
 ) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` of a route: its successful answers and its error answers.
 
     Args:
-        ok: Status -> (model of the body or None for no body, description).
+        ok: Status -> (the Struct of the body, or None for no body; description).
         *errors: The error classes the route may answer with; those sharing a status are
             documented together, with every code listed.
 
@@ -91,11 +124,10 @@ def answers(
         The mapping for the route decorator's ``responses``.
     """
     out: dict[int | str, dict[str, Any]] = {}
-    for status, (model, description) in ok.items():
+    for status, (schema, description) in ok.items():
         entry: dict[str, Any] = {"description": description}
-        if model is not None:
-            entry["model"] = model
-            entry["content"] = {"application/msgpack": {"schema": _ref(model)}}
+        if schema is not None:
+            entry["content"] = _content(schema)
         out[status] = entry
     by_status: dict[int, list[type[ReplayError]]] = defaultdict(list)
     for cls in errors:
@@ -103,11 +135,7 @@ def answers(
             by_status[cls.status].append(cls)
     for status, classes in sorted(by_status.items()):
         meanings = " ".join(f"`{c.code}`: {(c.__doc__ or '').strip()}" for c in classes)
-        entry = {
-            "model": ErrorBody,
-            "description": meanings,
-            "content": {"application/msgpack": {"schema": _ref(ErrorBody)}},
-        }
+        entry = {"description": meanings, "content": _content(schemas.ErrorBody)}
         if status == 503:
             entry["headers"] = {
                 "Retry-After": {
@@ -138,7 +166,7 @@ def summaries_from_docstrings(router: APIRouter) -> APIRouter:
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
-    """The app's OpenAPI schema, built once, with the request models in its components."""
+    """The app's OpenAPI schema, built once, with the wire schemas in its components."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
@@ -150,11 +178,28 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         tags=app.openapi_tags,
         separate_input_output_schemas=app.separate_input_output_schemas,
     )
-    _, defs = models_json_schema(
-        [(model, "validation") for model in REQUEST_MODELS], ref_template=_REF
-    )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(_struct_components())
+    _, defs = models_json_schema(
+        [(TableConfig, "validation")], ref_template=_REF.replace("{name}", "{model}")
+    )
     for name, definition in defs.get("$defs", {}).items():
         components.setdefault(name, definition)
     app.openapi_schema = schema
     return schema
+
+
+def _struct_components() -> dict[str, Any]:
+    """The JSON Schemas of the wire Structs, by name, linked to each other by ``$ref``."""
+    _, components = msgspec.json.schema_components(_STRUCTS, ref_template=_REF)
+    for struct in _STRUCTS:
+        example = getattr(struct, "EXAMPLE", None)  # request bodies have one
+        if example is not None:
+            components[struct.__name__]["examples"] = [example]
+    # wire cannot name the server's pydantic TableConfig: the document links it here
+    config = components["TableInfo"]["properties"]["config"]
+    components["TableInfo"]["properties"]["config"] = {
+        "description": config["description"],
+        **_ref(TableConfig),
+    }
+    return components

@@ -9,10 +9,10 @@ from rlreplay.app.api.deps import TableName, serve_body
 from rlreplay.app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json
 from rlreplay.app.api.envelopes import sample_json, sample_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
-from rlreplay.app.api.schemas import SampleRequest, SampleResponse
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound
+from rlreplay.wire.schemas import SampleRequest, SampleResponse
 
 __all__ = ["router", "sample_reply"]
 
@@ -22,9 +22,7 @@ router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
 @router.post(
     "/sample",
     response_model=None,
-    openapi_extra=request_body(
-        SampleRequest, example={"batch_size": 64, "timeout_ms": 10_000, "include_values": True}
-    ),
+    openapi_extra=request_body(SampleRequest),
     responses=answers(
         {200: (SampleResponse, "The sampled items.")},
         TableNotFound,

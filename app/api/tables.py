@@ -8,9 +8,9 @@ from rlreplay.app.api.bodies import parse_table_config
 from rlreplay.app.api.deps import AcceptsMsgpack, EngineDep, TableName
 from rlreplay.app.api.encoding import body_format, encode
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
-from rlreplay.app.api.schemas import TableInfo, TableList
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.wire.errors import TableExists, TableNotFound
+from rlreplay.wire.schemas import TableInfo, TableList
 
 __all__ = ["router"]
 

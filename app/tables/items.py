@@ -10,13 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-MAX_KEY_BYTES = 512
+from rlreplay.wire.schemas import MAX_KEY_BYTES, PushRequest
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "Item",
+    "ItemBatch",
+    "NewItem",
+    "SampleBatch",
+    "SampledItem",
+    "push_body_items",
+]
 
 
 class NewItem(msgspec.Struct, gc=False):
@@ -48,58 +57,21 @@ class SampledItem(msgspec.Struct, gc=False):
     times_sampled: int
 
 
-class PushedItem(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """An item of a msgpack push body, its ``value`` the raw msgpack bytes sent."""
-
-    key: str
-    value: msgspec.Raw
-    priority: float = 1.0
-
-
-class _PushBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    items: list[PushedItem]
-    wait: bool = False
-
-
-class _PushBodyWait(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    items: list[PushedItem]
-    wait: bool
-
-
-# By the map header of the body: a one-field map that decodes as _PushBody is exactly
-# {"items"}, a two-field one that decodes as _PushBodyWait exactly {"items", "wait"}
-# (msgspec lets a repeated field overwrite; the API's field walk refuses it, so no other
-# size is taken).
-_PUSH_DECODERS: dict[int, msgspec.msgpack.Decoder[Any]] = {
-    0x81: msgspec.msgpack.Decoder(_PushBody),
-    0x82: msgspec.msgpack.Decoder(_PushBodyWait),
-}
-
-
-def decode_push_body(body: bytes) -> tuple[list[PushedItem], bool] | None:
-    """The items and ``wait`` of a msgpack push body of the common form (``{"items"}`` or
-    ``{"items", "wait"}``, each item ``{"key", "value", "priority"?}``), or None. Nothing
-    else is checked here: the API checks keys and priorities before it accepts a body."""
-    decoder = _PUSH_DECODERS.get(body[0]) if body else None
-    if decoder is None:
-        return None
-    try:
-        decoded = decoder.decode(body)
-    except Exception:  # any refusal (msgspec's errors, bad UTF-8...)
-        return None
-    return decoded.items, decoded.wait
+#: Reads the push bodies the write-ahead log keeps as sent (the API accepted them).
+_PUSH_BODY = msgspec.msgpack.Decoder(PushRequest)
 
 
 def push_body_items(body: bytes) -> list[NewItem]:
-    """The items of a push body the API accepted (the log keeps such bodies as sent).
+    """The items of a msgpack push body the API accepted (the log keeps such bodies as sent).
 
     Raises:
-        ValueError: ``body`` is not of the form :func:`decode_push_body` reads.
+        ValueError: ``body`` is not a msgpack :class:`~rlreplay.wire.schemas.PushRequest`.
     """
-    decoded = decode_push_body(body)
-    if decoded is None:
-        raise ValueError("not a push body of the logged form")
-    return [NewItem(it.key, bytes(it.value), it.priority) for it in decoded[0]]
+    try:
+        push = _PUSH_BODY.decode(body)
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"not a push body of the logged form: {exc}") from exc
+    return [NewItem(it.key, bytes(it.value), it.priority) for it in push.items]
 
 
 @dataclass(slots=True)

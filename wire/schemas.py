@@ -1,0 +1,281 @@
+"""The wire schemas: the one definition of each request body and answer of the HTTP contract.
+
+Each body is a :class:`msgspec.Struct` with its fields' bounds (:class:`msgspec.Meta`),
+descriptions and examples. Three users read the same classes:
+
+* the server decodes request bodies with them, JSON and msgpack alike
+  (:mod:`rlreplay.app.api.bodies`), and the write-ahead log's replay decodes logged push
+  bodies with :class:`PushRequest`;
+* the server's OpenAPI document is generated from them (:mod:`rlreplay.app.api.openapi`);
+* the client encodes its requests with them (:mod:`rlreplay.clients.client`).
+
+An item's ``value`` is :class:`msgspec.Raw`: in a msgpack body the value's bytes as sent,
+which the server stores without decoding them; in a JSON body the value's JSON text, in the
+contract's JSON form (see :mod:`rlreplay.wire.codec`). The client fills it with the value
+packed by :func:`rlreplay.wire.codec.packb`.
+
+What a Struct cannot state, the server checks itself: a key's limit is 512 bytes of UTF-8,
+while ``Meta`` bounds characters (so a key of 300 ``é`` passes the schema and is refused);
+a priority must be finite (``Meta(ge=0)`` refuses NaN, not infinity); a field that a
+msgpack push body names twice is refused (msgspec keeps the last one). Request Structs
+refuse unknown fields; answers may gain fields, so their Structs take any.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from msgspec import Meta, Raw, Struct
+
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "DEFAULT_TIMEOUT_MS",
+    "MAX_BATCH_SIZE",
+    "MAX_KEY_BYTES",
+    "MAX_TIMEOUT_MS",
+    "Accepted",
+    "DeleteRequest",
+    "ErrorBody",
+    "ErrorDetail",
+    "Health",
+    "ItemIn",
+    "ItemList",
+    "ItemOut",
+    "Key",
+    "KeysRequest",
+    "PrioritiesRequest",
+    "PrioritiesUpdated",
+    "Priority",
+    "PushCommitted",
+    "PushRequest",
+    "SampleRequest",
+    "SampleResponse",
+    "SampledItemOut",
+    "TableInfo",
+    "TableList",
+    "TableStats",
+]
+
+#: The longest key, in bytes of UTF-8.
+MAX_KEY_BYTES = 512
+#: The priority of an item pushed without one.
+DEFAULT_PRIORITY = 1.0
+#: Largest ``batch_size`` of one sample request.
+MAX_BATCH_SIZE = 65_536
+#: ``timeout_ms`` of a sample request that names none.
+DEFAULT_TIMEOUT_MS = 10_000
+#: Longest ``timeout_ms`` accepted (ten minutes).
+MAX_TIMEOUT_MS = 600_000
+
+#: An item key: 1 to 512 bytes of UTF-8 (the schema can only bound characters).
+Key = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_KEY_BYTES,
+        description="1 to 512 bytes of UTF-8.",
+        examples=["episode-17/step-3"],
+    ),
+]
+#: A priority: a finite number >= 0. ``Meta`` refuses NaN here but not infinity, which the
+#: server refuses itself (``le=`` the largest float would put that bound in the document).
+Priority = Annotated[float, Meta(ge=0.0, description="Finite, >= 0.", examples=[2.0])]
+_Count = Annotated[int, Meta(ge=0)]
+
+_VALUE_DOC = (
+    "Any msgpack value. In msgpack bodies arrays are extension type 1 "
+    '(`[dtype, shape, data]`); in JSON, bytes are `{"$bytes": base64}`, arrays '
+    '`{"$ndarray": {"dtype", "shape", "data": base64}}`, and NaN, Infinity and -Infinity '
+    '`{"$float": "NaN"}`, `{"$float": "Infinity"}`, `{"$float": "-Infinity"}`. A stored '
+    'value with no JSON form comes back over JSON as `{"$msgpack": base64}`.'
+)
+_VALUE_EXAMPLE: dict[str, Any] = {"obs": [0.1, 0.2, 0.3], "action": 1, "reward": 1.0}
+_WAIT_DOC = "Answer 200 once applied instead of 202 on accept."
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+
+class _Request(Struct, forbid_unknown_fields=True, gc=False):
+    """A request body: unknown fields are refused. Not tracked by the garbage collector: a
+    body never holds a reference cycle."""
+
+    #: An example body, shown in the OpenAPI document.
+    EXAMPLE: ClassVar[dict[str, Any]]
+
+
+class ItemIn(_Request):
+    """One item to push; pushing an existing key replaces its value and priority."""
+
+    key: Key
+    value: Annotated[Raw, Meta(description=_VALUE_DOC, examples=[_VALUE_EXAMPLE])]
+    priority: Priority = DEFAULT_PRIORITY
+
+
+class PushRequest(_Request):
+    """Items to push; with ``wait`` the answer comes once the writer applied them."""
+
+    items: list[ItemIn]
+    wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {
+        "items": [
+            {"key": "r1", "value": {"obs": [0.1, 0.2], "reward": 1.0}, "priority": 2.0},
+            {"key": "r2", "value": {"$bytes": "AAEC"}},
+        ],
+        "wait": False,
+    }
+
+
+class KeysRequest(_Request):
+    """Keys to read."""
+
+    keys: Annotated[list[Key], Meta(examples=[["r1", "r2"]])]
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {"keys": ["r1", "r2"]}
+
+
+class DeleteRequest(_Request):
+    """Keys to delete; missing keys are no error."""
+
+    keys: Annotated[list[Key], Meta(examples=[["r1", "r2"]])]
+    wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {"keys": ["r1", "r2"]}
+
+
+class SampleRequest(_Request):
+    """What to sample."""
+
+    batch_size: Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE, examples=[64])]
+    timeout_ms: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=MAX_TIMEOUT_MS,
+            description="How long the rate limiter may hold the sample before 504.",
+        ),
+    ] = DEFAULT_TIMEOUT_MS
+    include_values: Annotated[bool, Meta(description="false: values come back null.")] = True
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {
+        "batch_size": 64,
+        "timeout_ms": DEFAULT_TIMEOUT_MS,
+        "include_values": True,
+    }
+
+
+class PrioritiesRequest(_Request):
+    """New priorities by key."""
+
+    priorities: Annotated[dict[Key, Priority], Meta(examples=[{"r1": 0.5, "r2": 3.0}])]
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {"priorities": {"r1": 0.5}}
+
+
+# --- answers ----------------------------------------------------------------------------------
+
+
+class ErrorDetail(Struct):
+    """What went wrong: a stable snake_case ``code`` and a message for a person."""
+
+    code: Annotated[str, Meta(examples=["table_not_found"])]
+    message: Annotated[str, Meta(examples=["no table named 'rollouts'"])]
+
+
+class ErrorBody(Struct):
+    """Every error answer: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+class Accepted(Struct):
+    """How many items the op accepted; readers see them at once, the writer applies them."""
+
+    accepted: Annotated[int, Meta(ge=0, examples=[64])]
+
+
+class PushCommitted(Struct):
+    """How many items the writer committed (a write with ``wait: true``)."""
+
+    committed: Annotated[int, Meta(ge=0, examples=[64])]
+
+
+class ItemOut(Struct):
+    """A stored item."""
+
+    key: Annotated[str, Meta(examples=["r1"])]
+    value: Annotated[Any, Meta(description=_VALUE_DOC, examples=[_VALUE_EXAMPLE])]
+    priority: Annotated[float, Meta(examples=[2.0])]
+    inserted_at: Annotated[float, Meta(description="Unix time of the insert.", examples=[1.7e9])]
+    times_sampled: Annotated[int, Meta(ge=0, examples=[0])]
+
+
+class ItemList(Struct):
+    """Items in the order asked, null where a key is missing."""
+
+    items: list[ItemOut | None]
+
+
+class SampledItemOut(Struct):
+    """One pick of a sample."""
+
+    key: Annotated[str, Meta(examples=["r1"])]
+    value: Annotated[Any, Meta(description=_VALUE_DOC, examples=[_VALUE_EXAMPLE])]
+    priority: Annotated[float, Meta(examples=[2.0])]
+    probability: Annotated[
+        float, Meta(description="Chance of this pick in one draw.", examples=[0.01])
+    ]
+    weight: Annotated[
+        float, Meta(description="Importance-sampling weight (1.0 but for prioritized).")
+    ]
+    times_sampled: Annotated[int, Meta(ge=0, examples=[1])]
+
+
+class SampleResponse(Struct):
+    """The sampled items."""
+
+    items: list[SampledItemOut]
+
+
+class PrioritiesUpdated(Struct):
+    """How many keys were updated, and how many were skipped as missing."""
+
+    updated: Annotated[int, Meta(ge=0, examples=[1])]
+    missing: Annotated[int, Meta(ge=0, examples=[1])]
+
+
+class TableStats(Struct):
+    """A table's figures (pending writes included)."""
+
+    size: _Count
+    pending_ops: _Count
+    bytes_in_cache: _Count
+    bytes_on_disk: _Count
+    inserts: _Count
+    samples: _Count
+    deletes: _Count
+    evictions_to_disk: _Count
+    populates: _Count
+
+
+class TableInfo(Struct):
+    """A table: its name, config and stats."""
+
+    name: Annotated[str, Meta(examples=["default"])]
+    #: The server's ``TableConfig``, which the OpenAPI document links to by name: the
+    #: config is the server's pydantic model, which this package may not import.
+    config: Annotated[dict[str, Any], Meta(description="The table's `TableConfig`.")]
+    stats: TableStats
+
+
+class TableList(Struct):
+    """Every table."""
+
+    tables: list[TableInfo]
+
+
+class Health(Struct):
+    """Liveness or readiness."""
+
+    status: Annotated[str, Meta(examples=["ok"])]
