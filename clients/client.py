@@ -6,7 +6,9 @@ pool is :class:`~rlreplay.clients.transport.LeanTransport`, a small HTTP/1.1 tra
 streams that takes large answers at a fraction of httpcore's CPU; ``https://`` servers use
 httpx's own transport. Every call speaks msgpack
 both ways, so NumPy arrays and torch tensors in item values travel as arrays and come back
-as NumPy arrays, bit-exactly (see :mod:`rlreplay.wire.codec`). Errors the server answers with are
+as NumPy arrays, bit-exactly (see :mod:`rlreplay.wire.codec`); request bodies are the
+Structs the server decodes them with (:mod:`rlreplay.clients.bodies`). Errors the server
+answers with are
 raised as the classes of :mod:`rlreplay.wire.errors`; a server that cannot be reached after the
 retries raises :class:`~rlreplay.wire.errors.Unavailable`. Which calls are retried is explained
 in :mod:`rlreplay.clients.retry`.
@@ -23,10 +25,18 @@ from urllib.parse import quote
 
 import httpx
 
+from rlreplay.clients.bodies import encode_body, push_request
 from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from rlreplay.clients.transport import LeanTransport
-from rlreplay.wire.codec import from_jsonable, packb, unpackb
+from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
+from rlreplay.wire.schemas import (
+    DEFAULT_TIMEOUT_MS,
+    DeleteRequest,
+    KeysRequest,
+    PrioritiesRequest,
+    SampleRequest,
+)
 
 __all__ = ["Item", "ReplayClient"]
 
@@ -35,7 +45,7 @@ Item = dict[str, Any]
 
 MSGPACK: Final = "application/msgpack"
 _USER_AGENT: Final = "rlreplay-client/0.1"
-_SERVER_SAMPLE_TIMEOUT_S: Final = 10.0  # the contract's default timeout_ms
+_SERVER_SAMPLE_TIMEOUT_S: Final = DEFAULT_TIMEOUT_MS / 1000
 _SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
 _KEEPALIVE_EXPIRY_S: Final = 30.0
 _URL_CACHE_SIZE: Final = 256
@@ -253,7 +263,7 @@ class ReplayClient:
         """
         if not items:
             return 0
-        body = {"items": [dict(item) for item in items], "wait": wait}
+        body = push_request(items, wait)
         answer = await self._call("POST", self._table(table, "/items"), body=body, idempotent=True)
         counts = self._as_dict(answer)
         return int(counts.get("committed", counts.get("accepted", 0)))
@@ -275,7 +285,7 @@ class ReplayClient:
 
     async def get_many(self, table: str, keys: Iterable[str]) -> list[Item | None]:
         """Several items in one request, in the order asked; None where a key is missing."""
-        body = {"keys": list(keys)}
+        body = KeysRequest(list(keys))
         path = self._table(table, "/items:batchGet")
         answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
         return list(answer.get("items", []))
@@ -301,9 +311,11 @@ class ReplayClient:
             DeadlineExceeded: The rate limiter did not allow the sample in time.
             TableNotFound, ValidationFailed: As the contract says.
         """
-        body: dict[str, Any] = {"batch_size": batch_size, "include_values": include_values}
-        if timeout_ms is not None:
-            body["timeout_ms"] = timeout_ms
+        body = SampleRequest(
+            batch_size,
+            DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms,
+            include_values,
+        )
         waits_s = (timeout_ms / 1000) if timeout_ms is not None else _SERVER_SAMPLE_TIMEOUT_S
         answer = await self._call(
             "POST",
@@ -322,7 +334,7 @@ class ReplayClient:
         Returns:
             ``{"updated": n, "missing": m}``: keys not in the table are skipped and counted.
         """
-        body = {"priorities": {key: float(value) for key, value in priorities.items()}}
+        body = PrioritiesRequest({key: float(value) for key, value in priorities.items()})
         path = self._table(table, "/priorities")
         answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
         return {"updated": int(answer.get("updated", 0)), "missing": int(answer.get("missing", 0))}
@@ -333,8 +345,8 @@ class ReplayClient:
         Returns:
             How many deletions the server accepted; 0 without a request when ``keys`` is empty.
         """
-        body = {"keys": list(keys)}
-        if not body["keys"]:
+        body = DeleteRequest(list(keys))
+        if not body.keys:
             return 0
         path = self._table(table, "/items:batchDelete")
         answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
@@ -443,7 +455,7 @@ class ReplayClient:
         read_timeout_s: float | None = None,
     ) -> Any:
         """Send one request with retries; return the decoded answer (None for no content)."""
-        content = None if body is None else packb(body)
+        content = None if body is None else encode_body(body)
         attempt = 0
         while True:
             retry_after: float | None = None

@@ -5,15 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 import torch
 
 from rlreplay.clients import ReplayClient, TableExists, TableNotFound, ValidationFailed
-from rlreplay.wire.codec import to_jsonable, unpackb
+from rlreplay.wire.codec import packb, to_jsonable, unpackb
+from rlreplay.wire.schemas import (
+    DeleteRequest,
+    KeysRequest,
+    PrioritiesRequest,
+    PushRequest,
+    SampleRequest,
+)
 from tests.clients.replay_fake import FakeServer, answer
 
 
@@ -130,6 +139,52 @@ async def test_headers_say_msgpack_and_carry_the_api_key() -> None:
     body = unpackb(request.content)
     assert body["wait"] is False and body["items"][0]["key"] == "k"
     np.testing.assert_array_equal(body["items"][0]["value"], np.zeros(2))
+
+
+async def test_request_bodies_decode_with_the_servers_schemas() -> None:
+    """The client encodes with the wire Structs the server decodes with; values go as
+    the codec packs them."""
+    sent: dict[str, bytes] = {}
+    pushes: list[bytes] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent[request.url.path.rsplit("/", 1)[1]] = request.content
+        if request.url.path.endswith("/items"):
+            pushes.append(request.content)
+        return answer(request, 200, {"accepted": 1, "items": [], "updated": 1, "missing": 0})
+
+    value = {"obs": np.arange(3, dtype="<f4"), "t": torch.ones(2), "r": np.float32(0.5)}
+    async with ReplayClient("http://x", transport=httpx.MockTransport(handler)) as rb:
+        await rb.push("t", [{"key": "a", "value": value, "priority": np.float64(2.0)}])
+        await rb.push("t", [{"key": "b", "value": [1, "x"]}], wait=True)
+        await rb.get_many("t", ["a", "b"])
+        await rb.delete("t", ("a",))
+        await rb.sample("t", 8, timeout_ms=50, include_values=False)
+        await rb.update_priorities("t", {"a": 1})
+    first, second = (msgspec.msgpack.decode(body, type=PushRequest) for body in pushes)
+    assert first.wait is False and [(it.key, it.priority) for it in first.items] == [("a", 2.0)]
+    assert bytes(first.items[0].value) == packb(value)
+    assert second.wait is True and [(it.key, it.priority) for it in second.items] == [("b", 1.0)]
+    assert bytes(second.items[0].value) == packb([1, "x"])
+    assert msgspec.msgpack.decode(sent["items:batchGet"], type=KeysRequest).keys == ["a", "b"]
+    assert msgspec.msgpack.decode(sent["items:batchDelete"], type=DeleteRequest).keys == ["a"]
+    assert msgspec.msgpack.decode(sent["sample"], type=SampleRequest) == SampleRequest(8, 50, False)
+    priorities = msgspec.msgpack.decode(sent["priorities"], type=PrioritiesRequest)
+    assert priorities.priorities == {"a": 1.0}
+
+
+async def test_a_push_item_with_a_field_missing_or_unknown_is_refused_before_sending() -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("nothing should be sent")
+
+    async with ReplayClient("http://x", transport=httpx.MockTransport(handler)) as rb:
+        for items, message in (
+            ([{"key": "a", "value": 1}, {"key": "b"}], "missing field(s) in items[1]: value"),
+            ([{"value": 1}], "missing field(s) in items[0]: key"),
+            ([{"key": "a", "value": 1, "prio": 2.0}], "unknown field(s) in items[0]: prio"),
+        ):
+            with pytest.raises(ValidationFailed, match=re.escape(message)):
+                await rb.push("t", items)
 
 
 async def test_json_answers_are_decoded_from_the_json_form() -> None:

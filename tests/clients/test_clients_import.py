@@ -1,4 +1,8 @@
-"""The client installs on a trainer's machine: no server dependencies, torch only on demand."""
+"""The client installs on a trainer's machine: no server dependencies, torch only on demand.
+
+msgspec is a client dependency: the wire schemas, which the client encodes its requests
+with, are msgspec Structs.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import textwrap
 
 BLOCKED = [
     "fastapi",
-    "msgspec",
     "starlette",
     "pydantic",
     "pydantic_settings",
@@ -40,7 +43,7 @@ SCRIPT = textwrap.dedent(
     assert TopLevelClient is rlreplay.clients.ReplayClient
     from rlreplay.clients import ReplayClient, packb, unpackb, to_jsonable, from_jsonable
     import rlreplay.clients.client, rlreplay.clients.retry
-    import rlreplay.wire.codec, rlreplay.wire.arrays, rlreplay.wire.errors
+    import rlreplay.wire.codec, rlreplay.wire.arrays, rlreplay.wire.errors, rlreplay.wire.schemas
 
     value = {"obs": np.arange(4, dtype="<f4"), "b": b"x"}
     back = unpackb(packb(value))
