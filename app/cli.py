@@ -1,4 +1,5 @@
-"""The ``rlreplay`` command: ``serve`` runs the service, ``sidecar`` the GPU sidecar.
+"""The ``rlreplay`` command: ``serve`` runs the service, ``export`` writes a table of a
+snapshot out for analysis, ``sidecar`` the GPU sidecar.
 
 Every flag of ``serve`` is a field of :class:`rlreplay.app.settings.Settings` and also the
 environment
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from rlreplay.app import package_version
+from rlreplay.app.export import add_export_parser, run_export
 from rlreplay.app.settings import Settings
 
 __all__ = ["build_parser", "main", "serve_command", "settings_from_args", "uvicorn_options"]
@@ -126,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     sidecar.add_argument("--host", default="127.0.0.1")
     sidecar.add_argument("--port", type=int, default=8001)
+    add_export_parser(commands)
     return parser
 
 
@@ -239,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "sidecar":
         print("rlreplay sidecar: not implemented yet (GPU sidecar issue)", file=sys.stderr)
         raise SystemExit(2)
+    if args.command == "export":
+        raise SystemExit(run_export(args))
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:

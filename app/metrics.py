@@ -227,6 +227,7 @@ class EngineExposition:
                 out.append(
                     f'rlreplay_storage_failures_total{{kind="{_label(kind)}"}} {_value(count)}\n'
                 )
+        out.extend(_snapshot_series(getattr(self._engine, "snapshot_stats", None)))
         lag = getattr(self._engine, "writer_lag_s", None)
         if isinstance(lag, int | float):
             out.append(
@@ -238,6 +239,35 @@ class EngineExposition:
                 + f"rlreplay_writer_lag_seconds {_value(lag)}\n"
             )
         return "".join(out)
+
+
+_SNAPSHOT_SERIES = {
+    "snapshots_total": ("counter", "Snapshots uploaded to the backup URL."),
+    "snapshot_failures_total": ("counter", "Snapshots that failed (capture or upload)."),
+    "snapshot_uploaded_bytes_total": (
+        "counter",
+        "Bytes uploaded by snapshots (files the backup URL already had are not sent again).",
+    ),
+    "snapshot_last_success_time": ("gauge", "Unix time of the last snapshot that succeeded."),
+    "snapshot_newest_age_seconds": ("gauge", "Age of the newest snapshot at the backup URL."),
+    "snapshot_last_capture_seconds": (
+        "gauge",
+        "How long the writer paused to capture the last snapshot (the upload runs after).",
+    ),
+}
+
+
+def _snapshot_series(stats: Any) -> list[str]:
+    """The ``rlreplay_snapshot*`` series (none without a backup URL)."""
+    figures = stats() if callable(stats) else None
+    if not isinstance(figures, dict):
+        return []
+    out = []
+    for stat, (kind, doc) in _SNAPSHOT_SERIES.items():
+        if stat in figures:
+            name = f"rlreplay_{stat}"
+            out.append(_head(name, kind, doc) + f"{name} {_value(figures[stat])}\n")
+    return out
 
 
 _M = TypeVar("_M", Counter, Histogram)

@@ -61,14 +61,37 @@ class Settings(BaseSettings):
     )
     io_threads: int = Field(4, gt=0, description="Threads for blocking RocksDB and file I/O.")
     backup_url: str | None = Field(
-        None, description="fsspec URL for snapshots (not implemented yet)."
+        None,
+        description=(
+            "fsspec URL that snapshots go to (s3://bucket/prefix, gs://..., hdfs://..., "
+            "file:///path, memory://name); none: no snapshots."
+        ),
     )
-    backup_interval_s: float = Field(180, gt=0, description="Seconds between snapshots.")
+    backup_interval_s: float = Field(
+        180, ge=0, description="Seconds between periodic snapshots (0: on demand only)."
+    )
     backup_keep: int = Field(5, gt=0, description="Snapshots kept at the backup URL.")
     backup_storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec storage options as JSON."
+        default_factory=dict,
+        description=(
+            "fsspec storage options as JSON (an S3 endpoint, credentials); S3 also reads "
+            "the usual AWS_* variables."
+        ),
     )
-    restore: str = Field("none", description="latest, none or a snapshot id (not implemented yet).")
+    restore: str = Field(
+        "none",
+        description=(
+            "On start, before /readyz: latest, a snapshot id, or none. A data dir with data "
+            "of its own is kept (latest) or refused (an id) unless --restore-replace."
+        ),
+    )
+    restore_replace: bool = Field(
+        False,
+        description=(
+            "With --restore: replace the data dir's own data with the snapshot (the old "
+            "files are moved aside to replaced-<time>/, not deleted)."
+        ),
+    )
     max_request_mb: float = Field(64, gt=0, description="Largest request body accepted.")
     max_response_mb: float = Field(
         256,

@@ -35,6 +35,7 @@ from rlreplay.wire.schemas import (
     DeleteRequest,
     KeysRequest,
     PrioritiesRequest,
+    SnapshotRequest,
     SampleRequest,
 )
 
@@ -351,6 +352,29 @@ class ReplayClient:
         path = self._table(table, "/items:batchDelete")
         answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
         return int(answer.get("accepted", 0))
+
+    async def snapshot(
+        self, tables: Iterable[str] | None = None, *, timeout_s: float = 3600.0
+    ) -> dict[str, Any]:
+        """Take a snapshot to the server's backup URL; returns once it is uploaded.
+
+        Returns:
+            ``{"id", "url", "created_at", "items", "bytes", "tables"}``.
+
+        Raises:
+            NotConfigured: The server has no ``--backup-url``.
+            TableNotFound: ``tables`` names a table that does not exist.
+        """
+        body = SnapshotRequest(None if tables is None else list(tables))
+        answer = await self._call(
+            "POST", "/v1/snapshots", body=body, idempotent=False, read_timeout_s=timeout_s
+        )
+        return self._as_dict(answer)
+
+    async def snapshots(self) -> list[dict[str, Any]]:
+        """The complete snapshots at the server's backup URL, newest first."""
+        answer = self._as_dict(await self._call("GET", "/v1/snapshots", idempotent=True))
+        return list(answer.get("snapshots", []))
 
     async def stream(
         self,

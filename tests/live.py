@@ -66,6 +66,7 @@ def launch_server(
     """Starts ``python -m rlreplay.app`` on 127.0.0.1 without waiting for it (data in
     ``workdir/data`` unless ``data_dir`` is given; the log in ``workdir/server.log``)."""
     port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
     data_dir = data_dir or workdir / "data"
     log_path = workdir / "server.log"
     cmd = serve_command(port, data_dir, *flags)

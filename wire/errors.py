@@ -7,9 +7,11 @@ Every error the HTTP contract names is one class here, keyed by its ``code``::
     ├── Unauthorized                 401 unauthorized
     ├── TableNotFound                404 table_not_found
     ├── ItemNotFound                 404 item_not_found
+    ├── SnapshotNotFound             404 snapshot_not_found
     ├── NotFound                     404 not_found          (unknown route)
     ├── MethodNotAllowed             405 method_not_allowed
     ├── TableExists                  409 table_exists
+    ├── NotConfigured                409 not_configured     (no --backup-url for snapshots)
     ├── Gone                         410 gone
     ├── PayloadTooLarge              413 payload_too_large
     ├── UnsupportedMediaType         415 unsupported_media_type
@@ -34,10 +36,12 @@ __all__ = [
     "Gone",
     "ItemNotFound",
     "MethodNotAllowed",
+    "NotConfigured",
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
     "ReplayError",
+    "SnapshotNotFound",
     "StorageFull",
     "TableExists",
     "TableNotFound",
@@ -89,6 +93,12 @@ class ItemNotFound(ReplayError):
     code, status = "item_not_found", 404
 
 
+class SnapshotNotFound(ReplayError):
+    """No complete snapshot with that id at the backup URL."""
+
+    code, status = "snapshot_not_found", 404
+
+
 class NotFound(ReplayError):
     """No route at that path."""
 
@@ -105,6 +115,12 @@ class TableExists(ReplayError):
     """A table of that name exists with a different configuration."""
 
     code, status = "table_exists", 409
+
+
+class NotConfigured(ReplayError):
+    """The request needs a setting the server was started without (``--backup-url``)."""
+
+    code, status = "not_configured", 409
 
 
 class Gone(ReplayError):
@@ -162,9 +178,11 @@ _BY_CODE: dict[str, type[ReplayError]] = {
         Unauthorized,
         TableNotFound,
         ItemNotFound,
+        SnapshotNotFound,
         NotFound,
         MethodNotAllowed,
         TableExists,
+        NotConfigured,
         Gone,
         PayloadTooLarge,
         UnsupportedMediaType,

@@ -279,3 +279,34 @@ class Health(Struct):
     """Liveness or readiness."""
 
     status: Annotated[str, Meta(examples=["ok"])]
+
+
+# --- snapshots ----------------------------------------------------------------------------------
+
+
+class SnapshotRequest(_Request):
+    """What to snapshot: every table, or those named (a restore then brings back those)."""
+
+    tables: Annotated[
+        list[str] | None,
+        Meta(description="Tables to snapshot (all: omitted).", examples=[["default"]]),
+    ] = None
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {"tables": ["default"]}
+
+
+class Snapshot(Struct):
+    """A complete snapshot at the backup URL."""
+
+    id: Annotated[str, Meta(examples=["20261125T050102.123Z-3fa9c1"])]
+    url: Annotated[str, Meta(description="Its manifest's URL.")]
+    created_at: Annotated[float, Meta(description="Unix time, seconds.")]
+    items: _Count
+    bytes: _Count
+    tables: list[str]
+
+
+class SnapshotList(Struct):
+    """The complete snapshots at the backup URL, newest first."""
+
+    snapshots: list[Snapshot]

@@ -12,9 +12,9 @@ import logging
 import operator
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, cast
 
-import msgpack
 import numpy as np
 
 from rlreplay.app.storage.allocator import release_free_memory
@@ -28,6 +28,7 @@ from rlreplay.app.storage.layout import (
     table_ranges,
     value_key,
 )
+from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import TableExists, TableNotFound
 from rlreplay.workers.ops import (
@@ -40,6 +41,7 @@ from rlreplay.workers.ops import (
     PopulateOp,
     PriorityOp,
     PutOp,
+    SnapshotOp,
 )
 from rlreplay.workers.state import (
     EngineState,
@@ -47,6 +49,7 @@ from rlreplay.workers.state import (
     meta_bytes,
     table_record,
 )
+from rlreplay.workers.storage import RocksStorage
 
 log = logging.getLogger("rlreplay.workers.task_processor")
 
@@ -64,7 +67,6 @@ class OpApplier:
         self._np_rng = np.random.default_rng(seed)
         self._evict_queued = False
         self._checkpoint_queued = False
-        self._disk_deletes: list[bytes] = []
         self._evicted_since_trim = 0
         #: The log position the last checkpoint covered (set by the engine on recovery).
         self.horizon = 0
@@ -74,9 +76,6 @@ class OpApplier:
         #: background failures by kind (checkpoint, evict, store), for /metrics
         self.background_failures: dict[str, int] = {"checkpoint": 0, "evict": 0, "store": 0}
         self.last_background_error: str | None = None
-        # RocksDB work put off by a failed write, done by the next checkpoint's batch
-        self._deferred_puts: list[tuple[bytes, bytes]] = []
-        self._deferred_ranges: list[tuple[bytes, bytes]] = []
 
     def submit(self, op: Op, *, housekeeping: bool = False) -> None:
         """Queue an op for the writer (the task processor's)."""
@@ -84,6 +83,10 @@ class OpApplier:
 
     async def checkpoint(self, *, full: bool = False) -> None:
         """Make what is applied durable without the log (the checkpointer's)."""
+        raise NotImplementedError
+
+    async def capture(self, dest: Path) -> dict[str, Any]:
+        """Capture every table into ``dest`` (the checkpointer's)."""
         raise NotImplementedError
 
     def oldest_queued_seq(self) -> int | None:
@@ -104,6 +107,12 @@ class OpApplier:
         )
 
     @property
+    def _rocks(self) -> RocksStorage | None:
+        """The storage when it is RocksDB-backed (hybrid, disk); None in memory mode."""
+        storage = self._state.storage
+        return storage if isinstance(storage, RocksStorage) else None
+
+    @property
     def storage_failing(self) -> bool:
         """Whether background writes to storage are failing now."""
         return self.checkpoint_retry.failing or self.evict_retry.failing or self.store_retry.failing
@@ -112,19 +121,19 @@ class OpApplier:
         """Disk mode: write a push's values and metadata to RocksDB; False if it failed (the
         values then stay in the cache, dirty, until a checkpoint or eviction writes them: the
         op is in the log and must be applied all the same)."""
-        s = self._state
-        assert s.store is not None
+        rocks, io = self._rocks, self._state.io
+        assert rocks is not None
         puts: list[tuple[bytes, bytes]] = []
         for it, slot in zip(items, slots, strict=True):
             puts.append((value_key(t.prefix, it.key), it.value))
             puts.append((meta_key(t.prefix, it.key), meta_bytes(t, slot)))
-        deletes = self._take_disk_deletes()
+        deletes = rocks.take_deletes()
         try:
-            if s.store.failure is not None:
-                await s.io.run(s.store.recover)
-            await s.io.run(s.store.write, puts, deletes)
+            if rocks.db.failure is not None:
+                await io.run(rocks.db.recover)
+            await io.run(rocks.db.write, puts, deletes)
         except OSError as exc:
-            self._disk_deletes[:0] = deletes
+            rocks.give_back_deletes(deletes)
             self._background_failed("store", exc, self.store_retry)
             return False
         self.store_retry.succeeded()
@@ -155,6 +164,11 @@ class OpApplier:
                 raise_into(op, storage_error(exc, str(self._state.settings.data_dir)))
             else:
                 self.checkpoint_retry.succeeded()
+        elif isinstance(op, SnapshotOp):
+            try:
+                op.meta.update(await self.capture(op.dest))
+            except OSError as exc:  # the caller's to report; the writer goes on
+                raise_into(op, storage_error(exc, str(op.dest)))
         elif isinstance(op, CreateTableOp):
             await self._create(op)
         elif isinstance(op, DropTableOp):
@@ -172,7 +186,7 @@ class OpApplier:
             items = list({it.key: it for it in items}.values())
             keys = [it.key for it in items]
         n = len(items)
-        mode, ts, seq = s.mode, op.inserted_at, op.seq
+        through, ts, seq = not s.storage.caches_pushes, op.inserted_at, op.seq
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         index_get, pending_get = index.get, pending.get
         found = list(map(index_get, keys))
@@ -180,21 +194,21 @@ class OpApplier:
         old = [slot for slot in found if slot is not None]
         replaced = [slot for slot in old if not retired[slot]]
         was_cached = [slot for slot in old if values[slot] is not None]
-        if was_cached and mode == "disk":  # otherwise the ledger's add below replaces them
+        if was_cached and through:  # otherwise the ledger's add below replaces them
             s.ledger.discard_many(t, was_cached)
         if len(old) < len(found):  # new keys get slots, in one go
             new_at = [i for i, slot in enumerate(found) if slot is None]
             for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
                 found[i] = slot
         slot_list = cast(list[int], found)
-        # the pending entries this op made, unless a later op replaced them (in disk mode
-        # they stay while RocksDB writes the values: readers find them there meanwhile)
+        # the pending entries this op made, unless a later op replaced them (written
+        # through, they stay while RocksDB writes the values: readers find them meanwhile)
         mine = [
             key
             for key, e in zip(keys, map(pending_get, keys), strict=True)
             if e is not None and e[0] == seq
         ]
-        if mode != "disk":
+        if not through:
             deque(map(pending.__delitem__, mine), maxlen=0)
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
@@ -209,7 +223,7 @@ class OpApplier:
         if t.index_fields:
             fields = [index_fields_of(it.value, t.index_fields) for it in items]
         t.assign(slots, slot_list, prios, sizes, ts, seq, fields, replaced)
-        written = mode == "disk" and await self._write_through(t, items, slot_list)
+        written = through and await self._write_through(t, items, slot_list)
         if written:
             t.meta_dirty[slots] = 0
             for slot, size in zip(slot_list, sizes.tolist(), strict=True):
@@ -218,7 +232,7 @@ class OpApplier:
                 t.dirty[slot] = 0
                 t.bytes_on_disk += size - int(t.disk_size[slot])
                 t.disk_size[slot] = size
-        else:  # hybrid and memory; disk mode when RocksDB failed: the cache holds it meanwhile
+        else:  # cached pushes, and written-through ones RocksDB refused: held here meanwhile
             t.meta_dirty[slots] = 1
             for slot, value in zip(slot_list, new_values, strict=True):
                 values[slot] = value
@@ -229,7 +243,7 @@ class OpApplier:
             s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
             t.bytes_in_cache += int(sizes.sum())
         t.select(slots, prios, ts, fields)
-        if mode == "disk":
+        if through:
             for key in mine:
                 entry = t.pending.get(key)
                 if entry is not None and entry[0] == seq:
@@ -237,7 +251,7 @@ class OpApplier:
         if not replay:
             await self._trim(t)
         t.applied(op.seq, op.weight)
-        if s.ledger.over and mode != "memory":
+        if s.ledger.over and s.storage.evicts:
             if replay:
                 await self._evict()
             elif not self._evict_queued:
@@ -293,25 +307,22 @@ class OpApplier:
             t.bytes_in_cache -= int(t.size[cached].sum())
         with memoryview(t.on_disk) as flags:
             on_disk = np.flatnonzero(np.frombuffer(flags, np.uint8)[slots])
-        if len(on_disk):
-            deletes = self._disk_deletes
+        rocks = self._rocks
+        if len(on_disk) and rocks is not None:
+            deletes = rocks.deletes
             for i in on_disk.tolist():
                 deletes.append(value_key(t.prefix, keys[i]))
                 deletes.append(meta_key(t.prefix, keys[i]))
             t.bytes_on_disk -= int(t.disk_size[slots[on_disk]].sum())
         t.free_slots(slots, slot_list, keys)
         t.counters.deletes += len(slot_list)
-        if len(self._disk_deletes) > 20_000 and s.store is not None and not s.store.failure:
-            deletes = self._take_disk_deletes()
+        if rocks is not None and len(rocks.deletes) > 20_000 and not rocks.db.failure:
+            deletes = rocks.take_deletes()
             try:
-                await s.io.run(s.store.write, (), deletes)
+                await s.io.run(rocks.db.write, (), deletes)
             except OSError as exc:  # they go with the next write that works
-                self._disk_deletes[:0] = deletes
+                rocks.give_back_deletes(deletes)
                 self._background_failed("store", exc, self.store_retry)
-
-    def _take_disk_deletes(self) -> list[bytes]:
-        out, self._disk_deletes = self._disk_deletes, []
-        return out
 
     def _priorities(self, op: PriorityOp) -> None:
         if not op.table.dropped:
@@ -336,8 +347,8 @@ class OpApplier:
 
     async def _evict(self) -> None:
         """Move cold values to RocksDB until the cache is under its low watermark."""
-        s = self._state
-        if s.store is None or not s.ledger.over:
+        s, rocks = self._state, self._rocks
+        if rocks is None or not s.ledger.over:
             return
         if not self.evict_retry.due():
             return  # failing: the retry is queued when due
@@ -351,13 +362,13 @@ class OpApplier:
                 puts.append((value_key(t.prefix, key), value))
             if t.meta_dirty[slot] or t.dirty[slot]:
                 puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
-        deletes = self._take_disk_deletes()
+        deletes = rocks.take_deletes()
         try:
-            if s.store.failure is not None:
-                await s.io.run(s.store.recover)
-            await s.io.run(s.store.write, puts, deletes)
+            if rocks.db.failure is not None:
+                await s.io.run(rocks.db.recover)
+            await s.io.run(rocks.db.write, puts, deletes)
         except OSError as exc:  # the values stay in the cache, over its limit, until a retry
-            self._disk_deletes[:0] = deletes
+            rocks.give_back_deletes(deletes)
             self._requeue(victims)
             self._background_failed("evict", exc, self.evict_retry)
             return
@@ -400,7 +411,7 @@ class OpApplier:
             return
         table = Table(op.name, s.next_tid, op.config)
         s.next_tid += 1
-        if s.store is not None:
+        if self._rocks is not None:
             await self._store_write_or_defer(
                 [
                     (table_key(op.name), table_record(table)),
@@ -420,13 +431,14 @@ class OpApplier:
         s.ledger.drop_table(table)
         table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
-        if s.store is not None:
+        rocks = self._rocks
+        if rocks is not None:
             ranges = table_ranges(table.tid)
             record = table_key(table.name)
             # a table record put off by a failed write must not outlive the table: the
             # checkpoint's batch applies its deletes before its puts
-            self._deferred_puts = [(k, v) for k, v in self._deferred_puts if k != record]
-            self._disk_deletes.append(record)
+            rocks.deferred_puts = [(k, v) for k, v in rocks.deferred_puts if k != record]
+            rocks.deletes.append(record)
             await self._store_write_or_defer([], ranges)
 
     async def _store_write_or_defer(
@@ -435,32 +447,21 @@ class OpApplier:
         """Write table records and range deletes now, with the deletes queued so far; if
         RocksDB fails, the next checkpoint's batch writes them (before the log that holds
         their op is cut), so the op is applied all the same."""
-        s = self._state
-        assert s.store is not None
-        deletes = self._take_disk_deletes()
-        if s.store.failure is None and not self._deferred_puts and not self._deferred_ranges:
+        rocks = self._rocks
+        assert rocks is not None
+        deletes = rocks.take_deletes()
+        if rocks.db.failure is None and not rocks.deferred_puts and not rocks.deferred_ranges:
             try:
-                await s.io.run(s.store.write, puts, deletes, ranges)
+                await self._state.io.run(rocks.db.write, puts, deletes, ranges)
                 return
             except OSError as exc:
                 self._background_failed("store", exc, self.store_retry)
-        self._disk_deletes[:0] = deletes
-        self._deferred_puts.extend(puts)
-        self._deferred_ranges.extend(ranges)
+        rocks.give_back_deletes(deletes)
+        rocks.deferred_puts.extend(puts)
+        rocks.deferred_ranges.extend(ranges)
 
 
 def raise_into(op: Op, exc: BaseException) -> None:
     """Fail ``op``'s waiter with ``exc`` (the writer itself goes on)."""
     if op.future is not None and not op.future.done():
         op.future.set_exception(exc)
-
-
-def index_fields_of(value: bytes, names: frozenset[str]) -> dict[str, Any]:
-    """The top-level fields ``names`` of a msgpack map value (others and non-maps: absent)."""
-    try:
-        decoded = msgpack.unpackb(value, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData):
-        return {}
-    if not isinstance(decoded, dict):
-        return {}
-    return {name: decoded[name] for name in names if name in decoded}

@@ -1,7 +1,7 @@
 """The ops the single writer applies. Routes build them; only the writer executes them.
 
 Urgent: :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`,
-:class:`CreateTableOp`, :class:`DropTableOp`, :class:`CheckpointOp`.
+:class:`CreateTableOp`, :class:`DropTableOp`, :class:`CheckpointOp`, :class:`SnapshotOp`.
 Housekeeping: :class:`EvictOp`, :class:`PopulateOp`.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlreplay.app.tables.config import TableConfig
@@ -78,6 +79,15 @@ class CheckpointOp(Op):
     :meth:`rlreplay.workers.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
 
     full: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class SnapshotOp(Op):
+    """Capture every table into ``dest`` at this op's place in the order (see
+    :meth:`rlreplay.workers.checkpoints.Checkpointer.capture`); the writer fills ``meta``."""
+
+    dest: Path
+    meta: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

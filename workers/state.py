@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -16,6 +17,9 @@ from rlreplay.app.tables.stats import TableCounters
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import ValidationFailed
 
+if TYPE_CHECKING:
+    from rlreplay.workers.storage import Storage
+
 
 @dataclass(slots=True)
 class EngineState:
@@ -24,7 +28,8 @@ class EngineState:
     settings: Settings
     io: BlockingIO
     ledger: CacheLedger[Table]
-    store: RocksStore | None = None
+    #: The storage mode's object (:mod:`rlreplay.workers.storage`), chosen once at start.
+    storage: Storage
     wal: WriteAheadLog | None = None
     tables: dict[str, Table] = field(default_factory=dict)
     #: The counters of the tables dropped since start, summed (for the metrics' totals).
@@ -37,7 +42,12 @@ class EngineState:
     @property
     def mode(self) -> str:
         """memory, disk or hybrid."""
-        return self.settings.storage_mode
+        return self.storage.mode
+
+    @property
+    def store(self) -> RocksStore | None:
+        """RocksDB, open (None in memory mode, and before recovery opens it)."""
+        return self.storage.store
 
     def next_seq(self, record: list[object] | None, blob: bytes | None = None) -> int:
         """A sequence number for a new op, logging ``record`` (then ``blob``, as one more

@@ -175,7 +175,7 @@ class TaskProcessor(Checkpointer):
             s = self._state
             if (
                 s.ledger.over
-                and s.mode != "memory"
+                and s.storage.evicts
                 and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR
             ):
                 await self._evict()

@@ -51,6 +51,7 @@ from rlreplay.wire.schemas import (
     PrioritiesRequest,
     PushRequest,
     SampleRequest,
+    SnapshotRequest,
 )
 
 __all__ = [
@@ -113,6 +114,7 @@ _KEYS = _Decoders(KeysRequest)
 _DELETE = _Decoders(DeleteRequest)
 _SAMPLE = _Decoders(SampleRequest, integral_floats=True)
 _PRIORITIES = _Decoders(PrioritiesRequest)
+_SNAPSHOT = _Decoders(SnapshotRequest)
 
 
 # --- refusals ---------------------------------------------------------------------------------
@@ -382,6 +384,14 @@ def parse_priorities(body: bytes, fmt: BodyFormat) -> PrioritiesRequest:
     keys = list(request.priorities)
     _check_keys(keys, lambda i: "a key of priorities")
     _check_finite(list(request.priorities.values()), lambda i: f"priorities[{keys[i]!r}]")
+    return request
+
+
+def parse_snapshot(body: bytes, fmt: BodyFormat | None) -> SnapshotRequest:
+    """Parses ``{"tables"?: [...]}``; an empty body snapshots every table."""
+    if not body or fmt is None:
+        return SnapshotRequest()
+    request: SnapshotRequest = _decode(body, fmt, _SNAPSHOT)
     return request
 
 

@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 
+from rlreplay.app.engine.snapshots import Snapshots
 from rlreplay.app.log import records
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.faults import storage_error
@@ -41,6 +42,8 @@ class EngineCore:
         self._open = False  # recovery finished: table and item calls are served
         self._stopping = False
         self._recovered_records = 0
+        #: Snapshots to the backup URL (set once recovery is done).
+        self.snapshots: Snapshots | None = None
 
     @property
     def ready(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S
 from rlreplay.app.engine.reads import EngineReads
 from rlreplay.app.engine.recovery import recover, release
+from rlreplay.app.engine.snapshots import SnapshotInfo, Snapshots, restore_on_start
 from rlreplay.app.log import records
 from rlreplay.app.storage.allocator import tune_allocator
 from rlreplay.app.storage.blocking import BlockingIO
@@ -46,6 +47,7 @@ from rlreplay.workers.ops import (
     PutOp,
 )
 from rlreplay.workers.state import EngineState, cache_charge
+from rlreplay.workers.storage import storage_for
 from rlreplay.workers.task_processor import TaskProcessor
 
 log = logging.getLogger(__name__)
@@ -78,18 +80,24 @@ class Engine(EngineReads):
         """
         st = self.settings
         st.data_dir.mkdir(parents=True, exist_ok=True)
-        if st.backup_url or st.restore != "none":
-            log.warning("snapshots to --backup-url and --restore are not implemented yet; ignored")
         tune_allocator()
         io = BlockingIO(threads=st.io_threads)
+        try:
+            restored = await io.run(restore_on_start, st)
+        except BaseException:
+            io.close()
+            raise
         state = EngineState(
-            settings=st, io=io, ledger=CacheLedger(limit_bytes=st.cache_limit_bytes)
+            settings=st,
+            io=io,
+            ledger=CacheLedger(limit_bytes=st.cache_limit_bytes),
+            storage=storage_for(st.storage_mode),
         )
         self._state = state
         processor = TaskProcessor(state, urgent_probability=st.urgent_probability, seed=st.seed)
         self._processor = processor
         try:
-            self._recovered_records = await recover(state, processor)
+            self._recovered_records = await recover(state, processor, restored=bool(restored))
         except BaseException:
             await release(state)
             raise
@@ -97,8 +105,14 @@ class Engine(EngineReads):
             table.visible = len(table.index)
             table.applied(state.seq, 0)
         processor.start()
+        self.snapshots = Snapshots(st, processor, state)
+        only = restored.meta.get("only_tables") if restored is not None else None
+        if only is not None:  # a snapshot of some tables brings back those alone
+            for name in [n for n in state.tables if n not in only]:
+                await self._drop(state.tables[name])
         for name, config in (tables or {}).items():
             await self._ensure_table(name, config)
+        self.snapshots.start()
         self._open = self._ready = True
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",
@@ -125,6 +139,8 @@ class Engine(EngineReads):
         budget = self.settings.stop_timeout_s if state.wal is not None else None
         deadline = None if budget is None else time.monotonic() + budget
         try:
+            if self.snapshots is not None:
+                await self.snapshots.stop()
             if processor.running:
                 if state.wal is not None or state.store is not None:
                     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -139,8 +155,7 @@ class Engine(EngineReads):
             if state.wal is not None:
                 await state.wal.drain()
                 await state.io.run(state.wal.close)
-            if state.store is not None:
-                await state.io.run(state.store.close)
+            await state.storage.close(state.io)
             state.io.close()
 
     # -- tables ---------------------------------------------------------------------------
@@ -191,13 +206,38 @@ class Engine(EngineReads):
 
     async def drop_table(self, name: str) -> None:
         """Delete the table and its data; TableNotFound when missing."""
-        table = self._table(name)
+        await self._drop(self._table(name))
+
+    async def _drop(self, table: Table) -> None:
+        assert self._state is not None
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seq = self.state.next_seq(records.drop_table(name))
+        seq = self._state.next_seq(records.drop_table(table.name))
         table.dropping = True  # until the drop is applied (or refused), calls find no table
         writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
         await self._committed(seq, fut)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def _snapshots(self) -> Snapshots:
+        self._writer()  # Unavailable while recovering, stopping, or with the writer dead
+        assert self.snapshots is not None
+        return self.snapshots
+
+    async def take_snapshot(self, tables: Sequence[str] | None = None) -> SnapshotInfo:
+        """Snapshot every table (or ``tables``) to the backup URL; see :class:`Snapshots`."""
+        self.state  # noqa: B018 - Unavailable until recovery is done
+        return await self._snapshots().take(tables)
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        """The complete snapshots at the backup URL, newest first."""
+        self.state  # noqa: B018
+        return await self._snapshots().list()
+
+    def snapshot_stats(self) -> dict[str, float] | None:
+        """Snapshot figures for ``/metrics`` (None: no backup URL)."""
+        s = self.snapshots
+        return s.stats() if s is not None and s.configured else None
 
     def table_names(self) -> list[str]:
         """Names of the tables, sorted."""
@@ -253,7 +293,7 @@ class Engine(EngineReads):
         n = len(items)
         self._reserve(n, nbytes)
         s = self.state
-        if s.mode == "memory":
+        if s.storage.capped:
             need = s.ledger.bytes + s.queued_bytes + nbytes + n * cache_charge(0)
             if need > s.ledger.limit_bytes:
                 raise StorageFull(

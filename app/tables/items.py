@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import msgpack
 import msgspec
 import numpy as np
 import numpy.typing as npt
@@ -144,3 +146,14 @@ class SampleBatch:
                 self.times_sampled.tolist(),
             )
         )
+
+
+def index_fields_of(value: bytes, names: frozenset[str]) -> dict[str, Any]:
+    """The top-level fields ``names`` of a msgpack map value (others and non-maps: absent)."""
+    try:
+        decoded = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData):
+        return {}
+    if not isinstance(decoded, dict):
+        return {}
+    return {name: decoded[name] for name in names if name in decoded}
