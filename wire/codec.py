@@ -5,6 +5,7 @@ Msgpack (:func:`packb`, :func:`unpackb`):
 * NumPy arrays and torch tensors travel as extension type :data:`EXT_NDARRAY` (see
   :mod:`rlreplay.wire.arrays` for the payload); they decode to NumPy arrays (bfloat16 to
   :class:`~rlreplay.wire.arrays.BFloat16Array`), bit-exactly and with the same dtype and shape.
+  Encoding lays maps and arrays out by hand (:mod:`rlreplay.wire.packing`).
 * NumPy scalars become Python scalars (``np.float32(0.5)`` → ``0.5``, ``np.bool_`` → ``bool``);
   those with no Python msgpack type (complex, long double, datetime64) become 0-d arrays.
 * Tuples become lists; maps may have ``str``, ``bytes``, ``int``, ``float``, ``bool`` or
@@ -47,14 +48,12 @@ import numpy as np
 from rlreplay.wire.arrays import (
     EXT_NDARRAY,
     BFloat16Array,
-    array_payload,
-    bfloat16_payload,
     decode_array,
+    decode_ext,
     parse_payload,
     payload_from_parts,
-    tensor_to_wire,
-    torch_tensor_type,
 )
+from rlreplay.wire.packing import encode_default, packb
 
 __all__ = [
     "EXT_NDARRAY",
@@ -72,62 +71,13 @@ _BYTES, _NDARRAY, _FLOAT, _MAP = "$bytes", "$ndarray", "$float", "$map"
 _TAGS = frozenset({_BYTES, _NDARRAY, _FLOAT, _MAP})
 #: The ``$float`` spellings, as JavaScript's ``String(x)`` and Python's ``json`` write them.
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_PYTHON_SCALARS = (bool, int, float, str, bytes)
 _JSON_SCALARS = (bool, int, float, str)
 
 
 # --- msgpack -------------------------------------------------------------------------------
 
 
-def _scalar_or_array(value: np.generic) -> Any:
-    python_value = value.item()
-    if isinstance(python_value, _PYTHON_SCALARS):
-        return python_value
-    return msgpack.ExtType(EXT_NDARRAY, array_payload(np.asarray(value)))
-
-
-def _default(obj: Any) -> Any:
-    """msgpack's hook for the types it does not know."""
-    if isinstance(obj, np.ndarray):
-        return msgpack.ExtType(EXT_NDARRAY, array_payload(obj))
-    if isinstance(obj, np.generic):
-        return _scalar_or_array(obj)
-    if isinstance(obj, BFloat16Array):
-        return msgpack.ExtType(EXT_NDARRAY, bfloat16_payload(obj))
-    tensor_type = torch_tensor_type()
-    if tensor_type is not None and isinstance(obj, tensor_type):
-        return msgpack.ExtType(EXT_NDARRAY, tensor_to_wire(obj))
-    if isinstance(obj, int):  # msgpack hands over the ints it cannot fit
-        raise ValueError(f"int {obj} does not fit in 64 bits")
-    raise TypeError(f"cannot encode an object of type {type(obj).__qualname__}")
-
-
-def packb(obj: Any) -> bytes:
-    """Encode a value as msgpack, arrays and tensors as extension type 1.
-
-    Args:
-        obj: Maps, lists, tuples, strings, bytes, numbers, booleans, None, NumPy arrays and
-            scalars, torch tensors and :class:`BFloat16Array`, nested freely.
-
-    Returns:
-        The msgpack bytes.
-
-    Raises:
-        TypeError: A value has no msgpack form (a set, an object array, a float8 tensor...).
-        ValueError: The value is too deep or too large for msgpack, or an int does not fit
-            in 64 bits.
-    """
-    try:
-        packed: bytes = msgpack.packb(obj, default=_default, use_bin_type=True, datetime=False)
-    except OverflowError as exc:
-        raise ValueError(f"cannot encode: {exc}") from exc
-    return packed
-
-
-def _ext_hook(code: int, payload: bytes | memoryview) -> Any:
-    if code != EXT_NDARRAY:
-        raise ValueError(f"unknown msgpack extension type {code}")
-    return decode_array(payload)
+_ext_hook = decode_ext
 
 
 _DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
@@ -280,7 +230,7 @@ def to_jsonable(obj: Any) -> Any:
     for scalar_type in _JSON_SCALARS:  # subclasses: enums, np.float64, np.str_
         if isinstance(obj, scalar_type) and not isinstance(obj, np.generic):
             return to_jsonable(scalar_type(obj))
-    encoded = _default(obj)
+    encoded = encode_default(obj)
     if isinstance(encoded, msgpack.ExtType):
         return _ndarray_form(encoded.data)
     return to_jsonable(encoded)

@@ -1,0 +1,159 @@
+"""The codec's msgpack encoder: maps and arrays laid out by hand, the rest by msgpack-python.
+
+An item's value is nearly always a map of arrays and scalars. :func:`packb` writes such
+values itself: map headers, keys (their encodings cached), floats, small ints, ``None`` and
+booleans directly, and each array as its cached extension header followed by a view of its
+memory (:func:`~rlreplay.wire.arrays.append_array`), so that an array costs a lookup and
+the one copy into the message. Lists and tuples that start with an array or a map are
+walked the same way. Any other value (strings, bytes, long lists of numbers, subclasses,
+maps nested deeper than :data:`_MAX_DEPTH`) is packed by msgpack-python, whose ``default``
+hook encodes the arrays it meets; both paths write the same bytes for the same value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgpack
+import numpy as np
+
+from rlreplay.wire.arrays import (
+    EXT_NDARRAY,
+    BFloat16Array,
+    append_array,
+    append_bfloat16,
+    append_tensor,
+    array_payload,
+    bfloat16_payload,
+    tensor_to_wire,
+    torch_tensor_type,
+)
+from rlreplay.wire.headers import array_header, float_bytes, int_bytes, map_header, str_bytes
+
+__all__ = ["encode_default", "packb"]
+
+_PYTHON_SCALARS = (bool, int, float, str, bytes)
+#: Maps and lists nested deeper than this are handed to msgpack-python as a whole.
+_MAX_DEPTH: Final = 32
+_KEYS: dict[str, bytes] = {}
+_KEYS_LIMIT: Final = 4096
+_SMALL_INTS: Final = tuple(int_bytes(n) for n in range(128))
+_CONSTANTS: Final = {None: b"\xc0", True: b"\xc3", False: b"\xc2"}
+
+
+def _scalar_or_array(value: np.generic) -> Any:
+    """A NumPy scalar as its Python scalar, or as a 0-d array when it has none."""
+    python_value = value.item()
+    if isinstance(python_value, _PYTHON_SCALARS):
+        return python_value
+    return msgpack.ExtType(EXT_NDARRAY, array_payload(np.asarray(value)))
+
+
+def encode_default(obj: Any) -> Any:
+    """msgpack's hook for the types it does not know: arrays, NumPy scalars, tensors.
+
+    Raises:
+        TypeError: ``obj`` has no wire form.
+        ValueError: An int that does not fit in 64 bits.
+    """
+    if isinstance(obj, np.ndarray):
+        return msgpack.ExtType(EXT_NDARRAY, array_payload(obj))
+    if isinstance(obj, np.generic):
+        return _scalar_or_array(obj)
+    if isinstance(obj, BFloat16Array):
+        return msgpack.ExtType(EXT_NDARRAY, bfloat16_payload(obj))
+    tensor_type = torch_tensor_type()
+    if tensor_type is not None and isinstance(obj, tensor_type):
+        return msgpack.ExtType(EXT_NDARRAY, tensor_to_wire(obj))
+    if isinstance(obj, int):  # msgpack hands over the ints it cannot fit
+        raise ValueError(f"int {obj} does not fit in 64 bits")
+    raise TypeError(f"cannot encode an object of type {type(obj).__qualname__}")
+
+
+def _by_msgpack(obj: Any) -> bytes:
+    try:
+        packed: bytes = msgpack.packb(
+            obj, default=encode_default, use_bin_type=True, datetime=False
+        )
+    except OverflowError as exc:
+        raise ValueError(f"cannot encode: {exc}") from exc
+    return packed
+
+
+def _key(key: Any) -> bytes:
+    if type(key) is not str:
+        return _by_msgpack(key)
+    encoded = str_bytes(key)
+    if len(_KEYS) >= _KEYS_LIMIT:
+        _KEYS.clear()
+    _KEYS[key] = encoded
+    return encoded
+
+
+def _append(obj: Any, parts: list[Any], depth: int) -> None:
+    """Append the encoding of ``obj`` to ``parts``."""
+    kind = type(obj)
+    if kind is np.ndarray:
+        append_array(obj, parts)
+    elif kind is float:
+        parts.append(float_bytes(obj))
+    elif kind is dict and depth < _MAX_DEPTH:
+        parts.append(map_header(len(obj)))
+        keys = _KEYS
+        for key, value in obj.items():
+            encoded = keys.get(key) if type(key) is str else None
+            parts.append(_key(key) if encoded is None else encoded)
+            _append(value, parts, depth + 1)
+    elif kind is int and 0 <= obj < 128:
+        parts.append(_SMALL_INTS[obj])
+    elif kind is bool or obj is None:
+        parts.append(_CONSTANTS[obj])
+    elif (
+        (kind is list or kind is tuple)
+        and depth < _MAX_DEPTH
+        and obj
+        and type(obj[0]) in (np.ndarray, dict)
+    ):
+        parts.append(array_header(len(obj)))
+        for item in obj:
+            _append(item, parts, depth + 1)
+    else:
+        _append_other(obj, parts)
+
+
+def _append_other(obj: Any, parts: list[Any]) -> None:
+    if isinstance(obj, np.generic):  # as _scalar_or_array
+        value = obj.item()
+        if isinstance(value, _PYTHON_SCALARS):
+            _append(value, parts, _MAX_DEPTH)
+        else:
+            append_array(np.asarray(obj), parts)
+        return
+    if isinstance(obj, BFloat16Array):
+        append_bfloat16(obj, parts)
+        return
+    tensor_type = torch_tensor_type()
+    if tensor_type is not None and isinstance(obj, tensor_type):
+        append_tensor(obj, parts)
+        return
+    parts.append(_by_msgpack(obj))
+
+
+def packb(obj: Any) -> bytes:
+    """Encode a value as msgpack, arrays and tensors as extension type 1.
+
+    Args:
+        obj: Maps, lists, tuples, strings, bytes, numbers, booleans, None, NumPy arrays and
+            scalars, torch tensors and :class:`BFloat16Array`, nested freely.
+
+    Returns:
+        The msgpack bytes.
+
+    Raises:
+        TypeError: A value has no msgpack form (a set, an object array, a float8 tensor...).
+        ValueError: The value is too deep or too large for msgpack, or an int does not fit
+            in 64 bits.
+    """
+    parts: list[Any] = []
+    _append(obj, parts, 0)
+    return parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
