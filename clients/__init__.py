@@ -5,6 +5,8 @@ tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 """
 
 from rlreplay.clients.client import Item, ReplayClient
+from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.writer import Writer
 from rlreplay.wire.allocator import tune_malloc
 from rlreplay.wire.arrays import EXT_NDARRAY, BFloat16Array
 from rlreplay.wire.codec import (
@@ -42,6 +44,7 @@ __all__ = [
     "EXT_NDARRAY",
     "BFloat16Array",
     "BadRequest",
+    "ColumnBatch",
     "DeadlineExceeded",
     "Gone",
     "Item",
@@ -61,6 +64,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "Writer",
     "error_from_body",
     "from_jsonable",
     "jsonable_to_msgpack",

@@ -10,16 +10,18 @@ codec too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
+import numpy as np
 
+from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import ValidationFailed
-from rlreplay.wire.schemas import DEFAULT_PRIORITY, ItemIn, PushRequest
+from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest, ItemIn, PushRequest
 
-__all__ = ["encode_body", "push_request"]
+__all__ = ["columns_request", "encode_body", "packed_item", "push_request"]
 
 
 def _pack_raw(obj: Any) -> msgspec.Raw:
@@ -90,3 +92,49 @@ def _item_error(items: Sequence[Mapping[str, Any]]) -> ValidationFailed:
         if unknown:
             return ValidationFailed(f"unknown field(s) in items[{i}]: {', '.join(unknown)}")
     raise AssertionError("every item has its fields")  # pragma: no cover
+
+
+def packed_item(key: str, value: Any, priority: float = DEFAULT_PRIORITY) -> ItemIn:
+    """One item of a push body, its value packed now (later changes to it do not travel).
+
+    Raises:
+        TypeError: The value has no wire form.
+        ValueError: An int in it does not fit in 64 bits.
+    """
+    return ItemIn(key, msgspec.Raw(packb(value)), priority)
+
+
+def _column(values: Any) -> Any:
+    """An array as the codec sends it: NumPy arrays, tensors, :class:`BFloat16Array` as
+    they are; anything else (lists) through ``np.asarray``."""
+    if isinstance(values, np.ndarray | BFloat16Array):
+        return values
+    tensor_type = torch_tensor_type()
+    if tensor_type is not None and isinstance(values, tensor_type):
+        return values
+    return np.asarray(values)
+
+
+def columns_request(
+    keys: Iterable[str],
+    columns: Mapping[str, Any],
+    priorities: Any,
+    wait: bool,
+) -> ColumnsPushRequest:
+    """A columnar push body: item ``i`` is ``keys[i]`` with ``{field: columns[field][i]}``.
+
+    Args:
+        keys: The items' keys.
+        columns: Field -> array (NumPy, torch, :class:`BFloat16Array`, or a list) whose first
+            axis is ``len(keys)``; packed in one go, each as one array.
+        priorities: One per key (a sequence or a 1-D array), or None for 1.0 each.
+        wait: Whether the server answers once the writer applied the items.
+
+    Raises:
+        TypeError: A column has no wire form.
+    """
+    packed = msgspec.Raw(packb({name: _column(values) for name, values in columns.items()}))
+    given: Any = msgspec.UNSET
+    if priorities is not None:
+        given = msgspec.Raw(packb(np.ascontiguousarray(priorities, dtype=np.float64)))
+    return ColumnsPushRequest(list(keys), packed, given, wait)

@@ -17,58 +17,40 @@ in :mod:`rlreplay.clients.retry`.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Final, Self
-from urllib.parse import quote
+from typing import Any, Final, Literal, overload
 
 import httpx
 
-from rlreplay.clients.bodies import encode_body, push_request
-from rlreplay.clients.retry import RetryPolicy, parse_retry_after
-from rlreplay.clients.transport import LeanTransport
-from rlreplay.wire.codec import from_jsonable, unpackb
-from rlreplay.wire.errors import ItemNotFound, Overloaded, ReplayError, Unavailable, error_from_body
+from rlreplay.clients.bodies import columns_request, push_request
+from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.requester import Requester, path_segment
+from rlreplay.clients.writer import Writer
+from rlreplay.wire.errors import ItemNotFound
 from rlreplay.wire.schemas import (
     DEFAULT_TIMEOUT_MS,
+    ColumnsPushRequest,
     DeleteRequest,
+    ItemIn,
     KeysRequest,
     PrioritiesRequest,
-    SnapshotRequest,
+    PushRequest,
     SampleRequest,
+    SnapshotRequest,
 )
 
-__all__ = ["Item", "ReplayClient"]
+__all__ = ["Item", "Layout", "ReplayClient"]
 
 Item = dict[str, Any]
 """An item as the server answers it: ``key``, ``value``, ``priority`` and more."""
+Layout = Literal["items", "columns"]
+"""How reads answer: a list of items, or a :class:`~rlreplay.clients.columns.ColumnBatch`."""
 
-MSGPACK: Final = "application/msgpack"
-_USER_AGENT: Final = "rlreplay-client/0.1"
 _SERVER_SAMPLE_TIMEOUT_S: Final = DEFAULT_TIMEOUT_MS / 1000
 _SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
-_KEEPALIVE_EXPIRY_S: Final = 30.0
-_URL_CACHE_SIZE: Final = 256
-
-# Tells LeanTransport that the request may be sent again on a fresh connection when a pooled
-# one turns out to have been closed by the server (see clients.transport).
-_IDEMPOTENT: Final = {"idempotent": True}
-
-# Failures where the request provably never reached the server.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
-def _segment(value: str, what: str) -> str:
-    """One percent-encoded path segment; ``/``, ``:``, ``?``, ``%`` and dot-segments included."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
-    if value in {".", ".."}:
-        return value.replace(".", "%2E")
-    return quote(value, safe="")
-
-
-class ReplayClient:
+class ReplayClient(Requester):
     """An async client of one replay server.
 
     Use it as an async context manager (or call :meth:`aclose`)::
@@ -104,76 +86,6 @@ class ReplayClient:
             transport (httpcore). False uses httpx's default transport, as ``https://`` URLs
             always do. Either way the errors, timeouts and retries are the same.
     """
-
-    def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8000",
-        api_key: str | None = None,
-        *,
-        timeout_s: float = 30.0,
-        max_connections: int = 16,
-        retries: int = 3,
-        backoff_s: float = 0.1,
-        max_backoff_s: float = 5.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-        lean_transport: bool = True,
-    ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
-        if max_connections < 1:
-            raise ValueError(f"max_connections ({max_connections}) must be >= 1")
-        self._policy = RetryPolicy(
-            retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
-        )
-        self._timeout_s = timeout_s
-        # Our own LeanTransport is called directly (see _exchange), skipping the per-request work
-        # of httpx.AsyncClient (auth and redirect flows, cookies, hooks) that we never use.
-        self._lean: LeanTransport | None = None
-        if transport is None and lean_transport and httpx.URL(base_url).scheme == "http":
-            transport = self._lean = LeanTransport(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
-            )
-        # Calls beyond max_connections wait here, in O(1), rather than in httpcore's pool
-        # queue, whose bookkeeping costs O(connections x queued requests) per event.
-        self._slots = asyncio.Semaphore(max_connections)
-        headers = {"Accept": MSGPACK, "User-Agent": _USER_AGENT}
-        if api_key is not None:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = httpx.Timeout(timeout_s)
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=headers,
-            timeout=self._timeout,
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
-            ),
-            http1=True,
-            http2=False,
-            transport=transport,
-        )
-
-        # Absolute URLs of the paths called, so that httpx does not parse and merge the base
-        # URL on every request (~30 us each); cleared when full (item paths vary by key).
-        self._urls: dict[str, httpx.URL] = {}
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the connection pool; calling it again does nothing."""
-        await self._http.aclose()
 
     # --- tables -----------------------------------------------------------------------------
 
@@ -264,7 +176,61 @@ class ReplayClient:
         """
         if not items:
             return 0
-        body = push_request(items, wait)
+        return await self._push_body(table, push_request(items, wait))
+
+    async def push_columns(
+        self,
+        table: str,
+        keys: Sequence[str],
+        columns: Mapping[str, Any],
+        *,
+        priorities: Any = None,
+        wait: bool = False,
+    ) -> int:
+        """Insert or replace items given as columns, in one request.
+
+        Item ``i`` is ``keys[i]`` with the value ``{field: columns[field][i], ...}``, stored
+        exactly as :meth:`push` would store that value: a row of a column of two axes or more
+        is an array, an element of a 1-D column the scalar NumPy gives (a float64, an int,
+        a bool; complex and bfloat16 elements are 0-d arrays).
+
+        Args:
+            table: The table.
+            keys: The items' keys.
+            columns: Field -> NumPy array, torch tensor, ``BFloat16Array`` or list, its
+                first axis ``len(keys)``.
+            priorities: One per key (a sequence or a 1-D array); 1.0 each when None.
+            wait: Answer only once the writer has applied the items.
+
+        Returns:
+            As :meth:`push`; 0 without a request when ``keys`` is empty.
+
+        Raises:
+            ValidationFailed: A column's first axis is not ``len(keys)``, a bad key or
+                priority (the message names the field).
+            TypeError: A column has no wire form (said before sending).
+        """
+        body = columns_request(keys, columns, priorities, wait)
+        if not body.keys:
+            return 0
+        return await self._push_body(table, body)
+
+    def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
+        """A pipelined writer into ``table`` (see :class:`~rlreplay.clients.writer.Writer`)::
+
+            async with rb.writer("t", max_in_flight=8, batch_items=64) as w:
+                await w.append(key, value, priority)
+
+        Raises:
+            ValueError: ``max_in_flight`` or ``batch_items`` is below 1.
+        """
+
+        async def send(items: list[ItemIn]) -> int:
+            return await self._push_body(table, PushRequest(items))
+
+        return Writer(send, max_in_flight=max_in_flight, batch_items=batch_items)
+
+    async def _push_body(self, table: str, body: PushRequest | ColumnsPushRequest) -> int:
         answer = await self._call("POST", self._table(table, "/items"), body=body, idempotent=True)
         counts = self._as_dict(answer)
         return int(counts.get("committed", counts.get("accepted", 0)))
@@ -278,19 +244,56 @@ class ReplayClient:
         Raises:
             TableNotFound: No such table.
         """
-        path = self._table(table, "/items/" + _segment(key, "key"))
+        path = self._table(table, "/items/" + path_segment(key, "key"))
         try:
             return self._as_dict(await self._call("GET", path, idempotent=True))
         except ItemNotFound:
             return None
 
-    async def get_many(self, table: str, keys: Iterable[str]) -> list[Item | None]:
-        """Several items in one request, in the order asked; None where a key is missing."""
-        body = KeysRequest(list(keys))
+    @overload
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Literal["items"] = ...
+    ) -> list[Item | None]: ...
+    @overload
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Literal["columns"]
+    ) -> ColumnBatch: ...
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Layout = "items"
+    ) -> list[Item | None] | ColumnBatch:
+        """Several items in one request, in the order asked; None where a key is missing.
+
+        With ``layout="columns"``: a :class:`ColumnBatch` of the items found, each field of
+        their values stacked (``missing`` lists the keys not found); values that do not
+        stack raise ``ValidationFailed`` naming the field.
+        """
+        body = KeysRequest(list(keys), layout)
         path = self._table(table, "/items:batchGet")
         answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
+        if layout == "columns":
+            return ColumnBatch.from_answer(answer)
         return list(answer.get("items", []))
 
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["items"] = ...,
+    ) -> list[Item]: ...
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["columns"],
+    ) -> ColumnBatch: ...
     async def sample(
         self,
         table: str,
@@ -298,7 +301,8 @@ class ReplayClient:
         *,
         timeout_ms: int | None = None,
         include_values: bool = True,
-    ) -> list[Item]:
+        layout: Layout = "items",
+    ) -> list[Item] | ColumnBatch:
         """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...).
 
         Args:
@@ -307,15 +311,20 @@ class ReplayClient:
             timeout_ms: How long the rate limiter may hold the request (server default when
                 None, 10 s).
             include_values: Leave values out of the answer when False.
+            layout: ``"columns"`` answers a :class:`ColumnBatch`: each field of the values
+                stacked along a new first axis, no per-item objects.
 
         Raises:
             DeadlineExceeded: The rate limiter did not allow the sample in time.
+            ValidationFailed: With ``layout="columns"``, values that do not stack (naming
+                the field); the sample consumed nothing.
             TableNotFound, ValidationFailed: As the contract says.
         """
         body = SampleRequest(
             batch_size,
             DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms,
             include_values,
+            layout,
         )
         waits_s = (timeout_ms / 1000) if timeout_ms is not None else _SERVER_SAMPLE_TIMEOUT_S
         answer = await self._call(
@@ -325,6 +334,8 @@ class ReplayClient:
             idempotent=False,
             read_timeout_s=max(self._timeout_s, waits_s + _SAMPLE_TIMEOUT_MARGIN_S),
         )
+        if layout == "columns":
+            return ColumnBatch.from_answer(answer)
         return list(self._as_dict(answer).get("items", []))
 
     async def update_priorities(
@@ -376,6 +387,28 @@ class ReplayClient:
         answer = self._as_dict(await self._call("GET", "/v1/snapshots", idempotent=True))
         return list(answer.get("snapshots", []))
 
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["items"] = ...,
+    ) -> AsyncIterator[list[Item]]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["columns"],
+    ) -> AsyncIterator[ColumnBatch]: ...
     async def stream(
         self,
         table: str,
@@ -384,7 +417,8 @@ class ReplayClient:
         prefetch: int = 4,
         timeout_ms: int | None = None,
         include_values: bool = True,
-    ) -> AsyncIterator[list[Item]]:
+        layout: Layout = "items",
+    ) -> AsyncIterator[list[Item] | ColumnBatch]:
         """Sample batches without end, keeping ``prefetch`` sample requests in flight.
 
         The requests are tasks owned by the generator: while the caller works on one batch,
@@ -406,20 +440,28 @@ class ReplayClient:
             prefetch: Sample requests kept in flight (at least 1).
             timeout_ms: Passed to every :meth:`sample`.
             include_values: Passed to every :meth:`sample`.
+            layout: Passed to every :meth:`sample`: ``"columns"`` yields
+                :class:`ColumnBatch` objects.
 
         Yields:
             One sampled batch at a time.
         """
         if prefetch < 1:
             raise ValueError(f"prefetch ({prefetch}) must be >= 1")
-        pending: list[asyncio.Task[list[Item]]] = []  # in issue order, done or not
+        pending: list[asyncio.Task[list[Item] | ColumnBatch]] = []  # in issue order
+
+        async def sample() -> list[Item] | ColumnBatch:
+            return await self.sample(
+                table,
+                batch_size,
+                timeout_ms=timeout_ms,
+                include_values=include_values,
+                layout=layout,
+            )
 
         def top_up() -> None:
             while len(pending) < prefetch:
-                request = self.sample(
-                    table, batch_size, timeout_ms=timeout_ms, include_values=include_values
-                )
-                pending.append(asyncio.create_task(request))
+                pending.append(asyncio.create_task(sample()))
 
         try:
             while True:
@@ -445,130 +487,3 @@ class ReplayClient:
         except httpx.HTTPError:
             return False
         return response.is_success
-
-    # --- plumbing ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _table(name: str, rest: str = "") -> str:
-        return "/v1/tables/" + _segment(name, "table name") + rest
-
-    def _url(self, path: str) -> httpx.URL:
-        """``path`` under the base URL, as httpx would merge it (cached)."""
-        url = self._urls.get(path)
-        if url is None:
-            if len(self._urls) >= _URL_CACHE_SIZE:
-                self._urls.clear()
-            base = self._http.base_url
-            raw_path = base.raw_path + path.lstrip("/").encode("ascii")
-            url = self._urls[path] = base.copy_with(raw_path=raw_path)
-        return url
-
-    @staticmethod
-    def _as_dict(answer: Any) -> dict[str, Any]:
-        if not isinstance(answer, dict):
-            raise ReplayError(f"expected a map in the answer, got {type(answer).__name__}")
-        return answer
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        idempotent: bool,
-        read_timeout_s: float | None = None,
-    ) -> Any:
-        """Send one request with retries; return the decoded answer (None for no content)."""
-        content = None if body is None else encode_body(body)
-        attempt = 0
-        while True:
-            retry_after: float | None = None
-            try:
-                async with self._slots:
-                    response = await self._exchange(
-                        method, path, content, idempotent=idempotent, read_s=read_timeout_s
-                    )
-            except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
-                raise  # a bad URL or request: retrying cannot help
-            except _NOT_SENT as exc:
-                failure: ReplayError | httpx.HTTPError = exc
-            except httpx.TransportError as exc:
-                failure = exc
-                if not idempotent:
-                    raise Unavailable(f"{method} {path} failed: {exc!r}") from exc
-            else:
-                if response.is_success:
-                    return self._decode(response)
-                error = self._error(response)
-                retryable = isinstance(error, Overloaded) or (
-                    idempotent and type(error) is Unavailable
-                )
-                if not retryable:
-                    raise error
-                failure, retry_after = error, error.retry_after
-            if attempt >= self._policy.retries:
-                if isinstance(failure, ReplayError):
-                    raise failure
-                raise Unavailable(f"{method} {path} failed: {failure!r}") from failure
-            await asyncio.sleep(self._policy.delay(attempt, retry_after))
-            attempt += 1
-
-    async def _exchange(
-        self,
-        method: str,
-        path: str,
-        content: bytes | None,
-        *,
-        idempotent: bool,
-        read_s: float | None,
-    ) -> httpx.Response:
-        """One request and its answer (no retries), with the client's headers and timeouts.
-
-        With our own LeanTransport the request goes straight to it: ``httpx.AsyncClient``
-        would send the same bytes, but its per-request flows (auth, redirects, cookies,
-        hooks), which this client never uses, cost about a seventh of the client's CPU per
-        sampled batch (measured).
-        """
-        extensions: dict[str, Any] = dict(_IDEMPOTENT) if idempotent else {}
-        timeout = self._timeout if read_s is None else httpx.Timeout(self._timeout_s, read=read_s)
-        if self._lean is None:
-            return await self._http.request(
-                method,
-                self._url(path),
-                content=content,
-                headers={"Content-Type": MSGPACK} if content is not None else None,
-                timeout=timeout,
-                extensions=extensions,
-            )
-        extensions["timeout"] = timeout.as_dict()
-        headers = self._http.headers
-        if content is not None:
-            headers = headers.copy()
-            headers["Content-Type"] = MSGPACK
-        request = httpx.Request(
-            method, self._url(path), headers=headers, content=content, extensions=extensions
-        )
-        response = await self._lean.handle_async_request(request)
-        response.request = request
-        return response
-
-    @staticmethod
-    def _decode(response: httpx.Response) -> Any:
-        if response.status_code == 204 or not response.content:
-            return None
-        content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        try:
-            if content_type in {MSGPACK, "application/x-msgpack"}:
-                return unpackb(response.content)
-            return from_jsonable(json.loads(response.content))
-        except ValueError as exc:
-            raise ReplayError(f"undecodable answer ({content_type or 'no type'}): {exc}") from exc
-
-    @staticmethod
-    def _error(response: httpx.Response) -> ReplayError:
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        try:
-            body = ReplayClient._decode(response)
-        except ReplayError:
-            body = None
-        return error_from_body(response.status_code, body, retry_after=retry_after)

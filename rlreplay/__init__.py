@@ -22,6 +22,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 __all__ = [
     "BFloat16Array",
     "BadRequest",
+    "ColumnBatch",
     "DeadlineExceeded",
     "Gone",
     "Item",
@@ -41,6 +42,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "Writer",
     "__version__",
     "tune_malloc",
 ]
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from rlreplay.clients import (
         BadRequest,
         BFloat16Array,
+        ColumnBatch,
         DeadlineExceeded,
         Gone,
         Item,
@@ -68,6 +71,7 @@ if TYPE_CHECKING:
         Unavailable,
         UnsupportedMediaType,
         ValidationFailed,
+        Writer,
         tune_malloc,
     )
 

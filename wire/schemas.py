@@ -23,9 +23,9 @@ refuse unknown fields; answers may gain fields, so their Structs take any.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Final, Literal
 
-from msgspec import Meta, Raw, Struct
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType, field
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -34,20 +34,26 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MAX_TIMEOUT_MS",
     "Accepted",
+    "ColumnsPushRequest",
     "DeleteRequest",
     "ErrorBody",
     "ErrorDetail",
     "Health",
+    "ItemColumns",
     "ItemIn",
     "ItemList",
     "ItemOut",
     "Key",
     "KeysRequest",
+    "Layout",
+    "NdArray",
+    "NdArrayData",
     "PrioritiesRequest",
     "PrioritiesUpdated",
     "Priority",
     "PushCommitted",
     "PushRequest",
+    "SampleColumns",
     "SampleRequest",
     "SampleResponse",
     "SampledItemOut",
@@ -92,6 +98,38 @@ _VALUE_DOC = (
 _VALUE_EXAMPLE: dict[str, Any] = {"obs": [0.1, 0.2, 0.3], "action": 1, "reward": 1.0}
 _WAIT_DOC = "Answer 200 once applied instead of 202 on accept."
 
+#: The JSON form of an array (msgpack bodies carry extension type 1 instead), inlined where
+#: a field is :class:`msgspec.Raw` and so has no schema of its own.
+_NDARRAY_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "description": "An array: extension type 1 in msgpack, this form in JSON.",
+    "required": ["$ndarray"],
+    "additionalProperties": False,
+    "properties": {
+        "$ndarray": {
+            "type": "object",
+            "required": ["dtype", "shape", "data"],
+            "additionalProperties": False,
+            "properties": {
+                "dtype": {"type": "string", "examples": ["<f4"]},
+                "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "data": {"type": "string", "description": "The C-order bytes, base64."},
+            },
+        }
+    },
+}
+
+#: ``"items"``: one entry per item; ``"columns"``: each field of the values stacked.
+Layout = Annotated[
+    Literal["items", "columns"],
+    Meta(
+        description=(
+            '`"columns"` answers each field of the items\' values (maps of arrays or '
+            "scalars) stacked along a new first axis."
+        )
+    ),
+]
+
 
 # --- requests ---------------------------------------------------------------------------------
 
@@ -127,10 +165,56 @@ class PushRequest(_Request):
     }
 
 
+class ColumnsPushRequest(_Request):
+    """Items as columns: item `i` is `keys[i]` with the value `{field: columns[field][i]}`,
+    stored exactly as if pushed in the per-item form."""
+
+    keys: Annotated[list[Key], Meta(examples=[["r1", "r2"]])]
+    columns: Annotated[
+        Raw,
+        Meta(
+            description="Field name -> array whose first axis is `len(keys)`.",
+            extra_json_schema={
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": _NDARRAY_SCHEMA,
+            },
+        ),
+    ]
+    priorities: Annotated[
+        Raw | UnsetType,
+        Meta(
+            description="One per key (default 1.0 each): a list, or a 1-D array.",
+            extra_json_schema={
+                "anyOf": [
+                    {"type": "array", "items": {"type": "number", "minimum": 0}},
+                    _NDARRAY_SCHEMA,
+                ]
+            },
+        ),
+    ] = UNSET
+    wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {
+        "keys": ["r1", "r2"],
+        "columns": {
+            "obs": {
+                "$ndarray": {"dtype": "<f4", "shape": [2, 2], "data": "zczMPc3MTD6amZk+zczMPg=="}
+            },
+            "reward": {
+                "$ndarray": {"dtype": "<f8", "shape": [2], "data": "AAAAAAAA8D8AAAAAAAAAAA=="}
+            },
+        },
+        "priorities": [2.0, 1.0],
+        "wait": False,
+    }
+
+
 class KeysRequest(_Request):
     """Keys to read."""
 
     keys: Annotated[list[Key], Meta(examples=[["r1", "r2"]])]
+    layout: Layout = "items"
 
     EXAMPLE: ClassVar[dict[str, Any]] = {"keys": ["r1", "r2"]}
 
@@ -157,6 +241,7 @@ class SampleRequest(_Request):
         ),
     ] = DEFAULT_TIMEOUT_MS
     include_values: Annotated[bool, Meta(description="false: values come back null.")] = True
+    layout: Layout = "items"
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "batch_size": 64,
@@ -236,6 +321,47 @@ class SampleResponse(Struct):
     """The sampled items."""
 
     items: list[SampledItemOut]
+
+
+class NdArrayData(Struct):
+    """An array's dtype (with byte order, or `"bfloat16"`), shape and C-order bytes."""
+
+    dtype: Annotated[str, Meta(examples=["<f4"])]
+    shape: list[Annotated[int, Meta(ge=0)]]
+    data: Annotated[str, Meta(description="base64")]
+
+
+class NdArray(Struct):
+    """An array: extension type 1 in msgpack answers, this form in JSON ones."""
+
+    ndarray: NdArrayData = field(name="$ndarray")
+
+
+_COLUMNS_DOC = (
+    "Each field of the values stacked along a new first axis; a 1-D field of varying "
+    'length packed end to end, with its int32 offsets (n + 1) as `"<field>.cu_seqlens"`.'
+)
+
+
+class SampleColumns(Struct):
+    """A sample with `layout: "columns"`: one array per field, and per pick."""
+
+    keys: list[str]
+    priorities: NdArray
+    probabilities: NdArray
+    weights: NdArray
+    times_sampled: NdArray
+    columns: Annotated[dict[str, NdArray], Meta(description=_COLUMNS_DOC)]
+
+
+class ItemColumns(Struct):
+    """A batchGet with `layout: "columns"`: the keys found, stacked, and those missing."""
+
+    keys: list[str]
+    priorities: NdArray
+    times_sampled: NdArray
+    columns: Annotated[dict[str, NdArray], Meta(description=_COLUMNS_DOC)]
+    missing: list[str]
 
 
 class PrioritiesUpdated(Struct):

@@ -10,7 +10,7 @@ which checks its fields' types and bounds. The contract splits refusals in two:
   ``validation_error``.
 
 msgspec reports both kinds as a :class:`msgspec.ValidationError` that names the field; its
-message tells them apart (:func:`_refusal`). What the Structs cannot state is checked here:
+message tells them apart (:func:`schema_refusal`). What the Structs cannot state is checked here:
 
 * a key's limit is 512 bytes of UTF-8, while the schema bounds characters;
 * an infinite priority (``Meta(ge=0)`` already refuses NaN);
@@ -56,13 +56,18 @@ from rlreplay.wire.schemas import (
 
 __all__ = [
     "PushBody",
+    "check_finite",
     "check_key",
+    "check_keys",
+    "map_size",
     "parse_delete",
     "parse_keys",
     "parse_priorities",
     "parse_push",
     "parse_sample",
+    "parse_snapshot",
     "parse_table_config",
+    "schema_refusal",
 ]
 
 _MAX_FLOAT = sys.float_info.max
@@ -120,7 +125,7 @@ _SNAPSHOT = _Decoders(SnapshotRequest)
 # --- refusals ---------------------------------------------------------------------------------
 
 
-def _refusal(exc: msgspec.ValidationError) -> BadRequest | ValidationFailed:
+def schema_refusal(exc: msgspec.ValidationError) -> BadRequest | ValidationFailed:
     """The contract's error for msgspec's refusal: 400 for a wrong type, 422 otherwise."""
     message = str(exc)
     if _WRONG_TYPE.match(message):
@@ -135,7 +140,7 @@ def _convert(obj: Any, struct: type[_Body], *, integral_floats: bool = False) ->
     try:
         return msgspec.convert(obj, struct)
     except msgspec.ValidationError as exc:
-        raise _refusal(exc) from None
+        raise schema_refusal(exc) from None
     except RecursionError as exc:
         raise BadRequest("the body is nested too deep") from exc
 
@@ -159,7 +164,7 @@ def _decode(body: bytes, fmt: BodyFormat, decoders: _Decoders) -> Any:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         if not (decoders.integral_floats and str(exc).startswith(_FLOAT_FOR_INT)):
-            raise _refusal(exc) from None
+            raise schema_refusal(exc) from None
     except _UNREADABLE as exc:
         if fmt is BodyFormat.MSGPACK:
             raise BadRequest(f"malformed msgpack body: {exc}") from exc
@@ -206,7 +211,7 @@ def _check_utf8(key: str, where: str) -> None:
         raise ValidationFailed(f"{where} is {size} bytes of UTF-8; the limit is 512")
 
 
-def _check_keys(keys: list[str], where: Callable[[int], str]) -> None:
+def check_keys(keys: list[str], where: Callable[[int], str]) -> None:
     """Keys the schema accepted (1 to 512 characters), checked in bytes of UTF-8.
 
     ASCII keys, nearly all of them, are as long in bytes as in characters; the others are
@@ -219,7 +224,7 @@ def _check_keys(keys: list[str], where: Callable[[int], str]) -> None:
             _check_utf8(key, where(i))
 
 
-def _check_finite(priorities: list[float], where: Callable[[int], str]) -> None:
+def check_finite(priorities: list[float], where: Callable[[int], str]) -> None:
     """Priorities the schema accepted (>= 0, not NaN), checked for infinity."""
     if priorities and max(priorities) > _MAX_FLOAT:
         i = next(i for i, p in enumerate(priorities) if p > _MAX_FLOAT)
@@ -268,13 +273,13 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
     items = push.items
     keys = [it.key for it in items]
     priorities = [it.priority for it in items]
-    _check_keys(keys, _item_key)
-    _check_finite(priorities, _item_priority)
+    check_keys(keys, _item_key)
+    check_finite(priorities, _item_priority)
     new_items = list(map(NewItem, keys, values, priorities))
     return PushBody(new_items, push.wait, body if fmt is BodyFormat.MSGPACK else None)
 
 
-def _map_size(body: bytes) -> int | None:
+def map_size(body: bytes) -> int | None:
     """The number of entries of the msgpack map ``body`` starts with; None if it is no map."""
     head = body[0]
     if 0x80 <= head <= 0x8F:
@@ -287,14 +292,14 @@ def _map_size(body: bytes) -> int | None:
 
 
 def _decode_msgpack_push(body: bytes) -> PushRequest:
-    size = _map_size(body)
+    size = map_size(body)
     # a map of two entries must hold both fields, so that a repeated "items" is refused
     try:
         push = (_MSGPACK_PUSH_WITH_WAIT if size == 2 else _MSGPACK_PUSH).decode(body)
     except msgspec.ValidationError as exc:
         if size == 2 and str(exc) == "Object missing required field `wait`":
             raise ValidationFailed("duplicate field in the body: items") from None
-        raise _refusal(exc) from None
+        raise schema_refusal(exc) from None
     except _UNREADABLE as exc:
         raise BadRequest(f"malformed msgpack push body: {exc}") from exc
     if size is not None and size > 2:  # every name is known: some are repeated
@@ -307,7 +312,7 @@ def _decode_json_push(body: bytes) -> tuple[PushRequest, list[bytes]]:
     try:
         push = _JSON_PUSH.decode(body)
     except msgspec.ValidationError as exc:
-        raise _refusal(exc) from None
+        raise schema_refusal(exc) from None
     except _UNREADABLE:
         # JSON that only Python's parser reads: the values are its, the rest is checked
         push, forms = _convert_json_push(decode_body(body, BodyFormat.JSON))
@@ -361,14 +366,14 @@ def _key_at(i: int) -> str:
 def parse_keys(body: bytes, fmt: BodyFormat) -> KeysRequest:
     """Parses ``{"keys": [...]}`` (batchGet)."""
     request: KeysRequest = _decode(body, fmt, _KEYS)
-    _check_keys(request.keys, _key_at)
+    check_keys(request.keys, _key_at)
     return request
 
 
 def parse_delete(body: bytes, fmt: BodyFormat) -> DeleteRequest:
     """Parses ``{"keys": [...], "wait"?: false}`` (batchDelete)."""
     request: DeleteRequest = _decode(body, fmt, _DELETE)
-    _check_keys(request.keys, _key_at)
+    check_keys(request.keys, _key_at)
     return request
 
 
@@ -382,8 +387,8 @@ def parse_priorities(body: bytes, fmt: BodyFormat) -> PrioritiesRequest:
     """Parses ``{"priorities": {key: priority, ...}}``."""
     request: PrioritiesRequest = _decode(body, fmt, _PRIORITIES)
     keys = list(request.priorities)
-    _check_keys(keys, lambda i: "a key of priorities")
-    _check_finite(list(request.priorities.values()), lambda i: f"priorities[{keys[i]!r}]")
+    check_keys(keys, lambda i: "a key of priorities")
+    check_finite(list(request.priorities.values()), lambda i: f"priorities[{keys[i]!r}]")
     return request
 
 

@@ -13,8 +13,13 @@ from rlreplay.app.api.bodies import (
     parse_delete,
     parse_keys,
     parse_priorities,
-    parse_push,
 )
+from rlreplay.app.api.column_answers import (
+    FoundColumns,
+    item_columns_json,
+    item_columns_msgpack,
+)
+from rlreplay.app.api.column_bodies import parse_any_push
 from rlreplay.app.api.deps import ItemKey, TableName, engine_of, metrics_of, serve_body
 from rlreplay.app.api.encoding import (
     JSON,
@@ -39,7 +44,9 @@ from rlreplay.wire.errors import (
 )
 from rlreplay.wire.schemas import (
     Accepted,
+    ColumnsPushRequest,
     DeleteRequest,
+    ItemColumns,
     ItemList,
     ItemOut,
     KeysRequest,
@@ -64,7 +71,7 @@ router = APIRouter(prefix="/v1/tables/{table}", tags=["items"])
     "/items",
     status_code=202,
     response_model=None,
-    openapi_extra=request_body(PushRequest),
+    openapi_extra=request_body(PushRequest, ColumnsPushRequest),
     responses=answers(
         {
             202: (Accepted, "Accepted: every later read sees the items."),
@@ -84,7 +91,8 @@ async def push_items(request: Request, table: TableName) -> Response:
     Answers 202 `{"accepted": n}` as soon as the items are accepted (every later get,
     batchGet and sample sees them), or with `wait: true` 200 `{"committed": n}` once the
     writer applied them. A full write queue is 503 `overloaded` with `Retry-After`;
-    nothing is accepted then.
+    nothing is accepted then. The second form, `{"keys", "columns", "priorities"?}`, pushes
+    item `i` with the value `{field: columns[field][i]}`, as the per-item form would.
     """
     return await serve_body(request, table, push_reply)
 
@@ -93,7 +101,7 @@ async def push_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
     """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
-    push = parse_push(body, fmt)
+    push = parse_any_push(body, fmt)
     n = await engine.push(table, push.items, wait=push.wait, validated=True, body=push.raw)
     metrics.count_items("push", n)
     return _accepted(n, committed=push.wait, as_msgpack=as_msgpack)
@@ -104,14 +112,25 @@ async def push_reply(
     response_model=None,
     openapi_extra=request_body(KeysRequest),
     responses=answers(
-        {200: (ItemList, "The items in the order asked, null where missing.")},
+        {
+            200: (
+                (ItemList, ItemColumns),
+                'The items in the order asked, null where missing; with `layout: "columns"`'
+                " the items found, stacked by field, and the keys missing.",
+            )
+        },
         TableNotFound,
         *BODY_ERRORS,
         *V1_ERRORS,
     ),
 )
 async def batch_get_items(request: Request, table: TableName) -> Response:
-    """Read many items at once, in the order asked (null where missing)."""
+    """Read many items at once, in the order asked (null where missing).
+
+    With `layout: "columns"` the answer holds the items found, each field of their values
+    stacked along a new first axis, and the keys missing; values that do not stack are
+    422 `validation_error`, naming the field.
+    """
     return await serve_body(request, table, batch_get_reply)
 
 
@@ -119,7 +138,14 @@ async def batch_get_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
     """The work of :func:`batch_get_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
-    keys = parse_keys(body, fmt).keys
+    request = parse_keys(body, fmt)
+    keys = request.keys
+    if request.layout == "columns":
+        found = FoundColumns(await engine.get_batch(table, keys))
+        metrics.count_items("get", len(keys))
+        if as_msgpack:
+            return Reply(item_columns_msgpack(found), MSGPACK)
+        return Reply(dump_json(item_columns_json(found)), JSON)
     items = await engine.get_many(table, keys)
     metrics.count_items("get", len(keys))
     if as_msgpack:

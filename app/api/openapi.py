@@ -2,7 +2,9 @@
 
 Routes declare their request body with :func:`request_body` (``openapi_extra``) and their
 answers with :func:`answers`, naming the Structs of :mod:`rlreplay.wire.schemas` (the table
-config, the pydantic :class:`~rlreplay.app.tables.config.TableConfig`). FastAPI collects
+config, the pydantic :class:`~rlreplay.app.tables.config.TableConfig`). A body or answer of
+two forms names both; the document gets a component that is ``oneOf`` them
+(``PushRequestOrColumnsPushRequest``). FastAPI collects
 only the models it validates itself, so :func:`build_openapi` adds the schemas of these to
 the document's components: msgspec generates them from the same Structs the server decodes
 with.
@@ -49,6 +51,7 @@ _ANSWER_TYPES = ("application/json", "application/msgpack")
 #: contain are collected with them).
 _STRUCTS: tuple[type[msgspec.Struct], ...] = (
     schemas.PushRequest,
+    schemas.ColumnsPushRequest,
     schemas.KeysRequest,
     schemas.DeleteRequest,
     schemas.SampleRequest,
@@ -59,6 +62,8 @@ _STRUCTS: tuple[type[msgspec.Struct], ...] = (
     schemas.ItemOut,
     schemas.ItemList,
     schemas.SampleResponse,
+    schemas.SampleColumns,
+    schemas.ItemColumns,
     schemas.PrioritiesUpdated,
     schemas.TableInfo,
     schemas.TableList,
@@ -81,17 +86,38 @@ BODY_ERRORS: tuple[type[ReplayError], ...] = (
 )
 
 
-def _ref(schema: type[Any]) -> dict[str, str]:
+#: The components that are ``oneOf`` several Structs, by name (see :func:`_one_of`).
+_ONE_OF: dict[str, tuple[type[msgspec.Struct], ...]] = {}
+
+#: A Struct, or the Structs of a body or answer that takes any of several forms.
+Forms = type[Any] | tuple[type[msgspec.Struct], ...]
+
+
+def _ref(schema: Forms) -> dict[str, str]:
+    if isinstance(schema, tuple):
+        return {"$ref": _REF.format(name=_one_of(schema))}
     return {"$ref": _REF.format(name=schema.__name__)}
 
 
+def _one_of(structs: tuple[type[msgspec.Struct], ...]) -> str:
+    """The name of the component that is ``oneOf`` ``structs`` (registered for the document)."""
+    name = "Or".join(struct.__name__ for struct in structs)
+    _ONE_OF[name] = structs
+    return name
+
+
 def request_body(
-    schema: type[Any], *, example: Any = None, required: bool = True
+    schema: type[Any],
+    *alternatives: type[msgspec.Struct],
+    example: Any = None,
+    required: bool = True,
 ) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON or msgpack body shaped like ``schema``.
 
     Args:
         schema: A request Struct of :mod:`rlreplay.wire.schemas`, or ``TableConfig``.
+        *alternatives: Other forms the body may take (the document's schema is ``oneOf``
+            them all, their examples listed in it).
         example: An example body; by default the Struct's ``EXAMPLE``.
         required: Whether the body may be left out.
 
@@ -100,23 +126,25 @@ def request_body(
     """
     if example is None:
         example = schema.EXAMPLE
-    content = {media: {"schema": _ref(schema)} for media in _BODY_TYPES}
+    forms: Forms = (schema, *alternatives) if alternatives else schema
+    content = {media: {"schema": _ref(forms)} for media in _BODY_TYPES}
     content["application/json"]["example"] = example
     return {"requestBody": {"required": required, "content": content}}
 
 
-def _content(schema: type[msgspec.Struct]) -> dict[str, Any]:
+def _content(schema: Forms) -> dict[str, Any]:
     return {media: {"schema": _ref(schema)} for media in _ANSWER_TYPES}
 
 
 def answers(
-    ok: dict[int, tuple[type[msgspec.Struct] | None, str]],
+    ok: dict[int, tuple[Forms | None, str]],
     *errors: type[ReplayError],
 ) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` of a route: its successful answers and its error answers.
 
     Args:
-        ok: Status -> (the Struct of the body, or None for no body; description).
+        ok: Status -> (the Struct of the body, a tuple of Structs when it takes one of
+            several forms, or None for no body; description).
         *errors: The error classes the route may answer with; those sharing a status are
             documented together, with every code listed.
 
@@ -196,6 +224,12 @@ def _struct_components() -> dict[str, Any]:
         example = getattr(struct, "EXAMPLE", None)  # request bodies have one
         if example is not None:
             components[struct.__name__]["examples"] = [example]
+    for name, structs in _ONE_OF.items():
+        examples = [getattr(s, "EXAMPLE", None) for s in structs]
+        components[name] = {
+            "oneOf": [_ref(struct) for struct in structs],
+            **({"examples": examples} if None not in examples else {}),
+        }
     # wire cannot name the server's pydantic TableConfig: the document links it here
     config = components["TableInfo"]["properties"]["config"]
     components["TableInfo"]["properties"]["config"] = {

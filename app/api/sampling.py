@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from rlreplay.app.api.bodies import parse_sample
+from rlreplay.app.api.column_answers import sample_columns_json, sample_columns_msgpack
 from rlreplay.app.api.deps import TableName, serve_body
 from rlreplay.app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json
 from rlreplay.app.api.envelopes import sample_json, sample_msgpack
@@ -12,7 +13,7 @@ from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_bo
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound
-from rlreplay.wire.schemas import SampleRequest, SampleResponse
+from rlreplay.wire.schemas import SampleColumns, SampleRequest, SampleResponse
 
 __all__ = ["router", "sample_reply"]
 
@@ -24,7 +25,12 @@ router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
     response_model=None,
     openapi_extra=request_body(SampleRequest),
     responses=answers(
-        {200: (SampleResponse, "The sampled items.")},
+        {
+            200: (
+                (SampleResponse, SampleColumns),
+                'The sampled items; with `layout: "columns"` stacked by field.',
+            )
+        },
         TableNotFound,
         DeadlineExceeded,
         *BODY_ERRORS,
@@ -36,7 +42,9 @@ async def sample(request: Request, table: TableName) -> Response:
 
     Waits up to `timeout_ms` (default 10000) for the table's rate limiter, then answers 504
     `deadline_exceeded`. Each pick carries its `probability` in one draw and its importance
-    `weight` (1.0 but for the prioritized sampler).
+    `weight` (1.0 but for the prioritized sampler). With `layout: "columns"` each field of
+    the values is stacked along a new first axis; values that do not stack are 422
+    `validation_error` naming the field, and the sample then consumes nothing.
     """
     return await serve_body(request, table, sample_reply)
 
@@ -46,13 +54,19 @@ async def sample_reply(
 ) -> Reply:
     """The work of :func:`sample` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     params = parse_sample(body, fmt)
+    columns = params.layout == "columns"
     items = await engine.sample_batch(
         table,
         params.batch_size,
         timeout_s=params.timeout_ms / 1000,
         include_values=params.include_values,
+        stacked=columns,
     )
     metrics.count_items("sample", len(items))
+    if columns:
+        if as_msgpack:
+            return Reply(sample_columns_msgpack(items), MSGPACK)
+        return Reply(dump_json(sample_columns_json(items)), JSON)
     if as_msgpack:
         return Reply(sample_msgpack(items), MSGPACK)
     return Reply(dump_json(sample_json(items)), JSON)

@@ -19,6 +19,7 @@ from rlreplay.app.tables.items import (
     SampleBatch,
     SampledItem,
 )
+from rlreplay.app.tables.stacking import stack_values
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
     DeadlineExceeded,
@@ -154,12 +155,16 @@ class EngineReads(EngineCore):
         *,
         timeout_s: float | None = None,
         include_values: bool = True,
+        stacked: bool = False,
     ) -> SampleBatch:
         """``batch_size`` draws from the table's sampler, after its pending ops are applied.
 
         A table with no items makes the call wait up to ``timeout_s`` for one (as Reverb's
         default ``MinSize(1)``); the rate limiter may make it wait too. Past the timeout:
-        :class:`DeadlineExceeded`.
+        :class:`DeadlineExceeded`. With ``stacked`` (and values), the batch's ``columns``
+        hold the values stacked by field; values that do not stack raise
+        :class:`ValidationFailed`, and like every refusal here the sample then consumes
+        nothing.
         """
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
@@ -216,6 +221,17 @@ class EngineReads(EngineCore):
                         f"table {table!r}: reading the sampled values from disk took more "
                         f"than {timeout:g} s"
                     ) from None
+            if stacked:
+                try:
+                    batch.columns = stack_values(batch.keys, cast("list[bytes]", batch.values))
+                except ValidationFailed:
+                    t.undraw(slots, exhausted)
+                    t.counters.samples -= len(slots)
+                    if t.gate.limited:
+                        t.gate.refund_sample(batch_size)
+                    raise
+        elif stacked:
+            batch.columns = {}
         if exhausted and not t.dropped and not t.dropping:  # no log record past its drop
             self._enqueue_delete(self._writer(), t, exhausted, wait=False)
         return batch

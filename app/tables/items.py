@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from rlreplay.app.tables.stacking import Column
 from rlreplay.wire.schemas import MAX_KEY_BYTES, PushRequest
 
 __all__ = [
@@ -120,7 +121,9 @@ class ItemBatch:
 class SampleBatch:
     """A sample as columns, the form the HTTP layer encodes without per-item objects.
 
-    ``values[i]`` is None when the sample was taken without values.
+    ``values[i]`` is None when the sample was taken without values. ``columns``: the values
+    stacked by field (:func:`~rlreplay.app.tables.stacking.stack_values`), when the sample
+    was asked for in that layout.
     """
 
     keys: list[str]
@@ -129,6 +132,7 @@ class SampleBatch:
     probabilities: npt.NDArray[np.float64]
     weights: npt.NDArray[np.float64]
     times_sampled: npt.NDArray[np.int64]
+    columns: dict[str, Column] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -1,0 +1,225 @@
+"""Columnar push bodies: ``{"keys", "columns": {field: array}, "priorities"?, "wait"?}``.
+
+The second form of ``POST /v1/tables/{table}/items``
+(:class:`~rlreplay.wire.schemas.ColumnsPushRequest`). A body that the per-item form refuses
+and that names ``columns`` or ``keys`` (and not ``items``) is read as this form; any other
+body keeps the per-item form's answer. Item ``i`` gets the value ``{field:
+columns[field][i], ...}``, built by :func:`~rlreplay.app.tables.unstacking.unstack_values`
+as the bytes the per-item form would have stored.
+
+In msgpack, a column is extension type 1 and its data is read where it lies in the body; in
+JSON, the contract's ``{"$ndarray": ...}`` form. Refusals follow the per-item form's split:
+a body that is not a map, or a field of the wrong type (a column that is not an array) is
+400; a column whose first axis is not ``len(keys)``, a field name that is not a string or
+appears twice, a bad key or priority is 422, the message naming the field.
+
+The log keeps such a push as the per-item ``put`` record of the values built here, not as
+the body (see :meth:`rlreplay.app.engine.engine.Engine.push`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from rlreplay.app.api.bodies import (
+    PushBody,
+    check_finite,
+    check_keys,
+    map_size,
+    parse_push,
+    schema_refusal,
+)
+from rlreplay.app.api.encoding import BodyFormat
+from rlreplay.app.tables.items import NewItem
+from rlreplay.app.tables.unstacking import ColumnIn, unstack_values
+from rlreplay.wire.arrays import BFloat16Array, split_payload, wire_dtype
+from rlreplay.wire.codec import from_jsonable, unpackb
+from rlreplay.wire.errors import BadRequest, ValidationFailed
+from rlreplay.wire.headers import read_ext_header
+from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest
+
+__all__ = ["parse_any_push", "parse_columns_push"]
+
+_Decoder = msgspec.msgpack.Decoder[Any] | msgspec.json.Decoder[Any]
+_TOP: Final[dict[BodyFormat, _Decoder]] = {
+    BodyFormat.MSGPACK: msgspec.msgpack.Decoder(dict[str, msgspec.Raw]),
+    BodyFormat.JSON: msgspec.json.Decoder(dict[str, msgspec.Raw]),
+}
+_BODY: Final[dict[BodyFormat, _Decoder]] = {
+    BodyFormat.MSGPACK: msgspec.msgpack.Decoder(ColumnsPushRequest),
+    BodyFormat.JSON: msgspec.json.Decoder(ColumnsPushRequest),
+}
+_NAMES: Final = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])
+_UNREADABLE = (msgspec.DecodeError, ValueError, RecursionError)
+
+
+def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
+    """Parses a push body of either form (see the module docstring).
+
+    Raises:
+        BadRequest: Malformed, or a field of the wrong type.
+        ValidationFailed: A missing, unknown or repeated field, a bad key, priority or
+            column.
+    """
+    try:
+        return parse_push(body, fmt)
+    except (BadRequest, ValidationFailed):
+        top = _top_fields(body, fmt)
+        if top is None or "items" in top or not ({"columns", "keys"} & top.keys()):
+            raise
+    return parse_columns_push(body, fmt, top)
+
+
+def _top_fields(body: bytes, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:
+    try:
+        top: dict[str, msgspec.Raw] = _TOP[fmt].decode(body)
+    except (*_UNREADABLE, msgspec.ValidationError):
+        return None
+    return top
+
+
+def parse_columns_push(
+    body: bytes, fmt: BodyFormat, top: dict[str, msgspec.Raw] | None = None
+) -> PushBody:
+    """Parses a columnar push body into the items it stands for.
+
+    Args:
+        body: The raw request body.
+        fmt: Its format.
+        top: Its fields, when already read.
+
+    Returns:
+        The items, in the order of ``keys``, and whether to wait for the writer.
+
+    Raises:
+        BadRequest: Malformed, or a field of the wrong type.
+        ValidationFailed: As the module docstring says.
+    """
+    if not body:
+        raise BadRequest("the request body is empty")
+    try:
+        request: ColumnsPushRequest = _BODY[fmt].decode(body)
+    except msgspec.ValidationError as exc:
+        raise schema_refusal(exc) from None
+    except _UNREADABLE as exc:
+        raise BadRequest(f"malformed {fmt.value} push body: {exc}") from exc
+    if fmt is BodyFormat.MSGPACK:
+        top = top if top is not None else _top_fields(body, fmt)
+        if top is not None and map_size(body) != len(top):
+            raise ValidationFailed("duplicate field(s) in the body")
+    keys = request.keys
+    check_keys(keys, lambda i: f"keys[{i}]")
+    n = len(keys)
+    if fmt is BodyFormat.MSGPACK:
+        columns = _msgpack_columns(request.columns, n)
+    else:
+        columns = _json_columns(request.columns, n)
+    if not columns:
+        raise ValidationFailed("columns must name at least one field")
+    priorities = _priorities(request.priorities, fmt, n)
+    values = unstack_values(columns, n)
+    return PushBody(list(map(NewItem, keys, values, priorities)), request.wait)
+
+
+def _column(name: Any, dtype: str, shape: tuple[int, ...], data: memoryview, n: int) -> ColumnIn:
+    if not isinstance(name, str):
+        raise ValidationFailed(f"columns: the field name {name!r} is not a string")
+    if not shape:
+        raise ValidationFailed(f"columns[{name!r}] is 0-d: its first axis must hold {n} items")
+    if shape[0] != n:
+        raise ValidationFailed(
+            f"columns[{name!r}]: its first axis is {shape[0]} long, but there are {n} keys"
+        )
+    return ColumnIn(name, dtype, shape, data)
+
+
+def _msgpack_columns(raw: msgspec.Raw, n: int) -> list[ColumnIn]:
+    try:
+        named: dict[Any, msgspec.Raw] = _NAMES.decode(raw)
+    except msgspec.ValidationError:
+        raise BadRequest("columns must be a map of field name to array") from None
+    except _UNREADABLE as exc:  # a map as a field name
+        raise ValidationFailed(f"columns: a field name is not a string ({exc})") from exc
+    if map_size(bytes(memoryview(raw)[:5])) != len(named):
+        raise ValidationFailed("columns: a field is named twice")
+    return [_msgpack_column(name, memoryview(value), n) for name, value in named.items()]
+
+
+def _msgpack_column(name: Any, encoded: memoryview, n: int) -> ColumnIn:
+    ext = read_ext_header(encoded)
+    if ext is None or ext[0] != 1:
+        raise BadRequest(f"columns[{name!r}] must be an array (msgpack extension type 1)")
+    _, start, size = ext
+    try:
+        dtype, shape, data = split_payload(encoded[start : start + size])
+    except ValueError as exc:
+        raise BadRequest(f"columns[{name!r}]: {exc}") from None
+    return _column(name, dtype, shape, data, n)
+
+
+class _Pairs(list[tuple[Any, Any]]):
+    """A JSON object's members in order, duplicates kept."""
+
+
+def _maps(obj: Any) -> Any:
+    if isinstance(obj, _Pairs):
+        return {key: _maps(value) for key, value in obj}
+    if isinstance(obj, list):
+        return [_maps(item) for item in obj]
+    return obj
+
+
+def _json_columns(raw: msgspec.Raw, n: int) -> list[ColumnIn]:
+    try:
+        members = json.loads(bytes(raw), object_pairs_hook=_Pairs)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"malformed json columns: {exc}") from exc
+    if not isinstance(members, _Pairs):
+        raise BadRequest("columns must be a map of field name to array")
+    if len({name for name, _ in members}) != len(members):
+        raise ValidationFailed("columns: a field is named twice")
+    columns = []
+    for name, form in members:
+        try:
+            array = from_jsonable(_maps(form))
+        except ValueError as exc:
+            raise BadRequest(f"columns[{name!r}]: {exc}") from None
+        if isinstance(array, BFloat16Array):
+            dtype, array = "bfloat16", array.bits.astype("<u2", copy=False)
+        elif isinstance(array, np.ndarray):
+            dtype = wire_dtype(array.dtype)
+        else:
+            raise BadRequest(f'columns[{name!r}] must be an array ({{"$ndarray": ...}})')
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        columns.append(_column(name, dtype, array.shape, data, n))
+    return columns
+
+
+def _priorities(raw: msgspec.Raw | msgspec.UnsetType, fmt: BodyFormat, n: int) -> list[float]:
+    if isinstance(raw, msgspec.UnsetType):
+        return [DEFAULT_PRIORITY] * n
+    try:
+        if fmt is BodyFormat.MSGPACK:
+            given = unpackb(raw)
+        else:
+            given = from_jsonable(json.loads(bytes(raw)))
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"priorities: {exc}") from None
+    if isinstance(given, np.ndarray) and given.ndim == 1 and given.dtype.kind in "biuf":
+        given = given.astype(np.float64).tolist()
+    if not isinstance(given, list):
+        raise BadRequest("priorities must be a list of numbers or a 1-D array")
+    if len(given) != n:
+        raise ValidationFailed(f"priorities has {len(given)} entries, but there are {n} keys")
+    for i, p in enumerate(given):
+        if type(p) not in (int, float):
+            raise BadRequest(f"priorities[{i}] must be a number")
+        if not p >= 0:  # NaN too
+            raise ValidationFailed(f"priorities[{i}] must be a finite number >= 0, not {p}")
+    priorities = [float(p) for p in given]
+    check_finite(priorities, lambda i: f"priorities[{i}]")
+    return priorities

@@ -1,0 +1,136 @@
+"""Columnar batches: what ``sample``, ``get_many`` and ``stream`` answer with
+``layout="columns"``.
+
+The server stacks each field of the items' values along a new first axis (see the
+contract's "Columnar bodies"), so a batch arrives as a handful of arrays rather than one
+Python object per item. :class:`ColumnBatch` holds them as NumPy arrays (bfloat16 fields as
+:class:`~rlreplay.wire.arrays.BFloat16Array`); :meth:`ColumnBatch.as_torch` gives torch
+tensors that share their memory.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rlreplay.wire.arrays import BFloat16Array
+from rlreplay.wire.errors import ReplayError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ColumnBatch"]
+
+#: A stacked field: a NumPy array, or the raw bits of a bfloat16 one.
+Column = npt.NDArray[Any] | BFloat16Array
+
+
+@dataclass(slots=True)
+class ColumnBatch:
+    """A batch of items as columns.
+
+    Attributes:
+        keys: The items' keys, in the order of the columns' first axis.
+        columns: Field -> the field of every item's value stacked along a new first axis;
+            a 1-D field whose length varies is packed end to end, its int32 offsets
+            (``len(keys) + 1``) in ``"<field>.cu_seqlens"``.
+        priorities: The items' priorities (float64).
+        times_sampled: How often each was sampled (int64).
+        probabilities: A sample's probability of each pick in one draw (None for
+            ``get_many``).
+        weights: A sample's importance-sampling weights (None for ``get_many``).
+        missing: The keys ``get_many`` did not find (empty for a sample).
+    """
+
+    keys: list[str]
+    columns: dict[str, Column]
+    priorities: npt.NDArray[np.float64]
+    times_sampled: npt.NDArray[np.int64]
+    probabilities: npt.NDArray[np.float64] | None = None
+    weights: npt.NDArray[np.float64] | None = None
+    missing: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, name: str) -> Column:
+        """The column of field ``name``."""
+        return self.columns[name]
+
+    def as_torch(
+        self, device: Any = None, *, non_blocking: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The columns as torch tensors (imports torch).
+
+        On the CPU a tensor shares its column's memory; arrays in a byte order other than
+        the machine's are converted first (a copy), as torch holds native ones only.
+
+        Args:
+            device: Where to put the tensors (``"cuda"``...); the CPU when None.
+            non_blocking: Passed to ``Tensor.to`` when moving them.
+
+        Raises:
+            TypeError: A column's dtype has no torch dtype (strings, dates).
+        """
+        import torch
+
+        tensors: dict[str, torch.Tensor] = {}
+        for name, column in self.columns.items():
+            if isinstance(column, BFloat16Array):
+                tensor = column.to_torch()
+            else:
+                array = column
+                if array.dtype.byteorder not in ("=", "|", _NATIVE):
+                    array = array.astype(array.dtype.newbyteorder("="))
+                try:
+                    tensor = torch.from_numpy(array)
+                except TypeError as exc:
+                    raise TypeError(f"column {name!r}: {exc}") from exc
+            tensors[name] = (
+                tensor if device is None else tensor.to(device, non_blocking=non_blocking)
+            )
+        return tensors
+
+    @classmethod
+    def from_answer(cls, answer: Any) -> ColumnBatch:
+        """The batch of a decoded columnar answer (``SampleColumns`` or ``ItemColumns``).
+
+        Raises:
+            ReplayError: The answer is not of that shape.
+        """
+        if not isinstance(answer, Mapping):
+            raise ReplayError(f"expected a columnar answer, got {type(answer).__name__}")
+        try:
+            columns = dict(answer["columns"])
+            batch = cls(
+                keys=list(answer["keys"]),
+                columns=columns,
+                priorities=_array(answer["priorities"]),
+                times_sampled=_array(answer["times_sampled"]),
+                probabilities=_optional(answer.get("probabilities")),
+                weights=_optional(answer.get("weights")),
+                missing=list(answer.get("missing", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayError(f"malformed columnar answer: {exc!r}") from exc
+        if not all(isinstance(c, np.ndarray | BFloat16Array) for c in columns.values()):
+            raise ReplayError("malformed columnar answer: a column is not an array")
+        return batch
+
+
+_NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
+def _array(value: Any) -> npt.NDArray[Any]:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return value
+
+
+def _optional(value: Any) -> npt.NDArray[Any] | None:
+    return None if value is None else _array(value)

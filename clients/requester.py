@@ -1,0 +1,246 @@
+"""Sending the contract's requests: the connection pool, retries and the codec at both ends.
+
+:class:`Requester` is the part of :class:`~rlreplay.clients.client.ReplayClient` that turns
+one call into HTTP: it encodes the body (:func:`rlreplay.clients.bodies.encode_body`), sends
+it through the pool with the retry policy of :mod:`rlreplay.clients.retry`, and decodes the
+answer or raises the error it carries (:mod:`rlreplay.wire.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import TracebackType
+from typing import Any, Final, Self
+from urllib.parse import quote
+
+import httpx
+
+from rlreplay.clients.bodies import encode_body
+from rlreplay.clients.retry import RetryPolicy, parse_retry_after
+from rlreplay.clients.transport import LeanTransport
+from rlreplay.wire.codec import from_jsonable, unpackb
+from rlreplay.wire.errors import Overloaded, ReplayError, Unavailable, error_from_body
+
+__all__ = ["MSGPACK", "Requester", "path_segment"]
+
+MSGPACK: Final = "application/msgpack"
+_USER_AGENT: Final = "rlreplay-client/0.1"
+_KEEPALIVE_EXPIRY_S: Final = 30.0
+_URL_CACHE_SIZE: Final = 256
+
+# Tells LeanTransport that the request may be sent again on a fresh connection when a pooled
+# one turns out to have been closed by the server (see clients.transport).
+_IDEMPOTENT: Final = {"idempotent": True}
+
+# Failures where the request provably never reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def path_segment(value: str, what: str) -> str:
+    """One percent-encoded path segment; ``/``, ``:``, ``?``, ``%`` and dot-segments included."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    if value in {".", ".."}:
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+class Requester:
+    """The connection pool of one server and the sending of requests to it (the arguments
+    are :class:`~rlreplay.clients.client.ReplayClient`'s)."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        max_connections: int = 16,
+        retries: int = 3,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        lean_transport: bool = True,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
+        if max_connections < 1:
+            raise ValueError(f"max_connections ({max_connections}) must be >= 1")
+        self._policy = RetryPolicy(
+            retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
+        )
+        self._timeout_s = timeout_s
+        # Our own LeanTransport is called directly (see _exchange), skipping the per-request work
+        # of httpx.AsyncClient (auth and redirect flows, cookies, hooks) that we never use.
+        self._lean: LeanTransport | None = None
+        if transport is None and lean_transport and httpx.URL(base_url).scheme == "http":
+            transport = self._lean = LeanTransport(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+            )
+        # Calls beyond max_connections wait here, in O(1), rather than in httpcore's pool
+        # queue, whose bookkeeping costs O(connections x queued requests) per event.
+        self._slots = asyncio.Semaphore(max_connections)
+        headers = {"Accept": MSGPACK, "User-Agent": _USER_AGENT}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = httpx.Timeout(timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=self._timeout,
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+            ),
+            http1=True,
+            http2=False,
+            transport=transport,
+        )
+
+        # Absolute URLs of the paths called, so that httpx does not parse and merge the base
+        # URL on every request (~30 us each); cleared when full (item paths vary by key).
+        self._urls: dict[str, httpx.URL] = {}
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool; calling it again does nothing."""
+        await self._http.aclose()
+
+    @staticmethod
+    def _table(name: str, rest: str = "") -> str:
+        return "/v1/tables/" + path_segment(name, "table name") + rest
+
+    def _url(self, path: str) -> httpx.URL:
+        """``path`` under the base URL, as httpx would merge it (cached)."""
+        url = self._urls.get(path)
+        if url is None:
+            if len(self._urls) >= _URL_CACHE_SIZE:
+                self._urls.clear()
+            base = self._http.base_url
+            raw_path = base.raw_path + path.lstrip("/").encode("ascii")
+            url = self._urls[path] = base.copy_with(raw_path=raw_path)
+        return url
+
+    @staticmethod
+    def _as_dict(answer: Any) -> dict[str, Any]:
+        if not isinstance(answer, dict):
+            raise ReplayError(f"expected a map in the answer, got {type(answer).__name__}")
+        return answer
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        idempotent: bool,
+        read_timeout_s: float | None = None,
+    ) -> Any:
+        """Send one request with retries; return the decoded answer (None for no content)."""
+        content = None if body is None else encode_body(body)
+        attempt = 0
+        while True:
+            retry_after: float | None = None
+            try:
+                async with self._slots:
+                    response = await self._exchange(
+                        method, path, content, idempotent=idempotent, read_s=read_timeout_s
+                    )
+            except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
+                raise  # a bad URL or request: retrying cannot help
+            except _NOT_SENT as exc:
+                failure: ReplayError | httpx.HTTPError = exc
+            except httpx.TransportError as exc:
+                failure = exc
+                if not idempotent:
+                    raise Unavailable(f"{method} {path} failed: {exc!r}") from exc
+            else:
+                if response.is_success:
+                    return self._decode(response)
+                error = self._error(response)
+                retryable = isinstance(error, Overloaded) or (
+                    idempotent and type(error) is Unavailable
+                )
+                if not retryable:
+                    raise error
+                failure, retry_after = error, error.retry_after
+            if attempt >= self._policy.retries:
+                if isinstance(failure, ReplayError):
+                    raise failure
+                raise Unavailable(f"{method} {path} failed: {failure!r}") from failure
+            await asyncio.sleep(self._policy.delay(attempt, retry_after))
+            attempt += 1
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None,
+        *,
+        idempotent: bool,
+        read_s: float | None,
+    ) -> httpx.Response:
+        """One request and its answer (no retries), with the client's headers and timeouts.
+
+        With our own LeanTransport the request goes straight to it: ``httpx.AsyncClient``
+        would send the same bytes, but its per-request flows (auth, redirects, cookies,
+        hooks), which this client never uses, cost about a seventh of the client's CPU per
+        sampled batch (measured).
+        """
+        extensions: dict[str, Any] = dict(_IDEMPOTENT) if idempotent else {}
+        timeout = self._timeout if read_s is None else httpx.Timeout(self._timeout_s, read=read_s)
+        if self._lean is None:
+            return await self._http.request(
+                method,
+                self._url(path),
+                content=content,
+                headers={"Content-Type": MSGPACK} if content is not None else None,
+                timeout=timeout,
+                extensions=extensions,
+            )
+        extensions["timeout"] = timeout.as_dict()
+        headers = self._http.headers
+        if content is not None:
+            headers = headers.copy()
+            headers["Content-Type"] = MSGPACK
+        request = httpx.Request(
+            method, self._url(path), headers=headers, content=content, extensions=extensions
+        )
+        response = await self._lean.handle_async_request(request)
+        response.request = request
+        return response
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        if response.status_code == 204 or not response.content:
+            return None
+        content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        try:
+            if content_type in {MSGPACK, "application/x-msgpack"}:
+                return unpackb(response.content)
+            return from_jsonable(json.loads(response.content))
+        except ValueError as exc:
+            raise ReplayError(f"undecodable answer ({content_type or 'no type'}): {exc}") from exc
+
+    @staticmethod
+    def _error(response: httpx.Response) -> ReplayError:
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        try:
+            body = Requester._decode(response)
+        except ReplayError:
+            body = None
+        return error_from_body(response.status_code, body, retry_after=retry_after)
