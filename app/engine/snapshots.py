@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ log = logging.getLogger("rlreplay.snapshots")
 STAGING = "snapshots"  # the data dir's folder for captures waiting for their upload
 RESTORING = ".restoring"  # where a restore downloads before its files take their places
 _UPLOAD_THREADS = 2  # uploads get threads of their own: RocksDB's calls never wait for them
+
+
+class _Abandoned(Exception):
+    """Raised in the upload's thread, between files, once the server is stopping."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,7 @@ class Snapshots:
         self._running: asyncio.Task[SnapshotInfo] | None = None
         self._periodic: asyncio.Task[None] | None = None
         self._retry = Backoff(most_s=max(1.0, settings.backup_interval_s))
+        self._stopping = threading.Event()  # an upload in flight gives up at its next file
         #: figures for /metrics
         self.failures = 0
         self.taken = 0
@@ -108,7 +114,9 @@ class Snapshots:
                 self._periodic = loop.create_task(self._every_interval(), name="rlreplay-backup")
 
     async def stop(self) -> None:
-        """Stop periodic snapshots and wait for an upload in flight; idempotent."""
+        """Stop periodic snapshots; an upload in flight gives up after the files it is
+        sending (its snapshot is never listed: its manifest is not written); idempotent."""
+        self._stopping.set()
         periodic, self._periodic = self._periodic, None
         if periodic is not None:
             periodic.cancel()
@@ -163,10 +171,14 @@ class Snapshots:
                 meta["only_tables"] = tables
             meta["items"] = sum(int(t["items"]) for t in meta["tables"].values())
             try:
-                result = await self._io.run(store.upload, dest, meta, snapshot_id=snapshot_id)
+                result = await self._io.run(
+                    store.upload, dest, meta, snapshot_id=snapshot_id, progress=self._go_on
+                )
                 await self._io.run(store.prune, self._settings.backup_keep)
             except BackupError as exc:
                 raise Unavailable(f"snapshot {snapshot_id}: {exc}") from exc
+            except _Abandoned as exc:
+                raise Unavailable(f"snapshot {snapshot_id}: the server is stopping") from exc
         except BaseException as exc:
             self.failures += 1
             self.last_error = f"{snapshot_id}: {exc}"
@@ -191,6 +203,11 @@ class Snapshots:
             self.last_capture_s or 0.0,
         )
         return self._info(manifest)
+
+    def _go_on(self, sent: int, total: int) -> None:
+        """The upload's progress callback (in its thread): stop between files on stop()."""
+        if self._stopping.is_set():
+            raise _Abandoned
 
     async def _every_interval(self) -> None:
         """Periodic snapshots; a failure is logged (in :meth:`_take`) and retried sooner."""
