@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.snapshots import RestoreRefused
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
-from rlreplay.wire.errors import DeadlineExceeded, NotConfigured, TableNotFound
+from rlreplay.wire.errors import DeadlineExceeded, NotConfigured, TableNotFound, Unavailable
 from tests.engine.conftest import item, make_settings
 
 PRIORITIZED = TableConfig.model_validate({"sampler": {"type": "prioritized"}})
@@ -259,3 +260,32 @@ async def test_a_corrupt_snapshot_is_refused_and_latest_falls_back(
     finally:
         await restored.stop()
     assert newer.id in caplog.text and damaged.path in caplog.text
+
+
+async def test_stopping_abandons_an_upload_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop does not wait for a long upload: it gives up between files, unlisted."""
+    url = (tmp_path / "backups").as_uri()
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def endless_upload(self: BackupStore, local_dir: Path, meta: object, **kw: object) -> object:
+        progress = kw["progress"]
+        assert callable(progress)
+        loop.call_soon_threadsafe(started.set)
+        for _ in range(3000):  # a file every 10 ms for 30 s, unless told to stop
+            progress(0, 1)
+            time.sleep(0.01)
+        raise AssertionError("the upload was never told to stop")
+
+    monkeypatch.setattr(BackupStore, "upload", endless_upload)
+    engine = await _start(make_settings(tmp_path / "data", backup_url=url, backup_interval_s=0))
+    try:
+        snapshot = asyncio.create_task(engine.take_snapshot())
+        await asyncio.wait_for(started.wait(), 60)
+    finally:
+        await engine.stop()
+    with pytest.raises(Unavailable, match="stopping"):
+        await snapshot
+    assert BackupStore(url).list() == []
