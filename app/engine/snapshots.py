@@ -293,7 +293,8 @@ def restore_on_start(settings: Settings) -> Manifest | None:
     (blocking: the engine runs it in an I/O thread). A write-ahead log left in the data
     directory past the snapshot's position is then replayed on top by the recovery.
 
-    Returns the restored snapshot's manifest, or None when nothing was restored.
+    Returns the restored snapshot's manifest, or None when nothing was restored (``latest``
+    with no snapshot at the URL yet starts empty, so a deployment can always ask for it).
 
     Raises:
         RestoreRefused: No backup URL; a snapshot id named while the data dir has data of
@@ -327,6 +328,11 @@ def restore_on_start(settings: Settings) -> Manifest | None:
     began = time.monotonic()
     log.info("restore: looking for snapshot %s at %s", which, settings.backup_url)
     try:
+        if which == "latest" and not store.list():
+            # a first start on an empty bucket: nothing to restore yet (an unreachable
+            # bucket raises instead, and so does one whose snapshots are all damaged)
+            log.warning("restore: no snapshot at %s yet; starting empty", settings.backup_url)
+            return None
         manifest = store.restore(which, staging, progress=_log_progress)
     except NoSnapshot as exc:
         raise RestoreRefused(f"--restore {which}: {exc}") from exc

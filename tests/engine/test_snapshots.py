@@ -289,3 +289,14 @@ async def test_stopping_abandons_an_upload_in_flight(
     with pytest.raises(Unavailable, match="stopping"):
         await snapshot
     assert BackupStore(url).list() == []
+
+
+async def test_restore_latest_on_an_empty_url_starts_empty(tmp_path: Path) -> None:
+    url = (tmp_path / "never-written").as_uri()
+    engine = await _start(make_settings(tmp_path / "data", backup_url=url, restore="latest"))
+    try:
+        assert engine.table_names() == ["t"]
+        with pytest.raises(RestoreRefused, match="no"):
+            await Engine(make_settings(tmp_path / "other", backup_url=url, restore="x1")).start()
+    finally:
+        await engine.stop()
