@@ -1,0 +1,122 @@
+"""Readers of the deployment files (docker-compose.yml, docker/Dockerfile, deploy/k8s) that
+the deployment tests share: no Docker engine or cluster runs here, so the files are read."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlreplay.app.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "docker/Dockerfile"
+COMPOSE_FILE = REPO / "docker-compose.yml"
+K8S_DIR = REPO / "deploy/k8s"
+#: Setting names as environment variables (``RLREPLAY_DATA_DIR``...).
+SETTING_VARIABLES = frozenset(f"RLREPLAY_{name.upper()}" for name in Settings.model_fields)
+
+_INTERPOLATION = re.compile(
+    r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}|\$(?P<bare>\w+)"
+)
+
+
+def load_compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def interpolate(text: str, environ: Mapping[str, str]) -> str:
+    """``${VAR}``, ``${VAR:-default}`` and ``$VAR`` as Compose substitutes them (``$$`` is a
+    literal ``$``)."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match["name"] or match["bare"]
+        value = environ.get(name)
+        if match["op"] in (":-", ":?") and not value:
+            return match["default"] or ""
+        if match["op"] in ("-", "?") and value is None:
+            return match["default"] or ""
+        return value or ""
+
+    parts = text.split("$$")
+    return "$".join(_INTERPOLATION.sub(one, part) for part in parts)
+
+
+def service_environment(service: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """A compose service's ``environment`` (map or list form), interpolated."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.partition("=")[::2] for item in env)
+    return {k: interpolate("" if v is None else str(v), environ) for k, v in env.items()}
+
+
+@dataclass
+class Dockerfile:
+    """The instructions of the final stage that the service's command line depends on."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    cmd: list[str] = field(default_factory=list)
+    entrypoint: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)
+
+
+def _instructions(text: str) -> Iterator[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` with continuation lines joined and comments dropped."""
+    logical = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            logical += stripped[:-1] + " "
+            continue
+        logical += stripped
+        keyword, _, rest = logical.partition(" ")
+        yield keyword.upper(), rest.strip()
+        logical = ""
+
+
+def _exec_form(arguments: str) -> list[str]:
+    value = json.loads(arguments) if arguments.startswith("[") else ["/bin/sh", "-c", arguments]
+    assert isinstance(value, list)
+    return [str(v) for v in value]
+
+
+def parse_dockerfile(text: str) -> Dockerfile:
+    """ENV, CMD and ENTRYPOINT of the last stage (``ENV`` in ``key=value`` form, ``$VAR``
+    references to earlier values expanded)."""
+    parsed = Dockerfile()
+    for keyword, arguments in _instructions(text):
+        if keyword == "FROM":
+            parsed.stages.append(arguments)
+            parsed.env, parsed.cmd, parsed.entrypoint = {}, [], []
+        elif keyword == "ENV":
+            for pair in shlex.split(arguments):
+                key, sep, value = pair.partition("=")
+                assert sep, f"ENV {pair!r}: use the key=value form"
+                parsed.env[key] = interpolate(value, parsed.env)
+        elif keyword == "CMD":
+            parsed.cmd = _exec_form(arguments)
+        elif keyword == "ENTRYPOINT":
+            parsed.entrypoint = _exec_form(arguments)
+    return parsed
+
+
+def k8s_documents() -> list[tuple[Path, dict[str, Any]]]:
+    """Every resource that kustomization.yaml lists, with the file it is in."""
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    docs = []
+    for name in kustomization["resources"]:
+        path = K8S_DIR / name
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs.append((path, doc))
+    return docs
