@@ -30,9 +30,17 @@ $(TORCHRL_VENV)/bin/python:
 	$(PYTHON) -m venv $(TORCHRL_VENV)
 	$(TORCHRL_VENV)/bin/pip install -q torch==2.14.1 torchrl==0.14.1 numpy
 
-bench: $(STAMP) $(TORCHRL_VENV)/bin/python
+# Reverb (the client section's comparison) pins TensorFlow 2.15, so Python 3.11: its own venv.
+REVERB_VENV ?= .venv-reverb
+
+$(REVERB_VENV)/bin/python:
+	python3.11 -m venv $(REVERB_VENV)
+	$(REVERB_VENV)/bin/pip install -q dm-reverb==0.14.0 "tensorflow-cpu==2.15.*" numpy
+
+bench: $(STAMP) $(TORCHRL_VENV)/bin/python $(REVERB_VENV)/bin/python
 	@command -v wrk >/dev/null || echo "note: the HTTP section needs wrk (apt-get install wrk)"
-	RLREPLAY_TORCHRL_PYTHON=$(TORCHRL_VENV)/bin/python $(BIN)/python -m bench $(BENCH_ARGS)
+	RLREPLAY_TORCHRL_PYTHON=$(TORCHRL_VENV)/bin/python \
+	RLREPLAY_REVERB_PYTHON=$(REVERB_VENV)/bin/python $(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check rlreplay app workers wire clients gpu tests bench examples

@@ -2,7 +2,8 @@
 
 Sections: engine (storage and writer), selection (samplers vs TorchRL), http (the
 service vs the framework's ceiling), fast_paths (each hand-written fast path on and off),
-metrics (a /metrics scrape's cost by table count), snapshots (taking, restoring, push pauses).
+metrics (a /metrics scrape's cost by table count), snapshots (taking, restoring, push pauses),
+client (one Python client process vs wrk, codec costs, push latency).
 With no section named, all run.
 """
 
@@ -14,7 +15,7 @@ import os
 import platform
 import sys
 
-SECTIONS = ("engine", "selection", "http", "fast_paths", "metrics", "snapshots")
+SECTIONS = ("engine", "selection", "http", "fast_paths", "metrics", "snapshots", "client")
 
 
 def main(argv: list[str] | None = None) -> None:
