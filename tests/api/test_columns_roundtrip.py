@@ -16,13 +16,10 @@ from hypothesis.extra import numpy as hnp
 from rlreplay.wire.arrays import BFloat16Array
 from rlreplay.wire.codec import packb
 from tests.api.test_columns import per_item, post, stored
+from tests.wire.test_codec import DTYPES as FIXED_WIDTH_DTYPES
 
 DTYPES = st.one_of(
-    hnp.boolean_dtypes(),
-    hnp.integer_dtypes(endianness="?"),
-    hnp.unsigned_integer_dtypes(endianness="?"),
-    hnp.floating_dtypes(endianness="?"),
-    hnp.complex_number_dtypes(endianness="?"),
+    FIXED_WIDTH_DTYPES,
     st.just("bfloat16"),
 )
 _TABLES = itertools.count()

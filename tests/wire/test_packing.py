@@ -30,6 +30,7 @@ from rlreplay.wire.headers import (
     map_header,
     str_bytes,
 )
+from tests.wire.test_codec import DTYPES as FIXED_WIDTH_DTYPES
 
 INT_EDGES = [
     0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1,
@@ -82,11 +83,7 @@ def old_packb(obj: Any) -> bytes:
 
 
 DTYPES = st.one_of(
-    hnp.boolean_dtypes(),
-    hnp.integer_dtypes(endianness="?"),
-    hnp.unsigned_integer_dtypes(endianness="?"),
-    hnp.floating_dtypes(endianness="?"),
-    hnp.complex_number_dtypes(endianness="?"),
+    FIXED_WIDTH_DTYPES,
     st.just(np.dtype("<M8[ns]")),
     st.just(np.dtype("S3")),
 )
