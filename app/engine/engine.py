@@ -112,7 +112,7 @@ class Engine(EngineReads):
                 await self._drop(state.tables[name])
         for name, config in (tables or {}).items():
             await self._ensure_table(name, config)
-        self.snapshots.start()
+        await self.snapshots.start()
         self._open = self._ready = True
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",

@@ -104,10 +104,10 @@ class Snapshots:
             raise NotConfigured("snapshots need a backup URL: start the server with --backup-url")
         return self._store
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Start periodic snapshots (when configured with an interval above 0)."""
-        staging = self._settings.data_dir / STAGING
-        shutil.rmtree(staging, ignore_errors=True)  # captures a crash left behind
+        staging = self._settings.data_dir / STAGING  # captures a crash left behind
+        await self._io.run(shutil.rmtree, staging, ignore_errors=True)
         if self._store is not None and self._settings.backup_interval_s > 0:
             if self._periodic is None:
                 loop = asyncio.get_running_loop()
@@ -185,9 +185,7 @@ class Snapshots:
             log.error("snapshot %s failed: %s", snapshot_id, exc)
             raise
         finally:
-            await asyncio.get_running_loop().run_in_executor(
-                None, lambda: shutil.rmtree(dest, ignore_errors=True)
-            )
+            await self._io.run(shutil.rmtree, dest, ignore_errors=True)
         manifest = result.manifest
         self.taken += 1
         self.bytes_uploaded += result.uploaded_bytes

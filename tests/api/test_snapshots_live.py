@@ -15,16 +15,9 @@ import pytest
 
 from tests.live import LiveServer, start_server, stop_server
 from tests.s3server import create_bucket, start_moto
+from tests.tables.test_state_restart import LIMITED
 
 PRIORITIZED = {"sampler": {"type": "prioritized", "exponent": 0.7}, "max_size": 1000}
-LIMITED = {
-    "rate_limiter": {
-        "type": "sample_to_insert_ratio",
-        "min_size_to_sample": 1,
-        "samples_per_insert": 1.0,
-        "error_buffer": 5.0,
-    }
-}
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
 
 

@@ -22,18 +22,10 @@ from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.wire.errors import DeadlineExceeded, NotConfigured, TableNotFound, Unavailable
 from tests.engine.conftest import item, make_settings
+from tests.tables.test_state_restart import LIMITED as LIMITED_CONFIG
 
 PRIORITIZED = TableConfig.model_validate({"sampler": {"type": "prioritized"}})
-LIMITED = TableConfig.model_validate(
-    {
-        "rate_limiter": {
-            "type": "sample_to_insert_ratio",
-            "min_size_to_sample": 1,
-            "samples_per_insert": 1.0,
-            "error_buffer": 5.0,
-        }
-    }
-)
+LIMITED = TableConfig.model_validate(LIMITED_CONFIG)
 
 
 @pytest.fixture
