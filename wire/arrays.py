@@ -200,12 +200,10 @@ def append_array(array: np.ndarray[Any, Any], parts: list[Any]) -> None:
         TypeError: The dtype cannot be encoded (see :func:`wire_dtype`).
     """
     head = _HEADS.get((array.dtype, array.shape))
-    if head is not None:
-        data = array.data
-        if data.c_contiguous:
-            parts.append(head)
-            parts.append(data)
-            return
+    if head is not None and array.flags.c_contiguous:
+        parts.append(head)
+        parts.append(array)  # joined through the buffer protocol: no view object
+        return
     dtype = wire_dtype(array.dtype)
     contiguous = _c_contiguous(array)
     raw = contiguous.reshape(-1).view(np.uint8)

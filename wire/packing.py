@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 
 from rlreplay.wire.arrays import (
+    _HEADS,
     EXT_NDARRAY,
     BFloat16Array,
     append_array,
@@ -103,7 +104,15 @@ def _append(obj: Any, parts: list[Any], depth: int) -> None:
         for key, value in obj.items():
             encoded = keys.get(key) if type(key) is str else None
             parts.append(_key(key) if encoded is None else encoded)
+            if type(value) is np.ndarray:  # the common value, without a call of its own
+                head = _HEADS.get((value.dtype, value.shape))
+                if head is not None and value.flags.c_contiguous:
+                    parts.append(head)
+                    parts.append(value)  # joined through the buffer protocol: no view object
+                    continue
             _append(value, parts, depth + 1)
+    elif kind is str:
+        parts.append(str_bytes(obj))
     elif kind is int and 0 <= obj < 128:
         parts.append(_SMALL_INTS[obj])
     elif kind is bool or obj is None:
