@@ -112,6 +112,24 @@ def test_values_pack_to_the_bytes_msgpack_python_writes(value: Any) -> None:
     assert packb(value) == old_packb(value)
 
 
+FLAT_MAPS = st.dictionaries(st.text(max_size=40), SCALARS | ARRAYS, max_size=8)
+
+
+@given(FLAT_MAPS | st.lists(FLAT_MAPS, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_flat_maps_and_lists_of_them_pack_as_msgpack_python_packs_them(value: Any) -> None:
+    """The usual value goes to msgspec's encoder; its bytes are the same (twice: the second
+    time an array's header comes from the cache)."""
+    assert packb(value) == old_packb(value)
+    assert packb(value) == old_packb(value)
+
+
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1])
+def test_a_flat_map_with_an_int_past_64_bits_is_refused(value: int) -> None:
+    with pytest.raises(ValueError, match="64 bits"):
+        packb({"x": np.zeros(2), "n": value})
+
+
 def test_non_contiguous_fortran_and_big_endian_arrays_pack_their_c_order_values() -> None:
     base = np.arange(24, dtype=">f8").reshape(4, 6)
     for array in (base[:, ::2], np.asfortranarray(base), base.T, base[::-1]):
