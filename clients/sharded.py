@@ -75,11 +75,15 @@ class ShardedReplayClient:
         allow_partial: The default of :meth:`sample`'s ``allow_partial``: sample from the
             servers that answer when some do not, instead of raising ``Unavailable``.
         seed: Seeds the split of sample batches between servers (random when None).
+        shard_names: What each server is called in the hashing, one per URL; their
+            normalized URLs when None. Name them when clients reach the same servers by
+            different URLs (a port-forward outside the cluster, DNS names inside), so that
+            all of them agree on which server holds a key.
         **options: Passed to each server's :class:`ReplayClient` (``timeout_s``,
             ``max_connections``, ``retries``...).
 
     Raises:
-        ValueError: No URL, or the same server named twice.
+        ValueError: No URL, the same server named twice, or ``shard_names`` not one per URL.
     """
 
     def __init__(
@@ -89,12 +93,16 @@ class ShardedReplayClient:
         *,
         allow_partial: bool = False,
         seed: int | None = None,
+        shard_names: Sequence[str] | None = None,
         **options: Any,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls must be a list of server URLs, not one string")
         self.urls = [normalized_url(url) for url in urls]
-        self._ring = Rendezvous(self.urls)
+        names = self.urls if shard_names is None else list(shard_names)
+        if len(names) != len(self.urls):
+            raise ValueError(f"{len(names)} shard_names for {len(self.urls)} URLs")
+        self._ring = Rendezvous(names)
         self._shards = [ReplayClient(url, api_key, **options) for url in self.urls]
         self._allow_partial = allow_partial
         self._rng = np.random.default_rng(seed)
@@ -411,6 +419,17 @@ class ShardedReplayClient:
             DeadlineExceeded: No server held an item within ``timeout_ms``, or a server's
                 rate limiter held its part past it.
         """
+        if len(self._shards) == 1:  # its share is the whole table: no need to ask
+            return await self._on(
+                0,
+                self._shards[0].sample(
+                    table,
+                    batch_size,
+                    timeout_ms=timeout_ms,
+                    include_values=include_values,
+                    layout=layout,
+                ),
+            )
         partial = self._allow_partial if allow_partial is None else allow_partial
         timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
         deadline = time.monotonic() + timeout_s

@@ -109,3 +109,27 @@ def test_shares_by_mass_and_uniform_fallback() -> None:
     with pytest.raises(ValidationFailed, match="draw_mass"):
         shard_masses([{"size": 3}])
     assert prioritized_weights(np.array([0.5, 0.25, 0.125]), 1.0).tolist() == [0.25, 0.5, 1.0]
+
+
+def test_one_server_client_points_to_the_sharded_one_for_several() -> None:
+    from rlreplay import ReplayClient, ShardedReplayClient
+
+    with pytest.raises(TypeError, match="ShardedReplayClient"):
+        ReplayClient(["http://a:1", "http://b:1"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="list of server URLs"):
+        ShardedReplayClient("http://a:1")
+
+
+async def test_shard_names_decide_owners_whatever_the_urls() -> None:
+    from rlreplay import ShardedReplayClient
+
+    names = ["replay-0", "replay-1", "replay-2"]
+    inside = ShardedReplayClient([f"http://{n}.replay:8000" for n in names], shard_names=names)
+    outside = ShardedReplayClient(
+        [f"http://127.0.0.1:{9000 + i}" for i in range(3)], shard_names=names
+    )
+    async with inside, outside:
+        for key in KEYS[:200]:
+            assert inside.urls.index(inside.owner(key)) == outside.urls.index(outside.owner(key))
+    with pytest.raises(ValueError, match="2 shard_names for 3 URLs"):
+        ShardedReplayClient(outside.urls, shard_names=names[:2])
