@@ -128,25 +128,41 @@ class ShardedReplayClient:
 
     # --- fanning out ----------------------------------------------------------------------
 
+    def _named(self, shard: int, error: BaseException) -> BaseException:
+        """``error``, or when the server could not be reached, an ``Unavailable`` naming it."""
+        if not isinstance(error, Unavailable):
+            return error
+        named = Unavailable(
+            f"shard {self.urls[shard]} is unavailable: {error.message}",
+            retry_after=error.retry_after,
+        )
+        named.__cause__ = error
+        return named
+
     async def _on(self, shard: int, call: Awaitable[T]) -> T:
         """``call``'s answer; a server that cannot be reached is named in the error."""
         try:
             return await call
         except Unavailable as exc:
-            raise Unavailable(
-                f"shard {self.urls[shard]} is unavailable: {exc.message}",
-                retry_after=exc.retry_after,
-            ) from exc
+            raise self._named(shard, exc) from exc
+
+    async def _outcomes(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T | BaseException]:
+        """Every call's answer or error by shard, sent concurrently.
+
+        The calls themselves are gathered (no wrapper coroutine around each), so that when
+        the caller is cancelled none of them is left never awaited.
+        """
+        outcomes = await asyncio.gather(*calls.values(), return_exceptions=True)
+        return {
+            s: self._named(s, o) if isinstance(o, BaseException) else o
+            for s, o in zip(calls, outcomes, strict=True)
+        }
 
     async def _each(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T]:
         """Every call's answer by shard, sent concurrently; when some fail, all are awaited
         first and then the first error (in shard order) is raised."""
-        shards = list(calls)
-        outcomes = await asyncio.gather(
-            *(self._on(s, calls[s]) for s in shards), return_exceptions=True
-        )
         answers: dict[int, T] = {}
-        for s, outcome in zip(shards, outcomes, strict=True):
+        for s, outcome in (await self._outcomes(calls)).items():
             if isinstance(outcome, BaseException):
                 raise outcome
             answers[s] = outcome
@@ -470,12 +486,9 @@ class ShardedReplayClient:
                     include_values=include_values,
                     layout=layout,
                 )
-            outcomes = await asyncio.gather(
-                *(self._on(s, call) for s, call in calls.items()), return_exceptions=True
-            )
             failed: list[npt.NDArray[np.intp]] = []
             errors: list[BaseException] = []
-            for s, outcome in zip(calls, outcomes, strict=True):
+            for s, outcome in (await self._outcomes(calls)).items():
                 if isinstance(outcome, Unavailable) and partial:
                     live.remove(s)
                     failed.append(places[s])
@@ -497,11 +510,8 @@ class ShardedReplayClient:
         calls = {s: self._shards[s].describe_table(table) for s in live}
         if not partial:
             return await self._each(calls)
-        outcomes = await asyncio.gather(
-            *(self._on(s, call) for s, call in calls.items()), return_exceptions=True
-        )
         infos: dict[int, Any] = {}
-        for s, outcome in zip(calls, outcomes, strict=True):
+        for s, outcome in (await self._outcomes(calls)).items():
             if isinstance(outcome, Unavailable):
                 live.remove(s)
             elif isinstance(outcome, BaseException):

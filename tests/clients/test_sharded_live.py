@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,24 @@ async def test_all_zero_priorities_fall_back_to_uniform_across_shards(
         picks = await draw(rb, "zero", 24_000)
     assert_follows(picks, {k: 1 / 12 for k in keys})
     assert all(p["probability"] == pytest.approx(1 / 12, rel=1e-12) for p in picks)
+
+
+async def test_stream_over_shards(shards: list[LiveServer]) -> None:
+    async with ShardedReplayClient(urls(shards), seed=8) as rb:
+        await rb.create_table("flow", sampler={"type": "uniform"})
+        keys = [f"f{i}" for i in range(30)]
+        await rb.push("flow", [{"key": k, "value": {"i": i}} for i, k in enumerate(keys)])
+        seen = 0
+        async with aclosing(rb.stream("flow", batch_size=32, prefetch=3)) as batches:
+            async for batch in batches:
+                assert len(batch) == 32
+                assert all(p["probability"] == pytest.approx(1 / 30) for p in batch)
+                assert all(p["value"]["i"] == int(p["key"][1:]) for p in batch)
+                seen += 1
+                if seen == 5:
+                    break
+        # every batch was drawn on the servers (the stream closed with samples in flight)
+        assert (await rb.describe_table("flow"))["stats"]["samples"] >= 5 * 32
 
 
 def kill(server: LiveServer) -> None:
