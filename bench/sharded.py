@@ -12,7 +12,8 @@ push: items/s of pushes of 64 items with new keys, 4 in flight (``asyncio.gather
 sharded push is split by owner, so over N servers it sends N smaller requests. sample:
 items/s of ``stream(batch_size=256, prefetch=4)``; each sharded sample first reads every
 server's share (a ``GET /v1/tables/{t}`` each), then samples them. Ratios are against the
-baseline row of the same run; figures are medians over the repeats.
+baseline's run in the same repeat (the configurations take turns within each repeat), and
+figures are medians over the repeats.
 
 On one machine the servers and the client share its cores, so more servers cannot add
 throughput here: the rows show what the fan-out costs. On N machines each server has its own
@@ -20,7 +21,7 @@ cores, disk and network, and the client's fan-out runs concurrently, so push thr
 grows with N until the client process's CPU is the limit; a sample pays one extra round
 trip for the shares.
 
-Run: ``python -m bench.sharded [--duration 3] [--repeats 3] [--quick]``.
+Run: ``python -m bench.sharded [--duration 1.5] [--repeats 7] [--quick]``.
 """
 
 from __future__ import annotations
@@ -110,34 +111,29 @@ async def _measure(urls: list[str], seconds: float, repeats: int) -> list[list[A
             await _fill(client, f"t{i}")
         for run in range(repeats):  # configurations interleaved: drift hits them alike
             for i, (name, _, client) in enumerate(configs):
-                row = figures.setdefault(name, {"push": [], "sample": []})
-                row["push"].append(await _push_rate(client, f"t{i}", seconds, run))
-                row["sample"].append(await _sample_rate(client, f"t{i}", seconds))
+                got = figures.setdefault(name, {"push": [], "sample": []})
+                got["push"].append(await _push_rate(client, f"t{i}", seconds, run))
+                got["sample"].append(await _sample_rate(client, f"t{i}", seconds))
     finally:
         for _, _, client in configs:
             await client.aclose()
-    base = {k: statistics.median(v) for k, v in figures[configs[0][0]].items()}
+    base = figures[configs[0][0]]
     rows: list[list[Any]] = []
     for name, n, _ in configs:
-        push = statistics.median(figures[name]["push"])
-        sample = statistics.median(figures[name]["sample"])
-        rows.append(
-            [
-                name,
-                n,
-                push,
-                f"{push / base['push']:.2f}x",
-                sample,
-                f"{sample / base['sample']:.2f}x",
-            ]
-        )
+        row: list[Any] = [name, n]
+        for kind in ("push", "sample"):
+            # each repeat's ratio to the baseline's run of the same repeat: drift of a shared
+            # machine's load between repeats cancels
+            ratios = [a / b for a, b in zip(figures[name][kind], base[kind], strict=True)]
+            row += [statistics.median(figures[name][kind]), f"{statistics.median(ratios):.2f}x"]
+        rows.append(row)
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.sharded", description=__doc__)
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per timed run")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=1.5, help="seconds per timed run")
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="1 s runs, one repeat")
     args = parser.parse_args(argv)
     seconds, repeats = (1.0, 1) if args.quick else (args.duration, args.repeats)

@@ -28,8 +28,16 @@ def _hash64(data: bytes) -> int:
 
 
 def key_hashes(keys: Iterable[str]) -> npt.NDArray[np.uint64]:
-    """Each key's 64-bit BLAKE2b hash (of its UTF-8 bytes)."""
-    return np.fromiter((_hash64(key.encode()) for key in keys), dtype=np.uint64)
+    """Each key's 64-bit BLAKE2b hash (of its UTF-8 bytes).
+
+    Raises:
+        TypeError: A key is not a string.
+    """
+    try:
+        return np.fromiter((_hash64(key.encode()) for key in keys), dtype=np.uint64)
+    except AttributeError:
+        bad = next(key for key in keys if not isinstance(key, str))
+        raise TypeError(f"key ({bad!r}) must be a string") from None
 
 
 def normalized_url(url: str) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "merged_description",
     "prioritized_weights",
     "shard_masses",
+    "split_picks",
 ]
 
 CU_SEQLENS: Final = ".cu_seqlens"
@@ -79,6 +80,17 @@ def shard_masses(stats: Sequence[Mapping[str, Any]]) -> npt.NDArray[np.float64]:
             f"a shard's table stats lack {exc}: its server predates sharded sampling"
         ) from None
     return mass if mass.sum() > 0 else count
+
+
+def split_picks(
+    rng: np.random.Generator, places: npt.NDArray[np.intp], mass: Mapping[int, float]
+) -> dict[int, npt.NDArray[np.intp]]:
+    """Each place of a batch given to a shard with probability its share of ``mass``
+    (shards of mass 0 get none): shard -> its places, in order."""
+    owners = np.array([s for s, m in mass.items() if m > 0], dtype=np.intp)
+    share = np.array([mass[s] for s in owners.tolist()], dtype=np.float64)
+    picks = rng.choice(owners, size=len(places), p=share / share.sum())
+    return {s: places[picks == s] for s in np.unique(picks).tolist()}
 
 
 def draw_weights(config: Mapping[str, Any]) -> float | None:

@@ -8,12 +8,8 @@ shard's share of the table (its ``draw_mass`` stat), splits the batch multinomia
 the shards concurrently and reports each pick's probability and importance weight as one
 server holding every item would (see :mod:`rlreplay.clients.shard_merge`).
 
-Per shard, not global: a table's ``max_size`` (and its remover), ``max_times_sampled``,
-rate limiters, the order of ``fifo``, ``lifo`` and the heaps (each shard picks its own
-oldest, newest or best for its part of the batch), ``ptime``'s recency (split by item count,
-weighted by age within a shard), snapshots and their restore. Every client must name the
-same servers (in any order); adding one moves about ``1/N`` of the keys to it, see
-``docs/deployment.md``.
+Per shard, not global: ``max_size``, ``max_times_sampled``, rate limiters, the order of the
+deterministic samplers, snapshots (docs/deployment.md, "Scaling out", lists them all).
 """
 
 from __future__ import annotations
@@ -40,9 +36,10 @@ from rlreplay.clients.shard_merge import (
     merge_columns,
     merged_description,
     shard_masses,
+    split_picks,
 )
 from rlreplay.clients.writer import Writer
-from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable
+from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
 
 __all__ = ["ShardedReplayClient"]
@@ -64,9 +61,8 @@ class ShardedReplayClient:
             await rb.push("default", [{"key": "k", "value": {"obs": np.zeros(4)}}])
             batch = await rb.sample("default", batch_size=32)
 
-    Its methods are :class:`~rlreplay.clients.client.ReplayClient`'s, with the same
-    arguments and answers, but for the snapshot calls (one answer per server) and
-    ``sample``'s ``allow_partial``.
+    It has :class:`ReplayClient`'s calls and answers, but for the snapshot calls (one
+    answer per server) and ``sample``'s ``allow_partial``.
 
     Args:
         urls: The servers' root URLs; every client of these tables must name the same ones
@@ -124,7 +120,18 @@ class ShardedReplayClient:
 
     def owner(self, key: str) -> str:
         """The URL of the server that holds ``key``."""
-        return self.urls[self._ring.owner(key)]
+        return self.urls[self._split([key]).popitem()[0]]
+
+    def _split(self, keys: Sequence[str]) -> dict[int, npt.NDArray[np.intp]]:
+        """Shard -> the positions of the keys it owns (see ``Rendezvous.split``).
+
+        Raises:
+            ValidationFailed: A key is not a string (the server's 422, said before sending).
+        """
+        try:
+            return self._ring.split(keys)
+        except TypeError as exc:
+            raise ValidationFailed(str(exc)) from None
 
     # --- fanning out ----------------------------------------------------------------------
 
@@ -147,11 +154,8 @@ class ShardedReplayClient:
             raise self._named(shard, exc) from exc
 
     async def _outcomes(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T | BaseException]:
-        """Every call's answer or error by shard, sent concurrently.
-
-        The calls themselves are gathered (no wrapper coroutine around each), so that when
-        the caller is cancelled none of them is left never awaited.
-        """
+        """Every call's answer or error by shard, sent concurrently. The calls themselves are
+        gathered, not wrapped: a caller cancelled early leaves none of them never awaited."""
         outcomes = await asyncio.gather(*calls.values(), return_exceptions=True)
         return {
             s: self._named(s, o) if isinstance(o, BaseException) else o
@@ -253,7 +257,7 @@ class ShardedReplayClient:
         """
         if not items:
             return 0
-        groups = self._ring.split([item["key"] for item in items])
+        groups = self._split([_key(item, i) for i, item in enumerate(items)])
         calls = {
             s: self._shards[s].push(table, [items[i] for i in places.tolist()], wait=wait)
             for s, places in groups.items()
@@ -276,7 +280,7 @@ class ShardedReplayClient:
             return 0
         prios = None if priorities is None else np.asarray(priorities, dtype=np.float64)
         calls = {}
-        for s, places in self._ring.split(keys).items():
+        for s, places in self._split(keys).items():
             calls[s] = self._shards[s].push_columns(
                 table,
                 [keys[i] for i in places.tolist()],
@@ -294,7 +298,7 @@ class ShardedReplayClient:
         """
 
         async def send(items: list[ItemIn]) -> int:
-            groups = self._ring.split([item.key for item in items])
+            groups = self._split([item.key for item in items])
             calls = {
                 s: self._shards[s]._push_body(
                     table, PushRequest([items[i] for i in places.tolist()])
@@ -307,7 +311,7 @@ class ShardedReplayClient:
 
     async def get(self, table: str, key: str) -> Item | None:
         """One item from its server, or None (``ReplayClient.get``)."""
-        shard = self._ring.owner(key)
+        shard = self._split([key]).popitem()[0]
         return await self._on(shard, self._shards[shard].get(table, key))
 
     @overload
@@ -324,7 +328,7 @@ class ShardedReplayClient:
         """Several items from their servers, in the order asked; None where a key is
         missing (``ReplayClient.get_many``)."""
         keys = list(keys)
-        groups = self._ring.split(keys)
+        groups = self._split(keys)
         if layout == "items":
             calls = {
                 s: self._shards[s].get_many(table, [keys[i] for i in places.tolist()])
@@ -363,7 +367,7 @@ class ShardedReplayClient:
             s: self._shards[s].update_priorities(
                 table, {keys[i]: priorities[keys[i]] for i in places.tolist()}
             )
-            for s, places in self._ring.split(keys).items()
+            for s, places in self._split(keys).items()
         }
         answers = (await self._each(calls)).values()
         return {
@@ -376,7 +380,7 @@ class ShardedReplayClient:
         keys = list(keys)
         calls = {
             s: self._shards[s].delete(table, [keys[i] for i in places.tolist()])
-            for s, places in self._ring.split(keys).items()
+            for s, places in self._split(keys).items()
         }
         return sum((await self._each(calls)).values())
 
@@ -435,17 +439,17 @@ class ShardedReplayClient:
             DeadlineExceeded: No server held an item within ``timeout_ms``, or a server's
                 rate limiter held its part past it.
         """
+        if batch_size < 1:
+            raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
         if len(self._shards) == 1:  # its share is the whole table: no need to ask
-            return await self._on(
-                0,
-                self._shards[0].sample(
-                    table,
-                    batch_size,
-                    timeout_ms=timeout_ms,
-                    include_values=include_values,
-                    layout=layout,
-                ),
+            call = self._shards[0].sample(
+                table,
+                batch_size,
+                timeout_ms=timeout_ms,
+                include_values=include_values,
+                layout=layout,
             )
+            return await self._on(0, call)
         partial = self._allow_partial if allow_partial is None else allow_partial
         timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
         deadline = time.monotonic() + timeout_s
@@ -470,15 +474,11 @@ class ShardedReplayClient:
         answers: list[tuple[int, npt.NDArray[np.intp], Any]] = []
         todo = np.arange(batch_size, dtype=np.intp)
         while len(todo):
-            owners = np.array([s for s in live if mass[s] > 0], dtype=np.intp)
-            if not len(owners):
+            if not any(mass[s] > 0 for s in live):
                 raise Unavailable(f"no shard holding items of table {table!r} is reachable")
-            share = np.array([mass[s] for s in owners.tolist()])
-            picks = self._rng.choice(owners, size=len(todo), p=share / share.sum())
+            places = split_picks(self._rng, todo, {s: mass[s] for s in live})
             calls: dict[int, Awaitable[Any]] = {}
-            places: dict[int, npt.NDArray[np.intp]] = {}
-            for s in np.unique(picks).tolist():
-                places[s] = todo[picks == s]
+            for s in places:
                 calls[s] = self._shards[s].sample(
                     table,
                     len(places[s]),
@@ -587,3 +587,12 @@ class ShardedReplayClient:
     async def health(self) -> bool:
         """Whether every server answers ``GET /healthz`` with 2xx."""
         return all(await asyncio.gather(*(shard.health() for shard in self._shards)))
+
+
+def _key(item: Mapping[str, Any], i: int) -> str:
+    """An item's key, or the server's 422 when it has none."""
+    try:
+        key: str = item["key"]
+    except KeyError:
+        raise ValidationFailed(f"missing field(s) in items[{i}]: key") from None
+    return key

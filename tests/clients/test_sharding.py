@@ -133,3 +133,15 @@ async def test_shard_names_decide_owners_whatever_the_urls() -> None:
             assert inside.urls.index(inside.owner(key)) == outside.urls.index(outside.owner(key))
     with pytest.raises(ValueError, match="2 shard_names for 3 URLs"):
         ShardedReplayClient(outside.urls, shard_names=names[:2])
+
+
+async def test_bad_keys_and_batch_sizes_are_refused_before_sending() -> None:
+    from rlreplay import ShardedReplayClient
+
+    async with ShardedReplayClient(["http://127.0.0.1:1", "http://127.0.0.1:2"]) as rb:
+        with pytest.raises(ValidationFailed, match=r"items\[1\]: key"):
+            await rb.push("t", [{"key": "a", "value": 1}, {"value": 2}])
+        with pytest.raises(ValidationFailed, match="must be a string"):
+            await rb.get_many("t", ["a", 3])  # type: ignore[list-item]
+        with pytest.raises(ValidationFailed, match="batch_size"):
+            await rb.sample("t", 0)
