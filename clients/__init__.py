@@ -6,6 +6,7 @@ tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 
 from rlreplay.clients.client import Item, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.sharded import ShardedReplayClient
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.allocator import tune_malloc
 from rlreplay.wire.arrays import EXT_NDARRAY, BFloat16Array
@@ -56,6 +57,7 @@ __all__ = [
     "PayloadTooLarge",
     "ReplayClient",
     "ReplayError",
+    "ShardedReplayClient",
     "SnapshotNotFound",
     "StorageFull",
     "TableExists",

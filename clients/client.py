@@ -16,14 +16,15 @@ in :mod:`rlreplay.clients.retry`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any, Final, Literal, overload
 
 import httpx
 
 from rlreplay.clients.bodies import columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.requester import Requester, path_segment
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import ItemNotFound
@@ -446,9 +447,6 @@ class ReplayClient(Requester):
         Yields:
             One sampled batch at a time.
         """
-        if prefetch < 1:
-            raise ValueError(f"prefetch ({prefetch}) must be >= 1")
-        pending: list[asyncio.Task[list[Item] | ColumnBatch]] = []  # in issue order
 
         async def sample() -> list[Item] | ColumnBatch:
             return await self.sample(
@@ -459,24 +457,9 @@ class ReplayClient(Requester):
                 layout=layout,
             )
 
-        def top_up() -> None:
-            while len(pending) < prefetch:
-                pending.append(asyncio.create_task(sample()))
-
-        try:
-            while True:
-                top_up()
-                if not any(task.done() for task in pending):
-                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                task = next(task for task in pending if task.done())
-                pending.remove(task)
-                batch = task.result()  # raises the request's error
-                top_up()
+        async with aclosing(prefetched(sample, prefetch)) as batches:
+            async for batch in batches:
                 yield batch
-        finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
 
     # --- service ----------------------------------------------------------------------------
 

@@ -63,6 +63,11 @@ class Requester:
         transport: httpx.AsyncBaseTransport | None = None,
         lean_transport: bool = True,
     ) -> None:
+        if not isinstance(base_url, str):
+            raise TypeError(
+                "ReplayClient takes one server URL; spread tables over several servers "
+                "with ShardedReplayClient([url, ...])"
+            )
         if timeout_s <= 0:
             raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
         if max_connections < 1:

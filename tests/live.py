@@ -44,10 +44,14 @@ class LiveServer:
 
 
 def start_server(
-    workdir: Path, *flags: str, env: dict[str, str] | None = None, data_dir: Path | None = None
+    workdir: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    data_dir: Path | None = None,
+    port: int | None = None,
 ) -> LiveServer:
     """Starts ``python -m rlreplay.app`` on 127.0.0.1 and waits until ``/readyz`` answers 200."""
-    server = launch_server(workdir, *flags, env=env, data_dir=data_dir)
+    server = launch_server(workdir, *flags, env=env, data_dir=data_dir, port=port)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -61,11 +65,16 @@ def start_server(
 
 
 def launch_server(
-    workdir: Path, *flags: str, env: dict[str, str] | None = None, data_dir: Path | None = None
+    workdir: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    data_dir: Path | None = None,
+    port: int | None = None,
 ) -> LiveServer:
     """Starts ``python -m rlreplay.app`` on 127.0.0.1 without waiting for it (data in
-    ``workdir/data`` unless ``data_dir`` is given; the log in ``workdir/server.log``)."""
-    port = free_port()
+    ``workdir/data`` unless ``data_dir`` is given; the log in ``workdir/server.log``; on a
+    free port unless ``port`` is given, as a restart on the same URL needs)."""
+    port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     data_dir = data_dir or workdir / "data"
     log_path = workdir / "server.log"

@@ -68,6 +68,15 @@ class Selector(ABC):
     def __len__(self) -> int:
         """Number of slots held."""
 
+    def draw_mass(self) -> float:
+        """The total that draws are proportional to: ``P(i) = mass_i / draw_mass()``.
+
+        A client that spreads a table over several servers splits a batch between them in
+        proportion to this figure, so it must be comparable between two selectors of the
+        same type. Every item weighs 1 by default (the number held).
+        """
+        return float(len(self))
+
     def weights(self, probabilities: Floats, size: int) -> Floats:
         """Importance weights for picks of these probabilities out of ``size`` items."""
         return np.ones_like(probabilities)

@@ -100,6 +100,10 @@ class PrioritizedSampler(Selector):
         slots = self._tree.find(rng.random(n) * total)
         return slots, self._tree.get(slots) / total
 
+    def draw_mass(self) -> float:
+        """``Σ p^alpha`` over the items held; 0 when draws fall back to uniform."""
+        return float(self._tree.total)
+
     def weights(self, probabilities: Floats, size: int) -> Floats:
         """``(size · P(i))^-beta``, normalised by the batch's largest weight.
 

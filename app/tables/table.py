@@ -507,8 +507,11 @@ class Table:
 
     def describe(self) -> dict[str, Any]:
         """Config and stats as the contract's ``GET /v1/tables/{table}`` answers them."""
-        stats: dict[str, int] = dict(zip(STAT_NAMES, self.stat_values(), strict=True))
+        stats: dict[str, float] = dict(zip(STAT_NAMES, self.stat_values(), strict=True))
         stats["index_bytes"] = self.index_bytes()
+        # what a client spreading the table over servers splits a sample's batch by
+        stats["selectable"] = len(self.sampler)
+        stats["draw_mass"] = self.sampler.draw_mass()
         return {"name": self.name, "config": self.config.to_wire(), "stats": stats}
 
     def stat_values(self) -> tuple[int, ...]:

@@ -17,7 +17,9 @@ from rlreplay.app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker/Dockerfile"
+SIDECAR_DOCKERFILE = REPO / "docker/Dockerfile.sidecar"
 COMPOSE_FILE = REPO / "docker-compose.yml"
+CPU_OVERRIDE = REPO / "docker-compose.cpu.yml"
 K8S_DIR = REPO / "deploy/k8s"
 #: Setting names as environment variables (``RLREPLAY_DATA_DIR``...).
 SETTING_VARIABLES = frozenset(f"RLREPLAY_{name.upper()}" for name in Settings.model_fields)
@@ -27,10 +29,35 @@ _INTERPOLATION = re.compile(
 )
 
 
-def load_compose() -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE_FILE.read_text())
+class Reset:
+    """Compose's ``!reset`` tag: the key is dropped from what the file overrides."""
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML as Compose reads it, for what these files use: plain YAML and ``!reset``."""
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: Reset())
+
+
+def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
+    data = yaml.load(path.read_text(), Loader=_ComposeLoader)
     assert isinstance(data, dict)
     return data
+
+
+def merge_compose(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``docker compose -f base -f override`` for what these files use: maps merge key by
+    key, a ``!reset`` drops the key, and anything else (a command, a list) replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Reset):
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_compose(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def interpolate(text: str, environ: Mapping[str, str]) -> str:

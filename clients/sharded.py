@@ -1,0 +1,598 @@
+"""A client of several replay servers that spreads each table's items over them.
+
+Each key belongs to one server, chosen by rendezvous hashing of the key over the servers'
+URLs (:mod:`rlreplay.clients.rendezvous`): a push, get, batchGet, delete or priority update
+is split by owner and the parts are sent concurrently, and the answers are put back in the
+order asked. Table calls go to every server. A sample stays exact: the client reads each
+shard's share of the table (its ``draw_mass`` stat), splits the batch multinomially, samples
+the shards concurrently and reports each pick's probability and importance weight as one
+server holding every item would (see :mod:`rlreplay.clients.shard_merge`).
+
+Per shard, not global: ``max_size``, ``max_times_sampled``, rate limiters, the order of the
+deterministic samplers, snapshots (docs/deployment.md, "Scaling out", lists them all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from contextlib import aclosing
+from types import TracebackType
+from typing import Any, Final, Literal, Self, TypeVar, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from rlreplay.clients.client import Item, Layout, ReplayClient
+from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.prefetch import prefetched
+from rlreplay.clients.rendezvous import Rendezvous, normalized_url
+from rlreplay.clients.shard_merge import (
+    Part,
+    assemble_sample,
+    column_rows,
+    draw_weights,
+    merge_columns,
+    merged_description,
+    shard_masses,
+    split_picks,
+)
+from rlreplay.clients.writer import Writer
+from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
+from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
+
+__all__ = ["ShardedReplayClient"]
+
+T = TypeVar("T")
+
+#: Polls of an empty sharded table while a sample waits for its first item.
+_EMPTY_POLL_S: Final = (0.01, 0.25)
+
+
+class ShardedReplayClient:
+    """An async client of several replay servers, each table spread over all of them.
+
+    Use it as an async context manager (or call :meth:`aclose`)::
+
+        urls = ["http://replay-0:8000", "http://replay-1:8000", "http://replay-2:8000"]
+        async with ShardedReplayClient(urls) as rb:
+            await rb.create_table("default", sampler={"type": "uniform"})
+            await rb.push("default", [{"key": "k", "value": {"obs": np.zeros(4)}}])
+            batch = await rb.sample("default", batch_size=32)
+
+    It has :class:`ReplayClient`'s calls and answers, but for the snapshot calls (one
+    answer per server) and ``sample``'s ``allow_partial``.
+
+    Args:
+        urls: The servers' root URLs; every client of these tables must name the same ones
+            (the order does not matter).
+        api_key: Sent to every server as ``Authorization: Bearer <api_key>``.
+        allow_partial: The default of :meth:`sample`'s ``allow_partial``: sample from the
+            servers that answer when some do not, instead of raising ``Unavailable``.
+        seed: Seeds the split of sample batches between servers (random when None).
+        shard_names: What each server is called in the hashing, one per URL; their
+            normalized URLs when None. Name them when clients reach the same servers by
+            different URLs (a port-forward outside the cluster, DNS names inside), so that
+            all of them agree on which server holds a key.
+        **options: Passed to each server's :class:`ReplayClient` (``timeout_s``,
+            ``max_connections``, ``retries``...).
+
+    Raises:
+        ValueError: No URL, the same server named twice, or ``shard_names`` not one per URL.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        api_key: str | None = None,
+        *,
+        allow_partial: bool = False,
+        seed: int | None = None,
+        shard_names: Sequence[str] | None = None,
+        **options: Any,
+    ) -> None:
+        if isinstance(urls, str):
+            raise TypeError("urls must be a list of server URLs, not one string")
+        self.urls = [normalized_url(url) for url in urls]
+        names = self.urls if shard_names is None else list(shard_names)
+        if len(names) != len(self.urls):
+            raise ValueError(f"{len(names)} shard_names for {len(self.urls)} URLs")
+        self._ring = Rendezvous(names)
+        self._shards = [ReplayClient(url, api_key, **options) for url in self.urls]
+        self._allow_partial = allow_partial
+        self._rng = np.random.default_rng(seed)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every server's connection pool; calling it again does nothing."""
+        await asyncio.gather(*(shard.aclose() for shard in self._shards))
+
+    def owner(self, key: str) -> str:
+        """The URL of the server that holds ``key``."""
+        return self.urls[self._split([key]).popitem()[0]]
+
+    def _split(self, keys: Sequence[str]) -> dict[int, npt.NDArray[np.intp]]:
+        """Shard -> the positions of the keys it owns (see ``Rendezvous.split``).
+
+        Raises:
+            ValidationFailed: A key is not a string (the server's 422, said before sending).
+        """
+        try:
+            return self._ring.split(keys)
+        except TypeError as exc:
+            raise ValidationFailed(str(exc)) from None
+
+    # --- fanning out ----------------------------------------------------------------------
+
+    def _named(self, shard: int, error: BaseException) -> BaseException:
+        """``error``, or when the server could not be reached, an ``Unavailable`` naming it."""
+        if not isinstance(error, Unavailable):
+            return error
+        named = Unavailable(
+            f"shard {self.urls[shard]} is unavailable: {error.message}",
+            retry_after=error.retry_after,
+        )
+        named.__cause__ = error
+        return named
+
+    async def _on(self, shard: int, call: Awaitable[T]) -> T:
+        """``call``'s answer; a server that cannot be reached is named in the error."""
+        try:
+            return await call
+        except Unavailable as exc:
+            raise self._named(shard, exc) from exc
+
+    async def _outcomes(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T | BaseException]:
+        """Every call's answer or error by shard, sent concurrently. The calls themselves are
+        gathered, not wrapped: a caller cancelled early leaves none of them never awaited."""
+        outcomes = await asyncio.gather(*calls.values(), return_exceptions=True)
+        return {
+            s: self._named(s, o) if isinstance(o, BaseException) else o
+            for s, o in zip(calls, outcomes, strict=True)
+        }
+
+    async def _each(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T]:
+        """Every call's answer by shard, sent concurrently; when some fail, all are awaited
+        first and then the first error (in shard order) is raised."""
+        answers: dict[int, T] = {}
+        for s, outcome in (await self._outcomes(calls)).items():
+            if isinstance(outcome, BaseException):
+                raise outcome
+            answers[s] = outcome
+        return answers
+
+    async def _all(self, call: Any) -> list[Any]:
+        """``call(client)`` on every server, answers in shard order."""
+        answers = await self._each({s: call(c) for s, c in enumerate(self._shards)})
+        return [answers[s] for s in range(len(self._shards))]
+
+    # --- tables ---------------------------------------------------------------------------
+
+    async def create_table(
+        self,
+        name: str,
+        *,
+        sampler: Mapping[str, Any] | None = None,
+        remover: Mapping[str, Any] | None = None,
+        max_size: int | None = None,
+        max_times_sampled: int = 0,
+        rate_limiter: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create the table on every server, or confirm it (``ReplayClient.create_table``).
+
+        ``max_size``, ``max_times_sampled`` and the rate limiter apply to each server's
+        part of the table. Answers as :meth:`describe_table`.
+        """
+        return merged_description(
+            self.urls,
+            await self._all(
+                lambda c: c.create_table(
+                    name,
+                    sampler=sampler,
+                    remover=remover,
+                    max_size=max_size,
+                    max_times_sampled=max_times_sampled,
+                    rate_limiter=rate_limiter,
+                )
+            ),
+        )
+
+    async def describe_table(self, name: str) -> dict[str, Any]:
+        """The table's config and its stats summed over the servers; ``shards`` holds each
+        server's stats by URL.
+
+        Raises:
+            TableNotFound: A server has no such table.
+        """
+        return merged_description(self.urls, await self._all(lambda c: c.describe_table(name)))
+
+    async def list_tables(self) -> list[dict[str, Any]]:
+        """Every table any server has, each as :meth:`describe_table` gives it."""
+        lists = await self._all(lambda c: c.list_tables())
+        found: dict[str, list[dict[str, Any]]] = {}
+        urls: dict[str, list[str]] = {}
+        for url, tables in zip(self.urls, lists, strict=True):
+            for info in tables:
+                found.setdefault(info["name"], []).append(info)
+                urls.setdefault(info["name"], []).append(url)
+        return [merged_description(urls[name], infos) for name, infos in found.items()]
+
+    async def drop_table(self, name: str) -> None:
+        """Delete the table and its data on every server.
+
+        Raises:
+            TableNotFound: No server had such a table.
+        """
+
+        async def drop(client: ReplayClient) -> bool:
+            try:
+                await client.drop_table(name)
+            except TableNotFound:
+                return False
+            return True
+
+        if not any(await self._all(drop)):
+            raise TableNotFound(f"table {name!r} does not exist on any shard")
+
+    # --- items ----------------------------------------------------------------------------
+
+    async def push(
+        self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False
+    ) -> int:
+        """Insert or replace items, each on its key's server (``ReplayClient.push``).
+
+        A server that fails fails the call; the parts other servers took stay (pushing
+        again is safe: a key's item is replaced).
+        """
+        if not items:
+            return 0
+        groups = self._split([_key(item, i) for i, item in enumerate(items)])
+        calls = {
+            s: self._shards[s].push(table, [items[i] for i in places.tolist()], wait=wait)
+            for s, places in groups.items()
+        }
+        return sum((await self._each(calls)).values())
+
+    async def push_columns(
+        self,
+        table: str,
+        keys: Sequence[str],
+        columns: Mapping[str, Any],
+        *,
+        priorities: Any = None,
+        wait: bool = False,
+    ) -> int:
+        """Insert or replace items given as columns (``ReplayClient.push_columns``); each
+        server gets the rows of its keys."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        prios = None if priorities is None else np.asarray(priorities, dtype=np.float64)
+        calls = {}
+        for s, places in self._split(keys).items():
+            calls[s] = self._shards[s].push_columns(
+                table,
+                [keys[i] for i in places.tolist()],
+                {name: column_rows(values, places) for name, values in columns.items()},
+                priorities=None if prios is None else prios[places],
+                wait=wait,
+            )
+        return sum((await self._each(calls)).values())
+
+    def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
+        """A pipelined writer (``ReplayClient.writer``); each batch is split by server.
+
+        Raises:
+            ValueError: ``max_in_flight`` or ``batch_items`` is below 1.
+        """
+
+        async def send(items: list[ItemIn]) -> int:
+            groups = self._split([item.key for item in items])
+            calls = {
+                s: self._shards[s]._push_body(
+                    table, PushRequest([items[i] for i in places.tolist()])
+                )
+                for s, places in groups.items()
+            }
+            return sum((await self._each(calls)).values())
+
+        return Writer(send, max_in_flight=max_in_flight, batch_items=batch_items)
+
+    async def get(self, table: str, key: str) -> Item | None:
+        """One item from its server, or None (``ReplayClient.get``)."""
+        shard = self._split([key]).popitem()[0]
+        return await self._on(shard, self._shards[shard].get(table, key))
+
+    @overload
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Literal["items"] = ...
+    ) -> list[Item | None]: ...
+    @overload
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Literal["columns"]
+    ) -> ColumnBatch: ...
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Layout = "items"
+    ) -> list[Item | None] | ColumnBatch:
+        """Several items from their servers, in the order asked; None where a key is
+        missing (``ReplayClient.get_many``)."""
+        keys = list(keys)
+        groups = self._split(keys)
+        if layout == "items":
+            calls = {
+                s: self._shards[s].get_many(table, [keys[i] for i in places.tolist()])
+                for s, places in groups.items()
+            }
+            found: list[Item | None] = [None] * len(keys)
+            for s, items in (await self._each(calls)).items():
+                for place, item in zip(groups[s].tolist(), items, strict=True):
+                    found[place] = item
+            return found
+        column_calls = {
+            s: self._shards[s].get_many(table, [keys[i] for i in places.tolist()], layout="columns")
+            for s, places in groups.items()
+        }
+        batches = await self._each(column_calls)
+        missing = {key for batch in batches.values() for key in batch.missing}
+        # the rows found, numbered in the order asked
+        rank = np.cumsum([key not in missing for key in keys]) - 1
+        parts: list[Part] = []
+        for s, batch in batches.items():
+            places = groups[s]
+            kept = np.array([keys[i] not in missing for i in places.tolist()], dtype=bool)
+            parts.append((batch, np.asarray(rank[places[kept]], dtype=np.intp)))
+        return merge_columns(
+            parts,
+            len(keys) - len(missing),
+            missing=[key for key in keys if key in missing],
+        )
+
+    async def update_priorities(
+        self, table: str, priorities: Mapping[str, float]
+    ) -> dict[str, int]:
+        """Set items' priorities on their servers (``ReplayClient.update_priorities``)."""
+        keys = list(priorities)
+        calls = {
+            s: self._shards[s].update_priorities(
+                table, {keys[i]: priorities[keys[i]] for i in places.tolist()}
+            )
+            for s, places in self._split(keys).items()
+        }
+        answers = (await self._each(calls)).values()
+        return {
+            "updated": sum(a["updated"] for a in answers),
+            "missing": sum(a["missing"] for a in answers),
+        }
+
+    async def delete(self, table: str, keys: Iterable[str]) -> int:
+        """Delete items on their servers (``ReplayClient.delete``)."""
+        keys = list(keys)
+        calls = {
+            s: self._shards[s].delete(table, [keys[i] for i in places.tolist()])
+            for s, places in self._split(keys).items()
+        }
+        return sum((await self._each(calls)).values())
+
+    # --- sampling -------------------------------------------------------------------------
+
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["items"] = ...,
+        allow_partial: bool | None = ...,
+    ) -> list[Item]: ...
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["columns"],
+        allow_partial: bool | None = ...,
+    ) -> ColumnBatch: ...
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = None,
+        include_values: bool = True,
+        layout: Layout = "items",
+        allow_partial: bool | None = None,
+    ) -> list[Item] | ColumnBatch:
+        """Sample a batch over every server, as one server holding every item would.
+
+        First each server's share of the table is read (one request to each, concurrent),
+        then each pick is given to a server with probability its share, and each server
+        draws its picks (concurrent again). Each item's ``probability`` is its share times
+        its server's, and prioritized weights are recomputed over the batch, so both are
+        one server's figures. Picks stay in the order drawn.
+
+        Args:
+            table, batch_size, timeout_ms, include_values, layout: As
+                ``ReplayClient.sample``.
+            allow_partial: When a server cannot be reached, sample from the others (the
+                probabilities are then those of the items they hold) rather than raise;
+                the client's default when None.
+
+        Raises:
+            Unavailable: A server cannot be reached (the message names it), or, with
+                ``allow_partial``, none can.
+            DeadlineExceeded: No server held an item within ``timeout_ms``, or a server's
+                rate limiter held its part past it.
+        """
+        if batch_size < 1:
+            raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
+        if len(self._shards) == 1:  # its share is the whole table: no need to ask
+            call = self._shards[0].sample(
+                table,
+                batch_size,
+                timeout_ms=timeout_ms,
+                include_values=include_values,
+                layout=layout,
+            )
+            return await self._on(0, call)
+        partial = self._allow_partial if allow_partial is None else allow_partial
+        timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
+        deadline = time.monotonic() + timeout_s
+        live = list(range(len(self._shards)))
+        infos = await self._reachable(live, table, partial)
+        masses = shard_masses([infos[s]["stats"] for s in live])
+        poll = _EMPTY_POLL_S[0]
+        while masses.sum() <= 0:  # nothing anywhere yet: wait for an item, as a server does
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(
+                    f"table {table!r} had no item to sample on any of {len(live)} shards "
+                    f"within {timeout_s:g} s"
+                )
+            await asyncio.sleep(min(poll, left))
+            poll = min(2 * poll, _EMPTY_POLL_S[1])
+            infos = await self._reachable(live, table, partial)
+            masses = shard_masses([infos[s]["stats"] for s in live])
+        mass = dict(zip(live, masses.tolist(), strict=True))
+        beta = draw_weights(infos[live[0]]["config"])
+
+        answers: list[tuple[int, npt.NDArray[np.intp], Any]] = []
+        todo = np.arange(batch_size, dtype=np.intp)
+        while len(todo):
+            if not any(mass[s] > 0 for s in live):
+                raise Unavailable(f"no shard holding items of table {table!r} is reachable")
+            places = split_picks(self._rng, todo, {s: mass[s] for s in live})
+            calls: dict[int, Awaitable[Any]] = {}
+            for s in places:
+                calls[s] = self._shards[s].sample(
+                    table,
+                    len(places[s]),
+                    timeout_ms=timeout_ms,
+                    include_values=include_values,
+                    layout=layout,
+                )
+            failed: list[npt.NDArray[np.intp]] = []
+            errors: list[BaseException] = []
+            for s, outcome in (await self._outcomes(calls)).items():
+                if isinstance(outcome, Unavailable) and partial:
+                    live.remove(s)
+                    failed.append(places[s])
+                elif isinstance(outcome, BaseException):
+                    errors.append(outcome)
+                else:
+                    answers.append((s, places[s], outcome))
+            if errors:
+                raise errors[0]
+            todo = np.sort(np.concatenate(failed)) if failed else todo[:0]
+        total = sum(mass[s] for s in live)
+        return assemble_sample(
+            answers, {s: mass[s] / total for s in live}, beta, batch_size, layout
+        )
+
+    async def _reachable(self, live: list[int], table: str, partial: bool) -> dict[int, Any]:
+        """Each live shard's table description; with ``partial``, shards that cannot be
+        reached leave ``live`` instead of failing the call."""
+        calls = {s: self._shards[s].describe_table(table) for s in live}
+        if not partial:
+            return await self._each(calls)
+        infos: dict[int, Any] = {}
+        for s, outcome in (await self._outcomes(calls)).items():
+            if isinstance(outcome, Unavailable):
+                live.remove(s)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                infos[s] = outcome
+        if not live:
+            raise Unavailable(f"none of the {len(self.urls)} shards is reachable")
+        return infos
+
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["items"] = ...,
+    ) -> AsyncIterator[list[Item]]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["columns"],
+    ) -> AsyncIterator[ColumnBatch]: ...
+    async def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = 64,
+        prefetch: int = 4,
+        timeout_ms: int | None = None,
+        include_values: bool = True,
+        layout: Layout = "items",
+    ) -> AsyncIterator[list[Item] | ColumnBatch]:
+        """Sharded samples without end, ``prefetch`` in flight (``ReplayClient.stream``)."""
+
+        async def sample() -> list[Item] | ColumnBatch:
+            return await self.sample(
+                table,
+                batch_size,
+                timeout_ms=timeout_ms,
+                include_values=include_values,
+                layout=layout,
+            )
+
+        async with aclosing(prefetched(sample, prefetch)) as batches:
+            async for batch in batches:
+                yield batch
+
+    # --- service --------------------------------------------------------------------------
+
+    async def snapshot(
+        self, tables: Iterable[str] | None = None, *, timeout_s: float = 3600.0
+    ) -> dict[str, dict[str, Any]]:
+        """A snapshot on every server, each to its own backup URL: answers by server URL."""
+        names = None if tables is None else list(tables)
+        answers = await self._all(lambda c: c.snapshot(names, timeout_s=timeout_s))
+        return dict(zip(self.urls, answers, strict=True))
+
+    async def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        """Each server's snapshots, newest first, by server URL."""
+        answers = await self._all(lambda c: c.snapshots())
+        return dict(zip(self.urls, answers, strict=True))
+
+    async def health(self) -> bool:
+        """Whether every server answers ``GET /healthz`` with 2xx."""
+        return all(await asyncio.gather(*(shard.health() for shard in self._shards)))
+
+
+def _key(item: Mapping[str, Any], i: int) -> str:
+    """An item's key, or the server's 422 when it has none."""
+    try:
+        key: str = item["key"]
+    except KeyError:
+        raise ValidationFailed(f"missing field(s) in items[{i}]: key") from None
+    return key

@@ -1,0 +1,51 @@
+"""docker/Dockerfile.sidecar: hadolint and its shape.
+
+No Docker engine runs here, so the image is never built. Its command line runs as a local
+process once the sidecar (gpu/, ``rlreplay sidecar``) is in the tree; until then its flags
+are checked against docker-compose.yml (tests/test_compose.py).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+from tests.deploy.files import REPO, SETTING_VARIABLES, SIDECAR_DOCKERFILE, parse_dockerfile
+from tests.deploy.test_image import _hadolint
+
+
+def test_sidecar_dockerfile_passes_hadolint() -> None:
+    result = subprocess.run(
+        [_hadolint(), "--no-color", str(SIDECAR_DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sidecar_dockerfile_shape() -> None:
+    text = SIDECAR_DOCKERFILE.read_text()
+    dockerfile = parse_dockerfile(text)
+    assert dockerfile.stages[0].startswith("python:3.11-slim AS builder")
+    assert re.fullmatch(
+        r"pytorch/pytorch:2\.\d+\.\d+-cuda12\.\d+-cudnn9-runtime", dockerfile.stages[-1]
+    )
+    assert re.search(r"^USER (?!root\b|0\b)\w+", text, re.M), "runs as a non-root user"
+    assert re.search(r"^EXPOSE 8100$", text, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n?.*8100/healthz", text, re.M)
+    assert dockerfile.cmd[:2] == ["rlreplay", "sidecar"]
+    assert "COPY gpu ./gpu" in text
+    # The wheel built from the repository, with the gpu extra, at pyproject's version.
+    assert re.search(r'pip install .*"rlreplay\[gpu\]==\$\{RLREPLAY_VERSION\}"', text)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert f"ARG RLREPLAY_VERSION={project['version']}" in text
+    assert "gpu" in project["optional-dependencies"]
+    assert not re.search(r"(PASSWORD|SECRET|API_KEY)", "\n".join(dockerfile.env)), "no secrets"
+    assert not {k for k in dockerfile.env if k.startswith("RLREPLAY_")} - SETTING_VARIABLES
+
+
+def test_the_build_context_carries_the_sidecar_package() -> None:
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "gpu/" not in ignored and "gpu" not in ignored
