@@ -274,6 +274,15 @@ class ReplayClient(Requester):
             return ColumnBatch.from_answer(answer)
         return list(answer.get("items", []))
 
+    async def get_many_packed(self, table: str, keys: Iterable[str]) -> bytes:
+        """:meth:`get_many` with ``layout="columns"``, its msgpack answer left undecoded, for
+        a caller that decodes the arrays straight into buffers of its own (the GPU sidecar).
+        """
+        body = KeysRequest(list(keys), "columns")
+        path = self._table(table, "/items:batchGet")
+        packed: bytes = await self._call("POST", path, body=body, idempotent=True, raw=True)
+        return packed
+
     @overload
     async def sample(
         self,
