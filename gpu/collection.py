@@ -86,7 +86,7 @@ class PinnedPool:
 
     def copied(self, at: int) -> None:
         """The copies out of buffer ``at`` are queued: mark when they finish."""
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(torch.cuda.current_stream(self.device))
         self._events[at] = event
 
@@ -154,7 +154,9 @@ class Collector:
             shaped.append((name + CU_SEQLENS, torch.int32, new_cu.astype(np.int32)))
         return self._transfer(shaped)
 
-    def _transfer(self, shaped: list[tuple[str, torch.dtype, npt.NDArray[Any]]]) -> dict[str, torch.Tensor]:
+    def _transfer(
+        self, shaped: list[tuple[str, torch.dtype, npt.NDArray[Any]]]
+    ) -> dict[str, torch.Tensor]:
         """Copies each field once into host memory and from there to the device."""
         self.bytes_collected += sum(a.nbytes for _, _, a in shaped)
         if self._pool is None:

@@ -73,9 +73,9 @@ class GpuSampler:
         table: The table to follow.
         device: The torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
         seed: Seed of the draws (fresh when None); a draw given its own seed ignores it.
-        exponent: α of ``prioritized``; the table's own when None and its sampler is
+        exponent: alpha of ``prioritized``; the table's own when None and its sampler is
             prioritized, else 0.6.
-        is_exponent: β of ``prioritized``; likewise, else 0.4.
+        is_exponent: beta of ``prioritized``; likewise, else 0.4.
         half_life_s: The half-life of ``ptime``; the table's own when None and its sampler
             is ptime, else 60.
         follow: Keep following the table in a background task (``start``/``stop``); with
@@ -243,9 +243,7 @@ class GpuSampler:
             raise ValueError(f"prefetch ({prefetch}) must be >= 1")
 
         def ahead() -> asyncio.Task[GpuBatch]:
-            return asyncio.ensure_future(
-                self.sample(batch_size, strategy=strategy, fields=fields)
-            )
+            return asyncio.ensure_future(self.sample(batch_size, strategy=strategy, fields=fields))
 
         pending = [ahead() for _ in range(prefetch)]
         try:

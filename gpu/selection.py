@@ -8,9 +8,9 @@ lazily, on the first draw after the index changed, and reused until it changes a
 What each strategy returns, for ``n`` picks out of the ``N`` items held:
 
 * ``uniform``: each item with probability ``1/N``, weight 1.
-* ``prioritized``: ``P(i) = p_i^α / Σ p_k^α`` (priority 0: never, unless every priority is
-  0, then uniform), and weights ``(N·P(i))^-β`` normalised by the batch's largest, computed
-  as the server computes them: ``(P_min / P(i))^β``.
+* ``prioritized``: ``P(i) = p_i^alpha / sum p_k^alpha`` (priority 0: never, unless every priority is
+  0, then uniform), and weights ``(N·P(i))^-beta`` normalised by the batch's largest, computed
+  as the server computes them: ``(P_min / P(i))^beta``.
 * ``ptime``: ``P(i) ∝ 2^(-age_i / half_life_s)``, weight 1.
 * ``topk``, ``fifo``, ``lifo``: the ``n`` items of highest priority, the ``n`` oldest, the
   ``n`` newest (in that order; when fewer than ``n`` are held they repeat from the first),
@@ -48,8 +48,8 @@ class Selector:
 
     Args:
         index: The index to draw from.
-        exponent: α of ``prioritized`` (``>= 0``).
-        is_exponent: β of ``prioritized`` (``>= 0``).
+        exponent: alpha of ``prioritized`` (``>= 0``).
+        is_exponent: beta of ``prioritized`` (``>= 0``).
         half_life_s: The half-life of ``ptime``, in seconds (``> 0``).
 
     Raises:
@@ -111,7 +111,7 @@ class Selector:
             prios = ix.priority[:used]
             if self.exponent > 0:
                 masses = prios.pow(self.exponent)
-            else:  # α = 0: uniform over the items of positive priority
+            else:  # alpha = 0: uniform over the items of positive priority
                 masses = (prios > 0).to(torch.float64)
             masses = torch.where(live, masses, zeros)
             weighted = masses.sum() > 0
@@ -140,7 +140,7 @@ class Selector:
         ones = torch.ones_like(probs)
         if weighted is None:
             return Selection(slots, probs, ones)
-        # (P_min / P)^β: the server's formula, which cannot overflow for a large β
+        # (P_min / P)^beta: the server's formula, which cannot overflow for a large beta
         ratio = torch.where(probs > 0, probs.min() / probs, ones)
         return Selection(slots, probs, torch.where(weighted, ratio.pow(self.is_exponent), ones))
 

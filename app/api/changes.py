@@ -74,7 +74,7 @@ async def index(table: TableName, engine: EngineDep, msgpack_out: AcceptsMsgpack
     Keys come oldest insert first, with the number of the last change they include; a
     follower applies the changes after it from `/changes`.
     """
-    answer = read_index(engine, table)
+    answer = await read_index(engine, table)
     if msgpack_out:
         return Response(packb(answer), media_type=MSGPACK)
     return Response(dump_json(to_jsonable(answer)), media_type=JSON)

@@ -3,6 +3,8 @@
 Both read the applied state on the event loop's thread, where the writer also runs, so an
 index and the feed's ``seq`` always describe the same moment: a follower that loads the
 index and then applies the events after its ``seq`` in order holds the server's state.
+Both first wait (briefly) for the writer to apply what was accepted before the call, so a
+follower reads its writes, as every other reader does.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlreplay.app.engine.core import EngineCore
+from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
 from rlreplay.app.tables.changes import ChangeFeed
 from rlreplay.wire.schemas import ChangeList
 
@@ -34,14 +36,16 @@ async def read_changes(
     """
     feed = _feed(engine, table)
     feed.events(since, 0)  # Gone now rather than after the wait
+    await engine._table(table).caught_up(DEFAULT_TIMEOUT_S)
     await feed.wait(since, wait_s)
     feed = _feed(engine, table)  # dropped meanwhile: TableNotFound
     return ChangeList(feed.seq, feed.epoch, feed.events(since, limit))
 
 
-def read_index(engine: EngineCore, table: str) -> dict[str, Any]:
+async def read_index(engine: EngineCore, table: str) -> dict[str, Any]:
     """The table's keys, priorities and insertion times, oldest insert first, with the
     feed's ``seq`` and ``epoch`` (the fields of :class:`~rlreplay.wire.schemas.TableIndex`)."""
+    await engine._table(table).caught_up(DEFAULT_TIMEOUT_S)
     t = engine._table(table)
     feed = t.follow(engine.settings.changes_keep)
     slots = np.fromiter(t.index.values(), dtype=np.int64, count=len(t.index))
