@@ -498,7 +498,7 @@ class SidecarSampleRequest(_Request):
     fields: Annotated[
         list[str], Meta(description="Fields of the values to collect.", examples=[["obs"]])
     ] = []
-    seed: Annotated[int | None, Meta(ge=0, description="Seed of this draw (fresh: null).")] = None
+    seed: Annotated[int, Meta(ge=0, description="Seed of this draw (fresh: null).")] | None = None
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "batch_size": 256,
