@@ -9,6 +9,7 @@ only here: the service never imports this package.
 
 from __future__ import annotations
 
+from rlreplay.gpu.dataset import ReplayDataset
 from rlreplay.gpu.sampler import GpuBatch, GpuSampler
 
-__all__ = ["GpuBatch", "GpuSampler"]
+__all__ = ["GpuBatch", "GpuSampler", "ReplayDataset"]

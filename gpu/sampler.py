@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -234,7 +234,7 @@ class GpuSampler:
         strategy: Strategy = "uniform",
         fields: Sequence[str] = (),
         prefetch: int = 1,
-    ) -> AsyncIterator[GpuBatch]:
+    ) -> AsyncGenerator[GpuBatch, None]:
         """Batches without end, ``prefetch`` of them drawn and fetched ahead of the caller.
 
         The next batches are tasks owned by the generator: closing it cancels them.

@@ -19,10 +19,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from rlreplay.app.cli import serve_command
+from rlreplay.gpu import ReplayDataset
 from rlreplay.wire.codec import packb, unpackb
-from tests.gpu.test_sampler import assert_follows, value_of
+from tests.gpu.test_sampler import assert_columns_match, assert_follows, value_of
 from tests.live import REPO, LiveServer, free_port, running_server, start_server, stop_server
 
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
@@ -133,6 +135,29 @@ def test_the_sidecar_serves_the_servers_items(server: LiveServer, tmp_path: Path
         )
         bad = httpx.post(sidecar + "/v1/sample", json={"batch_size": 0}, timeout=10)
         assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
+
+
+def test_a_training_loop_iterates_the_dataset(server: LiveServer) -> None:
+    call(server.url, "PUT", "/v1/tables/train", {"sampler": {"type": "uniform"}})
+    pushed = {f"t{i}": value_of(i) for i in range(25)}
+    items = [{"key": k, "value": v} for k, v in pushed.items()]
+    call(server.url, "POST", "/v1/tables/train/items", {"items": items, "wait": True})
+    dataset = ReplayDataset(
+        server.url, "train", batch_size=16, fields=["obs", "tokens"], seed=3, prefetch=2
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None)
+    with dataset.iterate() as batches:
+        for _, batch in zip(range(4), batches, strict=False):
+            assert len(batch.keys) == 16
+            assert_columns_match(
+                batch.keys, batch.columns | {"reward": _rewards(batch.keys, pushed)}, pushed
+            )
+    first = next(iter(loader))
+    assert len(first.keys) == 16 and first.columns["obs"].shape == (16, 2, 3)
+
+
+def _rewards(keys: list[str], pushed: dict[str, Any]) -> torch.Tensor:
+    return torch.tensor([pushed[k]["reward"] for k in keys])
 
 
 def test_the_sidecar_recovers_when_the_server_restarts(tmp_path: Path) -> None:
