@@ -39,6 +39,10 @@ class DeviceIndex:
         self._free: list[int] = []
         self.next_order = 0
         self.version = 0
+        # (version, slots that version wrote): lets selection refresh only what changed
+        self._log: list[tuple[int, torch.Tensor]] = []
+        self._logged = 0
+        self._log_floor = 0  # changes before this version are not in the log
         self.priority = torch.zeros(0, dtype=torch.float64, device=self.device)
         self.inserted_at = torch.zeros(0, dtype=torch.float64, device=self.device)
         self.order = torch.zeros(0, dtype=torch.int64, device=self.device)
@@ -68,6 +72,23 @@ class DeviceIndex:
         self.order = grown(self.order)
         self.live = grown(self.live)
         self.capacity = new
+        self._forget_log()
+
+    def _forget_log(self) -> None:
+        self.version += 1
+        self._log.clear()
+        self._logged = 0
+        self._log_floor = self.version
+
+    def changed_since(self, version: int) -> torch.Tensor | None:
+        """The slots written after ``version`` (with repeats), or None when that is not
+        known (the index was reloaded or grew since, or the log was trimmed)."""
+        if version < self._log_floor:
+            return None
+        parts = [slots for v, slots in self._log if v > version]
+        if not parts:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return torch.cat(parts)
 
     def _slot_for(self, key: str) -> int:
         slot = self.slot_of.get(key)
@@ -89,7 +110,7 @@ class DeviceIndex:
         self._free.clear()
         self.next_order = 0
         self.live.zero_()
-        self.version += 1
+        self._forget_log()
 
     def load(self, keys: Sequence[str], priorities: Any, inserted_at: Any) -> None:
         """Replace the whole state with these items, oldest insert first (``/index``)."""
@@ -106,7 +127,7 @@ class DeviceIndex:
         self.order[:n] = torch.arange(n, dtype=torch.int64, device=self.device)
         self.live[:n] = True
         self.next_order = n
-        self.version += 1
+        self._forget_log()
 
     def apply(self, events: Iterable[Mapping[str, Any]]) -> int:
         """Apply change-feed events in order; one scatter per column. Returns how many.
@@ -166,7 +187,22 @@ class DeviceIndex:
             at = torch.from_numpy(slots[put]).to(dev, non_blocking=True)
             self.inserted_at[at] = torch.from_numpy(times[put]).to(dev, non_blocking=True)
             self.order[at] = torch.from_numpy(order[put]).to(dev, non_blocking=True)
+        self._logged_write(idx)
+
+    def set_priorities(self, slots: torch.Tensor, priorities: torch.Tensor) -> None:
+        """New priorities at distinct, live ``slots`` given on the device (one scatter),
+        as a batch of ``priority`` events would set them."""
+        self.priority[slots] = priorities
+        self._logged_write(slots)
+
+    def _logged_write(self, idx: torch.Tensor) -> None:
         self.version += 1
+        self._log.append((self.version, idx))
+        self._logged += len(idx)
+        if self._logged > max(1 << 16, self.capacity // 8):  # cheaper to rebuild by then
+            self._log.clear()
+            self._logged = 0
+            self._log_floor = self.version
 
     def keys_of(self, slots: torch.Tensor) -> list[str]:
         """The keys at ``slots`` (one host copy of the slots)."""

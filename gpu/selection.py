@@ -1,9 +1,10 @@
 """Batched selection over a :class:`~rlreplay.gpu.device_index.DeviceIndex`, on its device.
 
-Random strategies draw with inverse transform sampling: a float64 prefix sum of the masses
-and ``torch.searchsorted`` of uniform numbers scaled to the total. ``torch.multinomial`` is
-not used: it takes at most 2^24 categories and draws in float32. The prefix sums are built
-lazily, on the first draw after the index changed, and reused until it changes again.
+Random strategies draw with inverse transform sampling over float64 prefix sums of the
+masses (:class:`BlockedSums`): uniform numbers scaled to the total, then ``searchsorted``.
+``torch.multinomial`` is not used: it takes at most 2^24 categories and draws in float32.
+The sums are refreshed lazily, on the first draw after the index changed, and only where
+it changed (``ptime``, whose masses all move with the newest item, rebuilds them).
 
 What each strategy returns, for ``n`` picks out of the ``N`` items held:
 
@@ -28,10 +29,57 @@ import torch
 
 from rlreplay.gpu.device_index import DeviceIndex
 
-__all__ = ["STRATEGIES", "Selection", "Selector", "Strategy"]
+__all__ = ["STRATEGIES", "BlockedSums", "Selection", "Selector", "Strategy"]
 
 Strategy = Literal["uniform", "prioritized", "topk", "fifo", "lifo", "ptime"]
 STRATEGIES: tuple[Strategy, ...] = ("uniform", "prioritized", "topk", "fifo", "lifo", "ptime")
+
+
+_BLOCK = 256  # slots per block of BlockedSums (a power of two)
+_BLOCK_STEPS = _BLOCK.bit_length() - 1
+
+
+class BlockedSums:
+    """Prefix sums of per-slot masses in two levels, for draws and cheap refreshes.
+
+    Slots are grouped in blocks of 256: each block keeps the running sum of its own masses,
+    and a prefix sum runs over the blocks' totals. Changing ``k`` masses redoes the running
+    sums of at most ``k`` blocks and the (256 times shorter) prefix over blocks, instead of
+    a prefix sum over every slot. A draw finds its block by ``searchsorted`` and its slot in
+    the block by a batched bisection: 8 gathers, all on the device. Everything is float64.
+    """
+
+    def __init__(self, masses: torch.Tensor) -> None:
+        """Sums over ``masses`` (one per slot; its length a multiple of 256 is kept)."""
+        size = len(masses)
+        padded = -(-size // _BLOCK) * _BLOCK
+        self.size = size
+        self.masses = torch.zeros(padded, dtype=torch.float64, device=masses.device)
+        self.masses[:size] = masses
+        self.local = self.masses.view(-1, _BLOCK).cumsum(1)
+        self.blocks = self.local[:, -1].cumsum(0)
+        self.total = self.blocks[-1]
+
+    def update(self, slots: torch.Tensor, masses: torch.Tensor) -> None:
+        """New masses at ``slots`` (repeats allowed: they carry the same value)."""
+        self.masses[slots] = masses
+        touched = torch.unique(torch.div(slots, _BLOCK, rounding_mode="floor"))
+        self.local[touched] = self.masses.view(-1, _BLOCK)[touched].cumsum(1)
+        self.blocks = self.local[:, -1].cumsum(0)
+        self.total = self.blocks[-1]
+
+    def find(self, points: torch.Tensor) -> torch.Tensor:
+        """For each point in ``[0, total)``, the slot whose mass interval holds it."""
+        last = len(self.blocks) - 1
+        block = torch.searchsorted(self.blocks, points, right=True).clamp_(max=last)
+        lo = block * _BLOCK  # flat positions: one take per step
+        rest = points - (self.blocks[block] - self.local.view(-1).take(lo + _BLOCK - 1))
+        flat = self.local.view(-1)
+        width = _BLOCK
+        for _ in range(_BLOCK_STEPS):  # the first slot of the block whose running sum > rest
+            width //= 2
+            lo = torch.where(flat.take(lo + width - 1) <= rest, lo + width, lo)
+        return lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +122,8 @@ class Selector:
         self.exponent = exponent
         self.is_exponent = is_exponent
         self.half_life_s = half_life_s
-        # strategy -> (index version, (masses, prefix sum, weighted)) over the used slots
-        self._sums: dict[str, tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]]
-        self._sums = {}
+        # strategy -> (the index version they describe, prefix sums of the masses)
+        self._sums: dict[str, tuple[int, BlockedSums]] = {}
 
     def select(self, n: int, strategy: Strategy, generator: torch.Generator) -> Selection:
         """``n`` picks by ``strategy``, drawn with ``generator`` (on the index's device).
@@ -96,50 +143,59 @@ class Selector:
 
     # -- random strategies ------------------------------------------------------------------
 
-    def _masses(self, strategy: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each used slot's mass (0 for a free slot), float64, on the device; for
-        ``prioritized`` also whether the masses are priorities (a 0-d bool tensor: False
-        when every priority is 0 and the draw falls back to uniform, as on the server)."""
+    def _masses(self, strategy: str, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The masses of ``slots`` (every slot of the index when None) for ``strategy``:
+        0 for a free slot, float64, on the device."""
         ix = self.index
-        used = ix.used
-        live = ix.live[:used]
+        live = ix.live if slots is None else ix.live[slots]
         alive = live.to(torch.float64)
         if strategy == "uniform":
-            return alive, None
+            return alive
         zeros = torch.zeros_like(alive)
         if strategy == "prioritized":
-            prios = ix.priority[:used]
+            prios = ix.priority if slots is None else ix.priority[slots]
             if self.exponent > 0:
                 masses = prios.pow(self.exponent)
             else:  # alpha = 0: uniform over the items of positive priority
                 masses = (prios > 0).to(torch.float64)
-            masses = torch.where(live, masses, zeros)
-            weighted = masses.sum() > 0
-            return torch.where(weighted, masses, alive), weighted
-        times = ix.inserted_at[:used]
-        newest = torch.where(live, times, torch.full_like(times, -torch.inf)).max()
-        return torch.where(live, torch.exp2((times - newest) / self.half_life_s), zeros), None
+            return torch.where(live, masses, zeros)
+        times = ix.inserted_at  # ptime: relative to the newest item, always all of them
+        newest = torch.where(ix.live, times, torch.full_like(times, -torch.inf)).max()
+        return torch.where(ix.live, torch.exp2((times - newest) / self.half_life_s), zeros)
 
-    def _prefix(self, strategy: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``(masses, their prefix sum, weighted)`` of ``strategy``, rebuilt if the index
-        changed since the last draw."""
+    def _sums_of(self, strategy: str) -> BlockedSums:
+        """The prefix sums of ``strategy``'s masses as of the index's version: refreshed
+        where the index changed since the last draw, or rebuilt when that is unknown."""
+        ix = self.index
         cached = self._sums.get(strategy)
-        if cached is not None and cached[0] == self.index.version:
+        if cached is not None and cached[0] == ix.version:
             return cached[1]
-        masses, weighted = self._masses(strategy)
-        built = (masses, torch.cumsum(masses, 0), weighted)
-        self._sums[strategy] = (self.index.version, built)
-        return built
+        changed = None
+        if cached is not None and strategy != "ptime" and cached[1].size == ix.capacity:
+            changed = ix.changed_since(cached[0])
+        if changed is None or cached is None:
+            sums = BlockedSums(self._masses(strategy))
+        else:
+            sums = cached[1]
+            if len(changed):
+                sums.update(changed, self._masses(strategy, changed))
+        self._sums[strategy] = (ix.version, sums)
+        return sums
 
     def _draw(self, n: int, strategy: str, generator: torch.Generator) -> Selection:
-        masses, sums, weighted = self._prefix(strategy)
-        total = sums[-1]
-        u = torch.rand(n, dtype=torch.float64, device=sums.device, generator=generator) * total
-        slots = torch.searchsorted(sums, u, right=True).clamp_(max=len(sums) - 1)
-        probs = masses[slots] / total
+        sums = self._sums_of(strategy)
+        u = torch.rand(n, dtype=torch.float64, device=sums.masses.device, generator=generator)
+        slots = sums.find(u * sums.total)
+        probs = sums.masses[slots] / sums.total
         ones = torch.ones_like(probs)
-        if weighted is None:
+        if strategy != "prioritized":
             return Selection(slots, probs, ones)
+        # every priority 0: uniform, as on the server; chosen on the device, no host sync
+        weighted = sums.total > 0
+        even = self._sums_of("uniform")
+        even_slots = even.find(u * even.total)
+        slots = torch.where(weighted, slots, even_slots)
+        probs = torch.where(weighted, probs, even.masses[even_slots] / even.total)
         # (P_min / P)^beta: the server's formula, which cannot overflow for a large beta
         ratio = torch.where(probs > 0, probs.min() / probs, ones)
         return Selection(slots, probs, torch.where(weighted, ratio.pow(self.is_exponent), ones))
