@@ -214,13 +214,17 @@ def create_sidecar_app(
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(state["registry"]), media_type=_PROMETHEUS)
 
+    async def internal(request: Request, exc: Exception) -> Response:
+        log.exception("sidecar: %s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(ReplayError(f"internal error: {exc!r}"), _wants_msgpack(request))
+
     routes = [
         Route("/v1/sample", sample, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: internal})
 
 
 def _host(tensor: torch.Tensor) -> Any:

@@ -15,6 +15,7 @@ import numpy as np
 
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
 from rlreplay.app.tables.changes import ChangeFeed
+from rlreplay.wire.errors import Unavailable
 from rlreplay.wire.schemas import ChangeList
 
 __all__ = ["read_changes", "read_index"]
@@ -39,6 +40,8 @@ async def read_changes(
     await engine._table(table).caught_up(DEFAULT_TIMEOUT_S)
     await feed.wait(since, wait_s)
     feed = _feed(engine, table)  # dropped meanwhile: TableNotFound
+    if feed.closed:  # its writer stopped: no event will come
+        raise Unavailable("the writer stopped; the feed resumes after a restart (new epoch)")
     return ChangeList(feed.seq, feed.epoch, feed.events(since, limit))
 
 
