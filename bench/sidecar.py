@@ -43,6 +43,7 @@ from rlreplay.clients import ReplayClient
 from rlreplay.gpu.collection import Collector
 from rlreplay.gpu.dataset import ReplayDataset
 from rlreplay.gpu.device_index import DeviceIndex
+from rlreplay.gpu.sampler import GpuSampler
 from rlreplay.gpu.selection import Selector
 from tests.live import running_server
 
@@ -216,7 +217,9 @@ def end_to_end_rows(url: str, seconds: float) -> list[list[Any]]:
 
     asyncio.run(setup())
     rows = []
-    dataset = ReplayDataset(url, "e2e", batch_size=256, fields=["obs"], device=DEVICE, seed=0)
+    dataset = ReplayDataset(
+        url, "e2e", batch_size=256, fields=["obs"], device=DEVICE, seed=0, prefetch=4
+    )
     with dataset.iterate() as batches:
         next(batches)
         done, t0 = 0, time.perf_counter()
@@ -240,6 +243,21 @@ def end_to_end_rows(url: str, seconds: float) -> list[list[Any]]:
     rows.append(["ReplayClient.stream(layout='columns') + as_torch", asyncio.run(stream())])
     base = rows[1][1]
     return [[name, rate, rate / base] for name, rate in rows]
+
+
+async def propagation_ms(url: str, rounds: int) -> float:
+    """Median milliseconds from an answered priority update to a following sampler that
+    has applied it (its long poll wakes on the event)."""
+    async with ReplayClient(url) as rb, GpuSampler(rb, "e2e", device=DEVICE) as sampler:
+        times = []
+        for i in range(rounds):
+            before = sampler.follower.events_applied
+            t0 = time.perf_counter()
+            await rb.update_priorities("e2e", {"e2e0": 1.0 + i})
+            while sampler.follower.events_applied == before:  # noqa: ASYNC110 - timing a poll
+                await asyncio.sleep(0.0002)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -266,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
             collected,
         )
         e2e = end_to_end_rows(url, 3.0 if args.quick else 10.0)
+        lag_ms = asyncio.run(propagation_ms(url, 21))
     print_table(
         "Change feed cost on the push path (engine, 64-item pushes, committed items/s)",
         ["table", "items/s", "vs nobody"],
@@ -275,6 +294,11 @@ def main(argv: list[str] | None = None) -> None:
         "Trainer batches/s (256 picks x 4 KiB, one field)",
         ["source", "batches/s", "vs stream()"],
         e2e,
+    )
+    print_table(
+        "Change propagation (median of 21)",
+        ["from", "to", "ms"],
+        [["priority update answered", "applied by a following GpuSampler", lag_ms]],
     )
 
 
