@@ -121,12 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, field in Settings.model_fields.items():
         _add_setting(group, name, field)
     # listed for --help; the rlreplay command (rlreplay.command) runs it, from rlreplay.gpu
-    sidecar = commands.add_parser(
+    commands.add_parser(
         "sidecar",
         help="run the GPU sidecar for one table ('rlreplay sidecar --help'; needs torch)",
         add_help=False,
     )
-    sidecar.add_argument("args", nargs=argparse.REMAINDER)
     add_export_parser(commands)
     return parser
 
