@@ -37,6 +37,7 @@ STRATEGIES: tuple[Strategy, ...] = ("uniform", "prioritized", "topk", "fifo", "l
 
 _BLOCK = 256  # slots per block of BlockedSums (a power of two)
 _BLOCK_STEPS = _BLOCK.bit_length() - 1
+_GATHER_ROWS_UP_TO = 1024  # picks; on the CPU, more bisect instead (measured in bench)
 
 
 class BlockedSums:
@@ -46,7 +47,8 @@ class BlockedSums:
     and a prefix sum runs over the blocks' totals. Changing ``k`` masses redoes the running
     sums of at most ``k`` blocks and the (256 times shorter) prefix over blocks, instead of
     a prefix sum over every slot. A draw finds its block by ``searchsorted`` and its slot in
-    the block by a batched bisection: 8 gathers, all on the device. Everything is float64.
+    the block by a ``searchsorted`` of the gathered block (or, for large batches on the CPU,
+    an 8-step bisection), all on the device. Everything is float64.
     """
 
     def __init__(self, masses: torch.Tensor) -> None:
@@ -72,10 +74,16 @@ class BlockedSums:
         """For each point in ``[0, total)``, the slot whose mass interval holds it."""
         last = len(self.blocks) - 1
         block = torch.searchsorted(self.blocks, points, right=True).clamp_(max=last)
-        lo = block * _BLOCK  # flat positions: one take per step
-        rest = points - (self.blocks[block] - self.local.view(-1).take(lo + _BLOCK - 1))
+        lo = block * _BLOCK  # flat positions
         flat = self.local.view(-1)
-        width = _BLOCK
+        rest = points - (self.blocks[block] - flat.take(lo + _BLOCK - 1))
+        if points.device.type != "cpu" or len(points) <= _GATHER_ROWS_UP_TO:
+            # a few kernels: gather each pick's block and search it (a device is bound by
+            # kernel launches; the CPU too, for small batches)
+            rows = self.local[block]
+            within = torch.searchsorted(rows, rest.unsqueeze(1), right=True).squeeze(1)
+            return lo + within.clamp_(max=_BLOCK - 1)
+        width = _BLOCK  # large batches on the CPU: bisect in place, no gathered rows
         for _ in range(_BLOCK_STEPS):  # the first slot of the block whose running sum > rest
             width //= 2
             lo = torch.where(flat.take(lo + width - 1) <= rest, lo + width, lo)
