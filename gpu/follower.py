@@ -165,17 +165,26 @@ class ChangeFollower:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
-        while True:
-            try:
-                behind = self.seq < self.server_seq
-                await self.poll(0 if behind else self.wait_ms)
-            except Gone:
+        try:
+            while True:
                 try:
-                    await self.resync()
+                    behind = self.seq < self.server_seq
+                    await self.poll(0 if behind else self.wait_ms)
+                except Gone:
+                    try:
+                        await self.resync()
+                    except ReplayError as exc:
+                        await self._failed(exc)
                 except ReplayError as exc:
                     await self._failed(exc)
-            except ReplayError as exc:
-                await self._failed(exc)
+                except (KeyError, TypeError, ValueError) as exc:  # an answer not of the contract
+                    await self._failed(ReplayError(f"malformed answer: {exc!r}"))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: never caught up again, and said so
+            self.last_error = f"the follower stopped: {exc!r}"
+            log.exception("following %r stopped", self.table)
+            raise
 
     async def _failed(self, exc: ReplayError) -> None:
         if self.last_error is None:
