@@ -120,14 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     group = serve.add_argument_group("settings")
     for name, field in Settings.model_fields.items():
         _add_setting(group, name, field)
-    sidecar = commands.add_parser(
-        "sidecar", help="run the GPU sidecar for one table (not implemented yet)"
+    # listed for --help; the rlreplay command (rlreplay.command) runs it, from rlreplay.gpu
+    commands.add_parser(
+        "sidecar",
+        help="run the GPU sidecar for one table ('rlreplay sidecar --help'; needs torch)",
+        add_help=False,
     )
-    sidecar.add_argument("--server", metavar="URL", help="the replay service's URL")
-    sidecar.add_argument("--table", metavar="NAME", help="the table to follow")
-    sidecar.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    sidecar.add_argument("--host", default="127.0.0.1")
-    sidecar.add_argument("--port", type=int, default=8001)
     add_export_parser(commands)
     return parser
 
@@ -237,11 +235,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     Args:
         argv: The arguments (``sys.argv[1:]`` when None).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sidecar"]:  # listed in --help; rlreplay.command runs it
+        print(
+            "rlreplay sidecar runs through the rlreplay command (rlreplay.command)", file=sys.stderr
+        )
+        raise SystemExit(2)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "sidecar":
-        print("rlreplay sidecar: not implemented yet (GPU sidecar issue)", file=sys.stderr)
-        raise SystemExit(2)
     if args.command == "export":
         raise SystemExit(run_export(args))
     try:

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from rlreplay.app import package_version
-from rlreplay.app.api import health, items, sampling, snapshots, tables
+from rlreplay.app.api import changes, health, items, sampling, snapshots, tables
 from rlreplay.app.api.docs import install_docs
 from rlreplay.app.api.errors import install_error_handlers
 from rlreplay.app.api.hot import HotRoutes, ReplayApp
@@ -51,6 +51,7 @@ _TAGS = [
     {"name": "items", "description": "Push, read and delete items; update priorities."},
     {"name": "sampling", "description": "Draw batches with the table's sampler."},
     {"name": "snapshots", "description": "Snapshots to the backup URL, and the list of them."},
+    {"name": "followers", "description": "A table's change feed and index (the GPU sidecar)."},
     {"name": "operations", "description": "Liveness, readiness and Prometheus metrics."},
 ]
 
@@ -155,7 +156,14 @@ def create_app(
     # Routes match in the order included, and each included router costs its routes'
     # matching on every request that passes it by: the hot data routes come first. The
     # documentation keeps its own order (``openapi_tags``).
-    for router in (sampling.router, items.router, tables.router, snapshots.router, health.router):
+    for router in (
+        sampling.router,
+        items.router,
+        tables.router,
+        snapshots.router,
+        changes.router,
+        health.router,
+    ):
         app.include_router(summaries_from_docstrings(router))
     install_docs(app)
     openapi: Any = partial(build_openapi, app)

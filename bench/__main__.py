@@ -4,7 +4,8 @@ Sections: engine (storage and writer), selection (samplers vs TorchRL), http (th
 service vs the framework's ceiling), fast_paths (each hand-written fast path on and off),
 metrics (a /metrics scrape's cost by table count), snapshots (taking, restoring, push pauses),
 client (one Python client process vs wrk, codec costs, push latency),
-sharded (the sharded client over 1, 2 and 3 local servers).
+sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
+sidecar's selection, collection, feed cost and trainer batches/s).
 With no section named, all run.
 """
 
@@ -25,6 +26,7 @@ SECTIONS = (
     "snapshots",
     "client",
     "sharded",
+    "sidecar",
 )
 
 

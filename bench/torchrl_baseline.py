@@ -49,7 +49,7 @@ def _extension_loads() -> bool:
     return True
 
 
-def measure(n: int, repeats: int) -> list[list[Any]]:
+def measure(n: int, repeats: int, batch: int = BATCH) -> list[list[Any]]:
     """Rows for TorchRL's samplers over a 1-D storage of ``n`` items, in this interpreter."""
     import torch
     import torchrl
@@ -80,34 +80,34 @@ def measure(n: int, repeats: int) -> list[list[Any]]:
         [
             "torchrl PrioritizedSampler" + tag,
             f"{n:,}",
-            median_us(lambda: prioritized.sample(storage, BATCH), repeats),
+            median_us(lambda: prioritized.sample(storage, batch), repeats),
             median_us(update, repeats),
             "-",
         ],
         [
             "torchrl SamplerWithoutReplacement" + tag,
             f"{n:,}",
-            median_us(lambda: without.sample(storage, BATCH), repeats),
+            median_us(lambda: without.sample(storage, batch), repeats),
             "-",
             "-",
         ],
     ]
 
 
-def torchrl_rows(n: int, repeats: int) -> list[list[Any]]:
+def torchrl_rows(n: int, repeats: int, batch: int = BATCH) -> list[list[Any]]:
     """TorchRL's rows, measured here or in ``RLREPLAY_TORCHRL_PYTHON``; rows saying why not."""
     try:
         loads_here = _extension_loads()
     except Exception:  # torchrl absent or broken here: try the other interpreter
         loads_here = False
     if loads_here:
-        return measure(n, repeats)
+        return measure(n, repeats, batch)
     python = os.environ.get("RLREPLAY_TORCHRL_PYTHON") or str(ROOT / ".venv-torchrl/bin/python")
     if not Path(python).exists():
         why = "TorchRL's C++ extension does not load with this torch; run `make bench`"
         return [["torchrl PrioritizedSampler", f"{n:,}", why, "-", "-"]]
     done = subprocess.run(
-        [python, "-m", "bench.torchrl_baseline", str(n), str(repeats)],
+        [python, "-m", "bench.torchrl_baseline", str(n), str(repeats), str(batch)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -123,4 +123,5 @@ def torchrl_rows(n: int, repeats: int) -> list[list[Any]]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]))))
+    batch = int(sys.argv[3]) if len(sys.argv) > 3 else BATCH
+    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]), batch)))

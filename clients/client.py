@@ -275,6 +275,15 @@ class ReplayClient(Requester):
             return ColumnBatch.from_answer(answer)
         return list(answer.get("items", []))
 
+    async def get_many_packed(self, table: str, keys: Iterable[str]) -> bytes:
+        """:meth:`get_many` with ``layout="columns"``, its msgpack answer left undecoded, for
+        a caller that decodes the arrays straight into buffers of its own (the GPU sidecar).
+        """
+        body = KeysRequest(list(keys), "columns")
+        path = self._table(table, "/items:batchGet")
+        packed: bytes = await self._call("POST", path, body=body, idempotent=True, raw=True)
+        return packed
+
     @overload
     async def sample(
         self,
@@ -338,6 +347,28 @@ class ReplayClient(Requester):
         if layout == "columns":
             return ColumnBatch.from_answer(answer)
         return list(self._as_dict(answer).get("items", []))
+
+    async def changes(
+        self, table: str, since: int, *, limit: int = 10_000, wait_ms: int = 0
+    ) -> dict[str, Any]:
+        """The table's changes after event ``since`` (a long poll of up to ``wait_ms``).
+
+        Returns:
+            ``{"seq", "epoch", "events": [{"seq", "op", "key", "priority", "inserted_at"}]}``.
+
+        Raises:
+            Gone: ``since`` is older than the server keeps, or of another ``epoch``: reload
+                with :meth:`table_index`.
+        """
+        path = self._table(table, f"/changes?since={since}&limit={limit}&wait_ms={wait_ms}")
+        read_s = max(self._timeout_s, wait_ms / 1000 + _SAMPLE_TIMEOUT_MARGIN_S)
+        answer = await self._call("GET", path, idempotent=True, read_timeout_s=read_s)
+        return self._as_dict(answer)
+
+    async def table_index(self, table: str) -> dict[str, Any]:
+        """The table's whole selection state: ``{"seq", "epoch", "keys", "priorities",
+        "inserted_at"}`` (NumPy columns), oldest insert first, as of event ``seq``."""
+        return self._as_dict(await self._call("GET", self._table(table, "/index"), idempotent=True))
 
     async def update_priorities(
         self, table: str, priorities: Mapping[str, float]

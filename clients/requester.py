@@ -154,8 +154,10 @@ class Requester:
         body: Any = None,
         idempotent: bool,
         read_timeout_s: float | None = None,
+        raw: bool = False,
     ) -> Any:
-        """Send one request with retries; return the decoded answer (None for no content)."""
+        """Send one request with retries; return the decoded answer (None for no content),
+        or with ``raw`` the answer's bytes as they came (msgpack)."""
         content = None if body is None else encode_body(body)
         attempt = 0
         while True:
@@ -175,7 +177,7 @@ class Requester:
                     raise Unavailable(f"{method} {path} failed: {exc!r}") from exc
             else:
                 if response.is_success:
-                    return self._decode(response)
+                    return response.content if raw else self._decode(response)
                 error = self._error(response)
                 retryable = isinstance(error, Overloaded) or (
                     idempotent and type(error) is Unavailable

@@ -2,7 +2,8 @@
 
 Users import the client from here (``from rlreplay import ReplayClient``); the service is
 ``rlreplay serve``. Importing this package loads the client and its wire codec only: no
-server dependency, no torch, and nothing global changes.
+server dependency, no torch, and nothing global changes. ``GpuSampler`` (the GPU sidecar's
+library form, :mod:`rlreplay.gpu`) loads torch on first use.
 
 Subpackages: :mod:`rlreplay.clients` (the async client), :mod:`rlreplay.wire` (errors and
 the msgpack codec that client and server share), :mod:`rlreplay.app` (the service) and
@@ -25,6 +26,7 @@ __all__ = [
     "ColumnBatch",
     "DeadlineExceeded",
     "Gone",
+    "GpuSampler",
     "Item",
     "ItemNotFound",
     "MethodNotAllowed",
@@ -76,11 +78,16 @@ if TYPE_CHECKING:
         Writer,
         tune_malloc,
     )
+    from rlreplay.gpu import GpuSampler
 
 
 def __getattr__(name: str) -> Any:
     """Loads the client on first use, so that ``import rlreplay.app`` (the service, and
     its log writer process) does not pay for httpx and the client's codec."""
+    if name == "GpuSampler":
+        from rlreplay import gpu
+
+        return gpu.GpuSampler
     if name in __all__ and name != "__version__":
         from rlreplay import clients
 

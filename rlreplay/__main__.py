@@ -1,8 +1,8 @@
-"""``python -m rlreplay`` is the ``rlreplay`` command (``serve``, ``sidecar``)."""
+"""``python -m rlreplay`` is the ``rlreplay`` command (``serve``, ``sidecar``, ``export``)."""
 
 from __future__ import annotations
 
-from rlreplay.app.cli import main
+from rlreplay.command import main
 
 if __name__ == "__main__":
     main()

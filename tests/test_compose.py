@@ -115,9 +115,20 @@ def test_published_ports_bind_to_localhost() -> None:
 
 
 def test_every_rlreplay_variable_is_a_setting() -> None:
+    """The server's variables are its settings; the sidecar's are its flags
+    (``RLREPLAY_SIDECAR_<FLAG>``, read by ``rlreplay sidecar``)."""
+    from rlreplay.gpu.cli import build_sidecar_parser
+
+    sidecar_variables = {
+        f"RLREPLAY_SIDECAR_{action.dest.upper()}"
+        for action in build_sidecar_parser()._actions
+        if action.option_strings
+    }
     for name, service in load_compose()["services"].items():
         for key in service_environment(service, {}):
-            if key.startswith("RLREPLAY_"):
+            if key.startswith("RLREPLAY_SIDECAR_"):
+                assert key in sidecar_variables, (name, key)
+            elif key.startswith("RLREPLAY_"):
                 assert key in SETTING_VARIABLES, (name, key)
 
 

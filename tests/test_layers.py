@@ -54,6 +54,11 @@ def test_the_layer_contracts_hold() -> None:
         ("clients/retry.py", "import rlreplay.app.api.errors", "needs nothing of the service"),
         # one package name: the folders behind the links are never imported by their own name
         ("app/engine/core.py", "import workers.apply", "never the folders"),
+        # the sidecar speaks the contract, never the service's insides
+        ("gpu/follower.py", "import rlreplay.app.tables.table", "only through the client"),
+        # the server starts without torch
+        ("app/api/changes.py", "import torch", "service never loads torch"),
+        ("clients/columns.py", "import rlreplay.gpu.sampler", "never load the GPU sidecar"),
     ],
 )
 def test_a_back_import_breaks_a_contract(

@@ -22,7 +22,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # built from a copy, so the checkout gets no build/ or egg-info
     source = tmp_path_factory.mktemp("source")
-    for name in ("rlreplay", "app", "workers", "clients", "wire"):
+    for name in ("rlreplay", "app", "workers", "clients", "wire", "gpu"):
         shutil.copytree(REPO / name, source / name, symlinks=True, ignore=IGNORED)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
@@ -44,12 +44,12 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"rlreplay"}
-    for part in ("app", "workers", "clients", "wire"):
+    for part in ("app", "workers", "clients", "wire", "gpu"):
         assert f"rlreplay/{part}/__init__.py" in names
     assert "rlreplay/py.typed" in names
-    assert not [n for n in names if "/bench/" in n or n.startswith("rlreplay/gpu")]
+    assert not [n for n in names if "/bench/" in n]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "rlreplay = rlreplay.app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "rlreplay = rlreplay.command:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_an_installed_wheel_gives_the_client_and_the_service(wheel: Path, tmp_path: Path) -> None:
@@ -67,6 +67,9 @@ def test_an_installed_wheel_gives_the_client_and_the_service(wheel: Path, tmp_pa
         assert rlreplay.__file__.startswith(TARGET), rlreplay.__file__
         assert issubclass(TableNotFound, ReplayError)
         import rlreplay.app.main  # the service imports from the wheel too
+        import sys
+        assert "torch" not in sys.modules  # the server starts without torch
+        assert rlreplay.GpuSampler.__module__ == "rlreplay.gpu.sampler"
         print("ok")
         """
     ).replace("TARGET", repr(str(target)))

@@ -31,9 +31,13 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "DEFAULT_TIMEOUT_MS",
     "MAX_BATCH_SIZE",
+    "MAX_CHANGES_LIMIT",
+    "MAX_CHANGES_WAIT_MS",
     "MAX_KEY_BYTES",
     "MAX_TIMEOUT_MS",
     "Accepted",
+    "ChangeEvent",
+    "ChangeList",
     "ColumnsPushRequest",
     "DeleteRequest",
     "ErrorBody",
@@ -57,6 +61,8 @@ __all__ = [
     "SampleRequest",
     "SampleResponse",
     "SampledItemOut",
+    "SidecarSampleRequest",
+    "TableIndex",
     "TableInfo",
     "TableList",
     "TableStats",
@@ -436,3 +442,66 @@ class SnapshotList(Struct):
     """The complete snapshots at the backup URL, newest first."""
 
     snapshots: list[Snapshot]
+
+
+# --- the change feed and the GPU sidecar --------------------------------------------------------
+
+#: Longest ``wait_ms`` of a change-feed long poll.
+MAX_CHANGES_WAIT_MS = 60_000
+#: Most events one ``/changes`` answer holds.
+MAX_CHANGES_LIMIT = 100_000
+_EPOCH_DOC = (
+    "Names the feed the numbers belong to; a server restart or a re-created table starts a "
+    "new feed with another epoch, and a follower then reloads from `/index`."
+)
+
+
+class ChangeEvent(Struct):
+    """One change of a table's selection state, in the writer's order."""
+
+    seq: Annotated[int, Meta(ge=1, examples=[42])]
+    op: Annotated[
+        Literal["put", "delete", "priority"],
+        Meta(description="put: inserted or replaced; delete: gone; priority: new priority."),
+    ]
+    key: Annotated[str, Meta(examples=["r1"])]
+    priority: Annotated[float | None, Meta(description="put and priority; null for delete.")]
+    inserted_at: Annotated[float | None, Meta(description="put only: Unix time of the insert.")]
+
+
+class ChangeList(Struct):
+    """The changes after `since`, oldest first, and the number of the last one."""
+
+    seq: Annotated[int, Meta(ge=0, description="The feed's last event.", examples=[42])]
+    epoch: Annotated[int, Meta(ge=0, description=_EPOCH_DOC)]
+    events: list[ChangeEvent]
+
+
+class TableIndex(Struct):
+    """A table's whole selection state as columns, oldest insert first, as of event `seq`."""
+
+    seq: Annotated[int, Meta(ge=0, description="The feed's last event this state includes.")]
+    epoch: Annotated[int, Meta(ge=0, description=_EPOCH_DOC)]
+    keys: list[str]
+    priorities: Annotated[NdArray, Meta(description="float64, one per key.")]
+    inserted_at: Annotated[NdArray, Meta(description="float64 Unix times, one per key.")]
+
+
+class SidecarSampleRequest(_Request):
+    """What the GPU sidecar should select and collect."""
+
+    batch_size: Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE, examples=[256])]
+    strategy: Annotated[
+        Literal["uniform", "prioritized", "topk", "fifo", "lifo", "ptime"],
+        Meta(description="How to select."),
+    ] = "uniform"
+    fields: Annotated[
+        list[str], Meta(description="Fields of the values to collect.", examples=[["obs"]])
+    ] = []
+    seed: Annotated[int, Meta(ge=0, description="Seed of this draw (fresh: null).")] | None = None
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {
+        "batch_size": 256,
+        "strategy": "prioritized",
+        "fields": ["obs"],
+    }

@@ -32,6 +32,7 @@ from rlreplay.app.selection.base import Selector
 from rlreplay.app.selection.rate_limiters import RateGate
 from rlreplay.app.selection.registry import make_selector
 from rlreplay.app.storage.layout import table_id
+from rlreplay.app.tables.changes import ChangeFeed
 from rlreplay.app.tables.config import TableConfig, make_rate_limiter
 from rlreplay.app.tables.items import NewItem
 from rlreplay.app.tables.stats import STAT_NAMES, TableCounters
@@ -58,6 +59,8 @@ class Table:
         self.dropped = False
         self.dropping = False  # a drop is accepted: new calls find no table
         self.counters = TableCounters()
+        #: The change feed, started by the first follower (see :meth:`follow`).
+        self.changes: ChangeFeed | None = None
 
         self.index: dict[str, int] = {}
         self.keys: list[str | None] = []
@@ -157,6 +160,8 @@ class Table:
         """Forget the keys at distinct ``slots`` (the same as ``slot_list``), which hold
         ``keys``; their columns are reset here, their slots reused by the next keys."""
         index, own_keys, values = self.index, self.keys, self.values
+        if self.changes is not None:
+            self.changes.delete(keys)
         for key in keys:
             del index[key]
         for slot in slot_list:
@@ -248,6 +253,9 @@ class Table:
         if self.remover is not None:
             self.remover.insert(slots, priorities, times, fields)
         self.counters.inserts += len(slots)
+        if self.changes is not None:
+            keys = self.keys
+            self.changes.put([keys[s] or "" for s in slots.tolist()], priorities, inserted_at)
 
     def unselect(self, slots: np.ndarray, *, remover: bool) -> None:
         """Take ``slots`` out of selection (the sampler, and the remover if ``remover``),
@@ -288,6 +296,9 @@ class Table:
             self.sampler.update(sa, pa)
             if self.remover is not None:
                 self.remover.update(sa, pa)
+        if self.changes is not None:
+            held = [(k, p) for k, p in zip(keys, priorities, strict=True) if k in self.index]
+            self.changes.priority([k for k, _ in held], [p for _, p in held])
 
     def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Draw ``n`` picks: their slots, probabilities, and the keys of the items the draw
@@ -464,6 +475,8 @@ class Table:
 
     def fail_waiters(self, exc: BaseException) -> None:
         """The writer stopped: fail every reader waiting on it."""
+        if self.changes is not None:
+            self.changes.close()
         for _, fut in self._barriers:
             if not fut.done():
                 fut.set_exception(exc)
@@ -480,6 +493,12 @@ class Table:
         return bool(self.index)
 
     # -- read side ------------------------------------------------------------------------
+
+    def follow(self, keep: int) -> ChangeFeed:
+        """The table's change feed, started now (holding ``keep`` events) if it has none."""
+        if self.changes is None:
+            self.changes = ChangeFeed(keep)
+        return self.changes
 
     def visible_size(self) -> int:
         """Items a reader sees now: the applied ones with the pending ops merged in."""

@@ -90,18 +90,27 @@ def test_invalid_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2
 
 
-def test_sidecar_is_not_implemented_yet(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_sidecar_runs_through_the_rlreplay_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sidecar", "--server", "http://x", "--table", "t"])
     assert exc.value.code == 2
-    assert "not implemented" in capsys.readouterr().err
+    assert "rlreplay.command" in capsys.readouterr().err
+    out = subprocess.run(
+        [sys.executable, "-m", "rlreplay", "sidecar", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "--server" in out and "--device" in out
 
 
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [
         (["-m", "rlreplay.app", "--help"], ["--storage-mode", "RLREPLAY_"]),
-        (["-c", "from rlreplay.app.cli import main; main()", "--help"], ["serve", "sidecar"]),
+        (["-c", "from rlreplay.command import main; main()", "--help"], ["serve", "sidecar"]),
     ],
     ids=["python-m-app", "console-script"],
 )

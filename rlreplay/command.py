@@ -1,0 +1,32 @@
+"""The ``rlreplay`` console script: ``sidecar`` goes to the GPU sidecar
+(:mod:`rlreplay.gpu.cli`), everything else to the service's command line
+(:mod:`rlreplay.app.cli`), so that ``rlreplay serve`` never loads torch."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``rlreplay``.
+
+    Args:
+        argv: The arguments (``sys.argv[1:]`` when None).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["sidecar"]:
+        try:
+            from rlreplay.gpu.cli import main as sidecar_main
+        except ImportError as exc:  # torch is the gpu extra's
+            print(
+                f"rlreplay sidecar needs torch: pip install 'rlreplay[gpu]' ({exc})",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from exc
+        raise SystemExit(sidecar_main(args[1:]))
+    from rlreplay.app.cli import main as service_main
+
+    service_main(args)
