@@ -45,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rlreplay.gpu.service import SidecarConfig, create_sidecar_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    config = SidecarConfig(args.server, args.table, args.device, args.api_key, args.seed)
+    # compose passes an unset key as an empty variable: no key, not an empty one
+    config = SidecarConfig(args.server, args.table, args.device, args.api_key or None, args.seed)
     uvicorn.run(
         create_sidecar_app(config),
         host=args.host,

@@ -192,13 +192,13 @@ def _exposed_metric_names() -> set[str]:
     names |= {f"{n}_total" for n in names}
     names |= {n.replace("rlreplay_table_", "rlreplay_all_tables_") for n in names}
     snapshots = re.findall(r'"(snapshot[a-z_]*)": \(', (REPO / "app/metrics.py").read_text())
-    sidecar = "\n".join(p.read_text() for p in (REPO / "gpu").rglob("*.py"))
-    names |= set(re.findall(r"rlreplay_[a-z_]+", sidecar))
-    return names | {f"rlreplay_{s}" for s in snapshots} | SIDECAR_LAG
+    # the sidecar's series are f"rlreplay_sidecar_{name}", named in gauge(...) and counter(...)
+    sidecar = (REPO / "gpu/service.py").read_text()
+    names |= {f"rlreplay_sidecar_{n}" for n in re.findall(r'(?:gauge|counter)\("(\w+)"', sidecar)}
+    return names | {f"rlreplay_{s}" for s in snapshots}
 
 
-#: The sidecar's lag gauges, as the sidecar's issue names them: the dashboard plots them
-#: before gpu/ is merged into this branch, when the scan of gpu/ above finds them itself.
+#: The sidecar's lag gauges, which the dashboard must plot.
 SIDECAR_LAG = frozenset({"rlreplay_sidecar_lag_events", "rlreplay_sidecar_lag_seconds"})
 
 

@@ -1,8 +1,7 @@
 """docker/Dockerfile.sidecar: hadolint and its shape.
 
-No Docker engine runs here, so the image is never built. Its command line runs as a local
-process once the sidecar (gpu/, ``rlreplay sidecar``) is in the tree; until then its flags
-are checked against docker-compose.yml (tests/test_compose.py).
+No Docker engine runs here, so the image is never built. The compose service's command line
+(the same flags) runs as a local process in tests/deploy/test_stack.py.
 """
 
 from __future__ import annotations

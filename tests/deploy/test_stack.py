@@ -5,23 +5,37 @@ The S3 settings come through the compose file's own interpolation (``S3_ENDPOINT
 ``MINIO_ROOT_USER``, ``MINIO_ROOT_PASSWORD``), the bucket is the one ``minio-init`` creates,
 and the service's health check is the compose one. A node killed with SIGKILL and replaced
 by one on an empty volume comes back from the newest snapshot (``RLREPLAY_RESTORE=latest``).
+The ``sidecar`` service's command line (with the CPU override, as on a machine without a
+GPU) then follows the restored node and serves samples of its values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgpack
 import pytest
 
-from tests.deploy.files import DOCKERFILE, load_compose, parse_dockerfile, service_environment
+from rlreplay.wire.codec import unpackb
+from tests.deploy.files import (
+    CPU_OVERRIDE,
+    DOCKERFILE,
+    interpolate,
+    load_compose,
+    merge_compose,
+    parse_dockerfile,
+    service_environment,
+)
 from tests.deploy.test_image import _start, _stop, _wait_ready
-from tests.live import LiveServer
+from tests.live import LiveServer, free_port
 from tests.s3server import KEY, SECRET, create_bucket, start_moto
 
 
@@ -98,5 +112,65 @@ def test_stack_backs_up_to_s3_and_a_new_node_restores_after_a_kill(tmp_path: Pat
             timeout=30,
         )
         assert [item["value"]["i"] for item in got.json()["items"]] == list(range(50))
+        _sidecar_serves_samples_of(second, tmp_path)
     finally:
         _stop(second)
+
+
+def _sidecar_command(server_url: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The ``sidecar`` service's command and environment with the CPU override, pointed at
+    ``server_url`` instead of ``http://replay:8000`` and bound to 127.0.0.1:``port``."""
+    compose = merge_compose(load_compose(), load_compose(CPU_OVERRIDE))
+    service = compose["services"]["sidecar"]
+    assert "deploy" not in service  # no GPU reservation on the CPU
+    argv = [interpolate(str(arg), {}) for arg in service["command"]]
+    assert argv[:2] == ["rlreplay", "sidecar"]
+    assert argv[argv.index("--server") + 1] == "http://replay:8000"
+    assert argv[argv.index("--device") + 1] == "cpu"
+    argv[argv.index("--server") + 1] = server_url
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--port") + 1] = str(port)
+    argv[0] = str(Path(sys.executable).parent / "rlreplay")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLREPLAY_")}
+    env.update(service_environment(service, {}))  # RLREPLAY_API_KEY unset: no key
+    return argv, env
+
+
+def _sidecar_serves_samples_of(server: LiveServer, workdir: Path) -> None:
+    port = free_port()
+    argv, env = _sidecar_command(server.url, port)
+    url = f"http://127.0.0.1:{port}"
+    log_path = workdir / "sidecar.log"
+    with log_path.open("wb") as log:
+        sidecar = subprocess.Popen(argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120  # torch's import is slow on a loaded machine
+        ready = False
+        while not ready and time.monotonic() < deadline:
+            assert sidecar.poll() is None, log_path.read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            time.sleep(0.2)
+        assert ready, log_path.read_text()
+        test = load_compose()["services"]["sidecar"]["healthcheck"]["test"]
+        check = [arg.replace("127.0.0.1:8100", f"127.0.0.1:{port}") for arg in test[1:]]
+        check[0] = sys.executable if check[0] == "python" else check[0]
+        assert subprocess.run(check, timeout=30, check=False).returncode == 0
+        answer = httpx.post(
+            f"{url}/v1/sample",
+            content=msgpack.packb({"batch_size": 16, "strategy": "uniform", "fields": ["i"]}),
+            headers={"Content-Type": "application/msgpack", "Accept": "application/msgpack"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        batch = unpackb(answer.content)
+        keys = batch["keys"]
+        assert len(keys) == 16
+        assert list(batch["columns"]["i"]) == [int(key[1:]) for key in keys]
+    finally:
+        sidecar.terminate()
+        try:
+            sidecar.wait(30)
+        except subprocess.TimeoutExpired:
+            sidecar.kill()
+            sidecar.wait(10)
