@@ -8,6 +8,9 @@ memory, the change feed's cost on the push path, and a trainer's batches per sec
 * Collection: :class:`rlreplay.gpu.collection.Collector` fetching distinct items from a
   live server (memory mode) into host memory, in GB/s, against a plain NumPy gather of the
   same bytes from an in-memory array, and the client's own ``get_many(layout="columns")``.
+  "placing an answer" is the collector's own work (the columnar answer's bytes in hand,
+  copied into host memory and on to the device); "fetch + place" adds the batchGet over
+  HTTP, one at a time.
 * Feed cost: committed pushes per second through the engine (memory mode, no log) into a
   table nobody follows and into one whose change feed is on.
 * End to end: batches per second a training loop gets from ``ReplayDataset`` and from
@@ -166,6 +169,16 @@ async def collection_row(
     async def client(keys: list[str]) -> None:
         (await rb.get_many(table, keys, layout="columns")).as_torch(DEVICE)
 
+    # the collector's own work, the answer's bytes in hand: what the GPU's host side does
+    answers = [await rb.get_many_packed(table, [f"{table}{i}" for i in idx]) for idx in picks]
+    placing = []
+    for packed in answers:
+        t0 = time.perf_counter()
+        collector.place(packed, None, ["obs"])
+        _sync()
+        placing.append(time.perf_counter() - t0)
+    place_gbs = nbytes / statistics.median(placing) / 1e9
+
     out = np.empty((batch, size), dtype=np.uint8)
     gathers = []
     for idx in picks:
@@ -177,7 +190,15 @@ async def collection_row(
     client_gbs = await timed(client)
     await rb.drop_table(table)
     label = f"{size // 1024} KiB x {batch}"
-    return [label, sidecar_gbs, client_gbs, numpy_gbs, sidecar_gbs / numpy_gbs]
+    return [
+        label,
+        place_gbs,
+        place_gbs / numpy_gbs,
+        sidecar_gbs,
+        client_gbs,
+        numpy_gbs,
+        sidecar_gbs / numpy_gbs,
+    ]
 
 
 async def collection_rows(url: str, repeats: int) -> list[list[Any]]:
@@ -280,7 +301,15 @@ def main(argv: list[str] | None = None) -> None:
         collected = asyncio.run(collection_rows(url, 9 if args.quick else 31))
         print_table(
             f"Sidecar collection into host memory ({DEVICE.type}; pinned on CUDA), GB/s",
-            ["items x batch", "sidecar Collector", "client get_many", "numpy gather", "vs numpy"],
+            [
+                "items x batch",
+                "placing an answer",
+                "vs numpy",
+                "fetch + place",
+                "client get_many",
+                "numpy gather",
+                "vs numpy",
+            ],
             collected,
         )
         e2e = end_to_end_rows(url, 3.0 if args.quick else 10.0)

@@ -126,7 +126,21 @@ class Collector:
         """
         if not fields:
             return {}
-        answer = _DECODER.decode(await self.client.get_many_packed(self.table, keys))
+        return self.place(await self.client.get_many_packed(self.table, keys), inverse, fields)
+
+    def place(
+        self,
+        packed: bytes,
+        inverse: npt.NDArray[np.int64] | None,
+        fields: Sequence[str],
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`collect`'s work once the columnar answer's bytes are here: each field
+        copied out of them into host memory (pinned on CUDA) and on to the device.
+
+        Raises:
+            MissingItems, ValidationFailed: As :meth:`collect`.
+        """
+        answer = _DECODER.decode(packed)
         if answer.get("missing"):
             raise MissingItems(list(answer["missing"]))
         columns: dict[str, _View] = answer["columns"]
