@@ -23,6 +23,7 @@ from rlreplay.wire.errors import (
     DeadlineExceeded,
     Gone,
     ItemNotFound,
+    LeaseNotFound,
     MethodNotAllowed,
     NotConfigured,
     NotFound,
@@ -37,6 +38,7 @@ from rlreplay.wire.errors import (
     Unavailable,
     UnsupportedMediaType,
     ValidationFailed,
+    VersionConflict,
     error_from_body,
 )
 
@@ -49,6 +51,7 @@ __all__ = [
     "Gone",
     "Item",
     "ItemNotFound",
+    "LeaseNotFound",
     "MethodNotAllowed",
     "NotConfigured",
     "NotFound",
@@ -64,6 +67,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "VersionConflict",
     "Writer",
     "error_from_body",
     "from_jsonable",
