@@ -181,7 +181,7 @@ class ItemIn(_Request):
     value: Annotated[Raw, Meta(description=_VALUE_DOC, examples=[_VALUE_EXAMPLE])]
     priority: Priority = DEFAULT_PRIORITY
     group: Annotated[str | UnsetType, Meta(description=_GROUP_DOC)] = UNSET
-    version: Annotated[PolicyVersion | UnsetType, Meta(description=_VERSION_DOC)] = UNSET
+    version: PolicyVersion | UnsetType = UNSET
 
 
 class PushRequest(_Request):
@@ -335,8 +335,8 @@ class PatchAnswer(Struct):
     """How many items a patch accepted (or committed), and how many keys were missing."""
 
     missing: Annotated[int, Meta(ge=0, examples=[0])]
-    accepted: Annotated[int | UnsetType, Meta(ge=0, examples=[64])] = UNSET
-    committed: Annotated[int | UnsetType, Meta(ge=0, examples=[64])] = UNSET
+    accepted: _Count | UnsetType = UNSET
+    committed: _Count | UnsetType = UNSET
 
 
 class ClaimRequest(_Request):
@@ -348,10 +348,12 @@ class ClaimRequest(_Request):
         list[FieldName] | UnsetType,
         Meta(description="Hand out items that have all of these (all items when omitted)."),
     ] = UNSET
-    group_size: Annotated[
-        int | UnsetType,
-        Meta(ge=1, le=MAX_BATCH_SIZE, description="Hand out whole groups of this many."),
-    ] = UNSET
+    group_size: (
+        Annotated[
+            int, Meta(ge=1, le=MAX_BATCH_SIZE, description="Hand out whole groups of this many.")
+        ]
+        | UnsetType
+    ) = UNSET
     lease_s: Annotated[
         float, Meta(gt=0, le=MAX_LEASE_S, description="Seconds until the server releases it.")
     ] = 60.0

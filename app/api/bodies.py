@@ -358,7 +358,12 @@ def _decode_msgpack_push(body: bytes) -> PushRequest:
 def _decode_items_and_id(body: bytes) -> PushRequest:
     """A msgpack push body of two entries without ``wait``: ``items`` and ``request_id``,
     or ``items`` twice (refused)."""
-    push: PushRequest = _MSGPACK_PUSH.decode(body)
+    try:
+        push: PushRequest = _MSGPACK_PUSH.decode(body)
+    except msgspec.ValidationError as exc:
+        raise schema_refusal(exc) from None
+    except _UNREADABLE as exc:
+        raise BadRequest(f"malformed msgpack push body: {exc}") from exc
     if push.request_id is UNSET:
         raise ValidationFailed("duplicate field in the body: items")
     return push
