@@ -236,6 +236,7 @@ class OpApplier:
         if t.index_fields:
             fields = [index_fields_of(it.value, t.index_fields) for it in items]
         t.assign(slots, slot_list, prios, sizes, ts, seq, fields, replaced)
+        t.rollouts.on_put(slot_list, items, new_values)  # before a write-through of its meta
         written = through and await self._write_through(t, items, slot_list)
         if written:
             t.meta_dirty[slots] = 0
@@ -261,7 +262,7 @@ class OpApplier:
                 entry = t.pending.get(key)
                 if entry is not None and entry[0] == seq:
                     del t.pending[key]
-        t.rollouts.on_put(slot_list, items, new_values)
+        t.rollouts.changed.notify()
         if not replay:
             await self._trim(t)
         t.applied(op.seq, op.weight)

@@ -51,12 +51,16 @@ class LeaseExpiry:
         if self._heap[0] is entry:
             self._wake.set()
 
-    def expire_due(self) -> None:
-        """Release every lease whose deadline has passed."""
-        heap, now = self._heap, time.monotonic()
+    def expire_due(self, now: float | None = None) -> None:
+        """Release every lease whose deadline (``time.monotonic()``) is before ``now``
+        (default: the present)."""
+        heap = self._heap
+        now = time.monotonic() if now is None else now
         while heap and heap[0][0] <= now:
             _, _, table, lease_id = heapq.heappop(heap)
-            if not table.dropped:
+            lease = table.rollouts.leases.get(lease_id)
+            if lease is not None and not table.dropped:
+                lease.deadline = min(lease.deadline, now)  # an ack from now on is too late
                 table.rollouts.expire(lease_id)
 
     async def _run(self) -> None:

@@ -222,7 +222,8 @@ class Rollouts:
 
     def on_put(self, slot_list: list[int], items: Any, values: list[bytes]) -> None:
         """New (or replaced) items at ``slot_list``: a replaced item is a new rollout (its
-        acknowledgements go; it is consumed again)."""
+        acknowledgements go; it is consumed again). The writer notifies :attr:`changed`
+        once their values can be read."""
         t = self.table
         slots = np.asarray(slot_list, dtype=np.int64)
         t.acked_mask[slots] = 0
@@ -249,7 +250,6 @@ class Rollouts:
                 for order, slot in zip(orders, slot_list, strict=True):
                     unacked[order] = slot
                     leased.pop(order, None)
-        self.changed.notify()
 
     def forget(self, slot_list: list[int]) -> None:
         """Items about to be replaced or freed: out of every task's lists."""
