@@ -6,6 +6,8 @@ tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 
 from rlreplay.clients.client import Item, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.dataset import RolloutBatches, rollout_dataset
+from rlreplay.clients.rollouts import Lease
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.allocator import tune_malloc
 from rlreplay.wire.arrays import EXT_NDARRAY, BFloat16Array
@@ -51,6 +53,7 @@ __all__ = [
     "Gone",
     "Item",
     "ItemNotFound",
+    "Lease",
     "LeaseNotFound",
     "MethodNotAllowed",
     "NotConfigured",
@@ -59,6 +62,7 @@ __all__ = [
     "PayloadTooLarge",
     "ReplayClient",
     "ReplayError",
+    "RolloutBatches",
     "SnapshotNotFound",
     "StorageFull",
     "TableExists",
@@ -74,6 +78,7 @@ __all__ = [
     "jsonable_to_msgpack",
     "msgpack_to_jsonable",
     "packb",
+    "rollout_dataset",
     "spell_floats",
     "to_jsonable",
     "tune_malloc",

@@ -213,9 +213,10 @@ class RolloutCalls(Requester):
         """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
 
         Each lease is acknowledged when the next one is asked for; when the loop ends
-        (``break``, an exception, closing the generator) the lease in hand and those
-        prefetched are released. A claim that finds nothing ready within ``wait_ms`` is
-        made again: the iteration ends only when the caller stops it.
+        (``break``, an exception, closing the generator) the lease in hand is released,
+        and the claims in flight are cancelled (a lease the server had issued for one
+        then comes back when it expires). A claim that finds nothing ready within
+        ``wait_ms`` is made again: the iteration ends only when the caller stops it.
         """
         if prefetch < 1:
             raise ValueError(f"prefetch ({prefetch}) must be >= 1")
@@ -240,10 +241,11 @@ class RolloutCalls(Requester):
         current: Lease | None = None
         try:
             while True:
-                while len(pending) < prefetch:
+                if not pending:
                     pending.append(asyncio.create_task(one()))
-                task_done = pending.pop(0)
-                lease = await task_done
+                lease = await pending.pop(0)
+                while len(pending) < prefetch:  # in flight while the caller works
+                    pending.append(asyncio.create_task(one()))
                 if current is not None:
                     await current.ack()
                 current = lease

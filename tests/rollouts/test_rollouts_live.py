@@ -251,3 +251,45 @@ async def test_a_repeated_request_id_changes_nothing(
             "accepted": 1
         }
         assert await rb.get(table, "a") is not None
+
+
+async def test_consume_acks_each_batch_as_the_next_is_asked_for(
+    rb: ReplayClient, table: str
+) -> None:
+    await fresh(rb, table)
+    await rb.push(table, [rollout(i, group=f"g{i // 2}") for i in range(8)])
+    seen: list[str] = []
+    batches = rb.consume(table, task=TRAINER, batch_size=2, group_size=2, prefetch=2)
+    async for lease in batches:
+        seen += lease.keys
+        if len(seen) == 6:
+            break
+    await batches.aclose()  # type: ignore[attr-defined]
+    assert len(set(seen)) == 6  # prefetched claims may answer in any order
+    counts = (await rb.tasks(table))["tasks"][TRAINER]
+    # the first two were acknowledged, the one in hand released; a prefetched claim the
+    # server answered as the loop closed holds its items until its lease expires
+    assert counts["acked"] == 4 and counts["leased"] + counts["ready"] == 4
+
+
+def test_the_dataset_yields_each_micro_batch_once(server_url: str, table: str) -> None:
+    torch = pytest.importorskip("torch")
+    from rlreplay.clients import rollout_dataset
+
+    async def fill() -> None:
+        async with ReplayClient(server_url) as rb:
+            await fresh(rb, table)
+            await rb.push(table, [rollout(i) for i in range(6)])
+
+    asyncio.run(fill())
+    dataset = rollout_dataset(server_url, table, task=TRAINER, batch_size=2, max_batches=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None)
+    keys = [[item["key"] for item in batch] for batch in loader]
+    assert keys == [["r0", "r1"], ["r2", "r3"], ["r4", "r5"]]
+
+    async def counts() -> dict[str, int]:
+        async with ReplayClient(server_url) as rb:
+            answer: dict[str, int] = (await rb.tasks(table))["tasks"][TRAINER]
+            return answer
+
+    assert asyncio.run(counts()) == {"ready": 0, "leased": 0, "acked": 6, "expired": 0}
