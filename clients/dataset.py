@@ -80,7 +80,7 @@ def rollout_dataset(base_url: str, table: str, **kwargs: Any) -> Any:
     (use it with ``DataLoader(dataset, batch_size=None)``: each element is a batch)."""
     from torch.utils.data import IterableDataset
 
-    class RolloutDataset(IterableDataset):  # type: ignore[type-arg,misc]
+    class RolloutDataset(IterableDataset):  # type: ignore[type-arg]
         """One task's claimed micro-batches of a rollout table."""
 
         def __init__(self) -> None:

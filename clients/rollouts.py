@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -209,7 +209,7 @@ class RolloutCalls(Requester):
         lease_s: float = 60.0,
         wait_ms: int = DEFAULT_TIMEOUT_MS,
         min_version: int | None = None,
-    ) -> AsyncIterator[Lease]:
+    ) -> AsyncGenerator[Lease, None]:
         """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
 
         Each lease is acknowledged when the next one is asked for; when the loop ends

@@ -264,7 +264,7 @@ async def test_consume_acks_each_batch_as_the_next_is_asked_for(
         seen += lease.keys
         if len(seen) == 6:
             break
-    await batches.aclose()  # type: ignore[attr-defined]
+    await batches.aclose()
     assert len(set(seen)) == 6  # prefetched claims may answer in any order
     counts = (await rb.tasks(table))["tasks"][TRAINER]
     # the first two were acknowledged, the one in hand released; a prefetched claim the

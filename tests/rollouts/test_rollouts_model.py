@@ -100,7 +100,7 @@ class RolloutMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS), name=st.sampled_from(FIELDS), x=st.integers(0, 9))
     def patch(self, key: str, name: str, x: int) -> None:
-        status, answer = self.run(self.e.patch("t", [(key, msgpack.packb({name: x}))]))
+        _, answer = self.run(self.e.patch("t", [(key, msgpack.packb({name: x}))]))
         item = self.items.get(key)
         assert answer["missing"] == (item is None)
         if item is not None:
