@@ -374,7 +374,14 @@ def _decode_json_push(body: bytes) -> tuple[PushRequest, list[bytes]]:
     try:
         push = _JSON_PUSH.decode(body)
     except msgspec.ValidationError as exc:
-        raise schema_refusal(exc) from None
+        if not str(exc).startswith(_FLOAT_FOR_INT):
+            raise schema_refusal(exc) from None
+        # an item's version given as 8.0: an integer, as JSON Schema counts it
+        obj = decode_body(body, BodyFormat.JSON)
+        for entry in obj.get("items", []) if isinstance(obj, dict) else []:
+            if isinstance(entry, dict) and "version" in entry:
+                entry["version"] = _integer(entry["version"])
+        push, forms = _convert_json_push(obj)
     except _UNREADABLE:
         # JSON that only Python's parser reads: the values are its, the rest is checked
         push, forms = _convert_json_push(decode_body(body, BodyFormat.JSON))
