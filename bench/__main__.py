@@ -3,7 +3,8 @@
 Sections: engine (storage and writer), selection (samplers vs TorchRL), http (the
 service vs the framework's ceiling), fast_paths (each hand-written fast path on and off),
 metrics (a /metrics scrape's cost by table count), snapshots (taking, restoring, push pauses),
-client (one Python client process vs wrk, codec costs, push latency).
+client (one Python client process vs wrk, codec costs, push latency), rollouts (claim
++ ack next to sample, patch next to push).
 With no section named, all run.
 """
 
@@ -15,7 +16,16 @@ import os
 import platform
 import sys
 
-SECTIONS = ("engine", "selection", "http", "fast_paths", "metrics", "snapshots", "client")
+SECTIONS = (
+    "engine",
+    "selection",
+    "http",
+    "fast_paths",
+    "metrics",
+    "snapshots",
+    "client",
+    "rollouts",
+)
 
 
 def main(argv: list[str] | None = None) -> None:

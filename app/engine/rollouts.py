@@ -244,13 +244,14 @@ class EngineRollouts(EngineReads):
         lease = r.lease(state, slots, lease_s)
         assert self._leases is not None
         self._leases.schedule(t, lease)
-        return lease, await self._claimed(t, lease, slots, fields)
+        return lease, await self._claimed(t, lease, slots, fields, want)
 
     async def _claimed(
-        self, t: Table, lease: Lease, slots: list[int], fields: list[str] | None
+        self, t: Table, lease: Lease, slots: list[int], fields: list[str] | None, want: int
     ) -> list[ClaimedItem]:
-        """The items of a new lease, their values cut to ``fields``; those deleted while
-        their values were read from disk leave the lease."""
+        """The items of a new lease, their values cut to ``fields`` (as stored when they
+        have those fields alone); those deleted while their values were read from disk
+        leave the lease."""
         keys = list(lease.entries)
         values: list[Any] = [t.values[slot] for slot in slots]
         misses = [(i, slot, keys[i]) for i, slot in enumerate(slots) if values[i] is None]
@@ -263,7 +264,8 @@ class EngineRollouts(EngineReads):
         gone: list[str] = []
         groups, versions = t.rollouts.groups, t.policy_version
         prios = t.priority[slots].tolist()
-        for key, slot, value, prio in zip(keys, slots, values, prios, strict=True):
+        masks = t.field_mask[slots].tolist()
+        for key, slot, value, prio, mask in zip(keys, slots, values, prios, masks, strict=True):
             if value is None:
                 gone.append(key)
                 continue
@@ -271,7 +273,7 @@ class EngineRollouts(EngineReads):
             out.append(
                 ClaimedItem(
                     key,
-                    value if fields is None else project(value, fields),
+                    value if fields is None or mask == want else project(value, fields),
                     prio,
                     groups.get(slot),
                     None if version == NO_VERSION else version,

@@ -282,13 +282,16 @@ class Rollouts:
         bit = self.task_bits.bit(task_name)
         if bit is None:
             raise ValidationFailed(f"a table tracks at most {MAX_NAMES} tasks")
-        if slots:
-            t.acked_mask[slots] |= np.uint64(bit)
-            t.meta_dirty[slots] = 1
+        if not slots:
+            return
+        at = np.asarray(slots, dtype=np.int64)
+        t.acked_mask[at] |= np.uint64(bit)
+        t.meta_dirty[at] = 1
         task = self.tasks.get(task_name)
         if task is not None:
-            for order in t.order[slots].tolist():
-                task.unacked.pop(order, None)
+            pop = task.unacked.pop
+            for order in t.order[at].tolist():
+                pop(order, None)
 
     def restore(self, slot: int, meta: list[Any]) -> None:
         """An item loaded from storage with the record of :meth:`meta_of`."""
