@@ -1,11 +1,11 @@
 """The idempotency window: request ids of the writes answered lately, and their answers.
 
 A write that carries a ``request_id`` (push, patch, deletes) is answered once; a repeat of
-the id within the window gets the first answer and changes nothing, and a repeat that comes
-while the first is still in flight waits for it. An id is kept for ``window_s`` (10 minutes)
-and, however old, while it is among the newest ``keep`` (100,000). The ids are durable: the
-log records each write's id (replay remembers it again) and every checkpoint saves the
-window (:meth:`RequestIds.state` in RocksDB or the memory checkpoint), so a retry after a
+the id for the same kind of write within the window gets the first answer and changes
+nothing, and a repeat that comes while the first is still in flight waits for it. An id
+is kept for ``window_s`` (10 minutes) and, however old, while it is among the newest
+``keep`` (100,000). The ids are durable: the log records each write's id (replay remembers
+it again) and every checkpoint saves the window (:meth:`RequestIds.state` in RocksDB or the memory checkpoint), so a retry after a
 restart is recognised too.
 """
 
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "RequestIds"]
+__all__ = ["Answer", "RequestIds", "scoped_id"]
 
 #: An answer as the window keeps it: the HTTP status and the body's plain data.
 Answer = tuple[int, dict[str, Any]]
@@ -28,6 +28,12 @@ class _Entry:
     at: float  # unix time of the first request
     answer: Answer | None = None  # None while the first request is in flight
     done: asyncio.Future[Answer] | None = field(default=None)
+
+
+def scoped_id(kind: str, request_id: str) -> str:
+    """The window's key of ``request_id`` for a write of ``kind`` (push, patch, delete): an
+    id names one request of one kind, so a patch never gets a push's answer."""
+    return f"{kind}:{request_id}"
 
 
 class RequestIds:

@@ -292,7 +292,7 @@ class Engine(EngineRollouts):
                 await self._push(table, items, wait, timeout_s, validated, body, request)
                 return answer
 
-            _status, answer = await self.once(request_id, serve)
+            _status, answer = await self.once("push", request_id, serve)
             return int(answer.get("committed", answer.get("accepted")) or 0)
         return await self._push(table, items, wait, timeout_s, validated, body, None)
 
@@ -411,7 +411,7 @@ class Engine(EngineRollouts):
             await self._committed(seq, fut)
             return answer
 
-        _status, answer = await self.once(request_id, serve)
+        _status, answer = await self.once("delete", request_id, serve)
         return int(answer.get("committed", answer.get("accepted")) or 0)
 
     async def update_priorities(

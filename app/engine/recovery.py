@@ -32,6 +32,7 @@ from rlreplay.workers.ops import (
     PutOp,
     VersionOp,
 )
+from rlreplay.workers.request_ids import scoped_id
 from rlreplay.workers.state import EngineState
 from rlreplay.workers.task_processor import TaskProcessor
 
@@ -114,7 +115,7 @@ def remember_request(state: EngineState, record: list[Any]) -> None:
         if push.request_id is not msgspec.UNSET:
             n = len(push.items)
             answer = (200, {"committed": n}) if push.wait else (202, {"accepted": n})
-            state.request_ids.remember(push.request_id, answer, rec.fields[0])
+            state.request_ids.remember(scoped_id("push", push.request_id), answer, rec.fields[0])
         return
     if request is not None:
         rid, status, body, at = request

@@ -32,7 +32,7 @@ from rlreplay.wire.errors import (
     VersionConflict,
 )
 from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
-from rlreplay.workers.request_ids import Answer
+from rlreplay.workers.request_ids import Answer, scoped_id
 
 __all__ = ["ClaimedItem", "EngineRollouts"]
 
@@ -59,13 +59,18 @@ class EngineRollouts(EngineReads):
     # -- idempotency ----------------------------------------------------------------------
 
     async def once(
-        self, request_id: str | None, serve: Callable[[list[Any] | None], Awaitable[Answer]]
+        self,
+        kind: str,
+        request_id: str | None,
+        serve: Callable[[list[Any] | None], Awaitable[Answer]],
     ) -> Answer:
-        """Serve a write once per request id: ``serve(request)`` does it, logging
-        ``request`` (``[id, status, answer, time]``, filled in by it) with its record; a
-        repeat of the id gets the first answer (waiting for it while it is in flight)."""
+        """Serve a write once per request id and ``kind`` of write (push, patch, delete):
+        ``serve(request)`` does it, logging ``request`` (``[id, status, answer, time]``, filled
+        in by it) with its record; a repeat of the id gets the first answer (waiting for it
+        while it is in flight)."""
         if request_id is None:
             return await serve(None)
+        request_id = scoped_id(kind, request_id)
         ids = self.state.request_ids
         got = ids.begin(request_id)
         if got is None:
@@ -96,7 +101,7 @@ class EngineRollouts(EngineReads):
         async def serve(request: list[Any] | None) -> Answer:
             return await self._patch(table, items, wait=wait, request=request)
 
-        return await self.once(request_id, serve)
+        return await self.once("patch", request_id, serve)
 
     async def _patch(
         self,
