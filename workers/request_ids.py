@@ -5,8 +5,8 @@ the id for the same kind of write within the window gets the first answer and ch
 nothing, and a repeat that comes while the first is still in flight waits for it. An id
 is kept for ``window_s`` (10 minutes) and, however old, while it is among the newest
 ``keep`` (100,000). The ids are durable: the log records each write's id (replay remembers
-it again) and every checkpoint saves the window (:meth:`RequestIds.state` in RocksDB or the memory checkpoint), so a retry after a
-restart is recognised too.
+it again) and every checkpoint saves the window (:meth:`RequestIds.state`, in RocksDB or
+the memory checkpoint), so a retry after a restart is recognised too.
 """
 
 from __future__ import annotations
