@@ -293,3 +293,26 @@ def test_the_dataset_yields_each_micro_batch_once(server_url: str, table: str) -
             return answer
 
     assert asyncio.run(counts()) == {"ready": 0, "leased": 0, "acked": 6, "expired": 0}
+
+
+async def test_per_task_counts_are_in_metrics(
+    server_url: str, rb: ReplayClient, table: str
+) -> None:
+    await fresh(rb, table)
+    await rb.push(table, [rollout(i) for i in range(3)])
+    async with await rb.claim(table, task=REF, batch_size=2):
+        pass
+    labels = f'table="{table}",task="{REF}"'
+    wanted = [
+        f'rlreplay_task_items{{{labels},state="ready"}} 1.0',
+        f"rlreplay_task_acked_total{{{labels}}} 2.0",
+    ]
+    deadline = asyncio.get_running_loop().time() + 30  # the scrape's text is reused for 1 s
+    async with httpx.AsyncClient(base_url=server_url) as http:
+        while True:
+            text = (await http.get("/metrics")).text
+            if all(line in text for line in wanted) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    for line in wanted:
+        assert line in text
