@@ -450,6 +450,7 @@ class OpApplier:
         s.dropped_counters.add(table.counters)
         s.ledger.drop_table(table)
         table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
+        table.rollouts.changed.notify()  # waiting claims look again, and find no table
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
         rocks = self._rocks
         if rocks is not None:

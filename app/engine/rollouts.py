@@ -28,6 +28,7 @@ from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
     DeadlineExceeded,
     LeaseNotFound,
+    StorageFull,
     ValidationFailed,
     VersionConflict,
 )
@@ -135,8 +136,14 @@ class EngineRollouts(EngineReads):
             request[1:3] = [status, body]
         if not merged and request is None:
             return status, body
-        self._reserve(n, sum(len(it.value) for it, _ in merged))
+        nbytes = sum(len(it.value) for it, _ in merged)
+        self._reserve(n, nbytes)
         s = self.state
+        if s.storage.capped and s.ledger.bytes + s.queued_bytes + nbytes > s.ledger.limit_bytes:
+            raise StorageFull(
+                f"memory mode: the patched values would pass cache_memory_limit_mb "
+                f"({self.settings.cache_memory_limit_mb} MB)"
+            )
         keys = [it.key for it, _ in merged]
         values = [it.value for it, _ in merged]
         seq = s.next_seq(records.patch(table, keys, values, request) if s.wal is not None else None)
