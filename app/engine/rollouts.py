@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rlreplay.app.engine.claims import LeaseExpiry
+from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S
 from rlreplay.app.engine.reads import EngineReads
 from rlreplay.app.log import records
 from rlreplay.app.storage.layout import value_key
@@ -227,11 +228,10 @@ class EngineRollouts(EngineReads):
         t = self._table(table)
         timeout = wait_ms / 1000
         deadline = time.monotonic() + timeout
-        try:
-            await self._caught_up(t, deadline, timeout)
-        except DeadlineExceeded:
-            if not partial:
-                raise
+        # what was answered before the claim is applied first, however short its wait: a
+        # claim reads its writes (the writer's lag is short; a stuck writer is 504 here)
+        catch_up = max(timeout, DEFAULT_TIMEOUT_S)
+        await self._caught_up(t, time.monotonic() + catch_up, catch_up)
         r = t.rollouts
         want = r.want(fields)
         state = r.task(task)
