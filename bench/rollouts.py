@@ -9,7 +9,7 @@ a post-training pipeline runs it.
   Next to it, in the same run and interleaved round by round, a plain ``sample`` of ``B``
   from the same table. Each figure is the median round trip over the rounds; items/s is
   ``B`` over it. ``claim / sample`` compares the claim alone with the sample.
-* claim latency by table size: a claim of 64 from a table of 1,000 rollouts and from one of
+* claim latency by table size: a claim of 64 from a table of 2,000 rollouts and from one of
   100,000 (the index walks what the task has in flight, not the table).
 * patch next to push: 64 items per request; the patch sets two small fields of existing
   items (``reward``, ``score``), the push writes new 1 KiB items.
@@ -92,6 +92,7 @@ async def claims_vs_samples(rb: ReplayClient, size: int, batch: int, rounds: int
     return [
         f"{size // 1024} KiB",
         batch,
+        f"{claim * 1e3:.2f} ms",
         f"{both * 1e3:.2f} ms",
         1 / both,
         batch / both,
@@ -149,6 +150,7 @@ async def run(url: str, quick: bool) -> None:
             [
                 "rollout",
                 "batch",
+                "claim",
                 "claim+ack",
                 "batches/s",
                 "items/s",
@@ -161,7 +163,7 @@ async def run(url: str, quick: bool) -> None:
         print_table(
             "Rollouts: claim + ack of 64 by table size",
             ["rollouts in the table", "claim+ack", "items/s"],
-            await latency_by_size(rb, [1000, 20_000 if quick else 100_000], rounds),
+            await latency_by_size(rb, [2_000, 20_000 if quick else 100_000], rounds),
         )
         print_table(
             "Rollouts: patch next to push (64 items a request)",
