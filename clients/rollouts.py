@@ -212,7 +212,9 @@ class RolloutCalls(Requester):
     ) -> AsyncGenerator[Lease, None]:
         """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
 
-        Each lease is acknowledged when the next one is asked for; when the loop ends
+        Each lease is acknowledged when the next one is asked for (the ack runs while the
+        caller works on the next one; an ack that fails ends the iteration with its error, at
+        the following step); when the loop ends
         (``break``, an exception, closing the generator) the lease in hand is released,
         and the claims in flight are cancelled (a lease the server had issued for one
         then comes back when it expires). A claim that finds nothing ready within
@@ -239,6 +241,7 @@ class RolloutCalls(Requester):
                     continue
 
         current: Lease | None = None
+        acking: asyncio.Task[int] | None = None  # the previous lease's ack, in flight
         try:
             while True:
                 if not pending:
@@ -246,14 +249,20 @@ class RolloutCalls(Requester):
                 lease = await pending.pop(0)
                 while len(pending) < prefetch:  # in flight while the caller works
                     pending.append(asyncio.create_task(one()))
+                if acking is not None:
+                    await acking  # its error, if any, ends the iteration
                 if current is not None:
-                    await current.ack()
+                    # acknowledged while the caller works on the next one (an ack waits for
+                    # the server's log): its answer is awaited before the lease after
+                    acking = asyncio.create_task(current.ack())
                 current = lease
                 yield lease
         finally:
             for claim_task in pending:
                 claim_task.cancel()
             leftovers = await asyncio.gather(*pending, return_exceptions=True)
+            if acking is not None:
+                await asyncio.gather(acking, return_exceptions=True)
             for leftover in [current, *leftovers]:
                 if isinstance(leftover, Lease) and not leftover.done:
                     await leftover.release()
