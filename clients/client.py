@@ -241,8 +241,7 @@ class ReplayClient(RolloutCalls):
         return Writer(send, max_in_flight=max_in_flight, batch_items=batch_items)
 
     async def _push_body(self, table: str, body: PushRequest | ColumnsPushRequest) -> int:
-        if isinstance(body, PushRequest):  # its retries reuse the id: a push applies once
-            body.request_id = new_request_id()
+        body.request_id = new_request_id()  # its retries reuse it: a push applies once
         answer = await self._call("POST", self._table(table, "/items"), body=body, idempotent=True)
         counts = self._as_dict(answer)
         return int(counts.get("committed", counts.get("accepted", 0)))

@@ -229,6 +229,7 @@ class ColumnsPushRequest(_Request):
         ),
     ] = UNSET
     wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+    request_id: RequestId | UnsetType = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "keys": ["r1", "r2"],
