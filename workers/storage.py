@@ -281,7 +281,8 @@ class RocksStorage(Storage):
                 t.meta_dirty[slot] = 0
         # each table's own state (rate limiter counts, counters) as of this checkpoint
         puts.extend((table_key(t.name), table_record(t)) for t in state.tables.values())
-        puts.append((REQUEST_IDS_KEY, msgpack.packb(state.request_ids.state())))
+        ids = await state.io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
+        puts.append((REQUEST_IDS_KEY, ids))
         puts.append((LSN_KEY, pack_count(upto)))
         deletes = self.take_deletes()
         try:
