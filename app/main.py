@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from rlreplay.app import package_version
-from rlreplay.app.api import changes, health, items, sampling, snapshots, tables
+from rlreplay.app.api import changes, health, items, rollouts, sampling, snapshots, tables
 from rlreplay.app.api.docs import install_docs
 from rlreplay.app.api.errors import install_error_handlers
 from rlreplay.app.api.hot import HotRoutes, ReplayApp
@@ -50,6 +50,11 @@ _TAGS = [
     {"name": "tables", "description": "Create, list, describe and drop tables."},
     {"name": "items", "description": "Push, read and delete items; update priorities."},
     {"name": "sampling", "description": "Draw batches with the table's sampler."},
+    {
+        "name": "rollouts",
+        "description": "Rollout tables: fields patched by many tasks, claims under leases, "
+        "acknowledgements, policy versions.",
+    },
     {"name": "snapshots", "description": "Snapshots to the backup URL, and the list of them."},
     {"name": "followers", "description": "A table's change feed and index (the GPU sidecar)."},
     {"name": "operations", "description": "Liveness, readiness and Prometheus metrics."},
@@ -159,6 +164,7 @@ def create_app(
     for router in (
         sampling.router,
         items.router,
+        rollouts.router,
         tables.router,
         snapshots.router,
         changes.router,

@@ -228,6 +228,9 @@ class EngineExposition:
                     f'rlreplay_storage_failures_total{{kind="{_label(kind)}"}} {_value(count)}\n'
                 )
         out.extend(_snapshot_series(getattr(self._engine, "snapshot_stats", None)))
+        task_stats = getattr(self._engine, "task_stats", None)
+        if callable(task_stats):
+            out.extend(_task_series(task_stats()))
         lag = getattr(self._engine, "writer_lag_s", None)
         if isinstance(lag, int | float):
             out.append(
@@ -255,6 +258,35 @@ _SNAPSHOT_SERIES = {
         "How long the writer paused to capture the last snapshot (the upload runs after).",
     ),
 }
+
+
+def _task_series(stats: dict[str, dict[str, dict[str, int]]]) -> list[str]:
+    """Per table and consumer task of rollout tables: items ready and leased (gauges),
+    acknowledgements and lease expiries (counters)."""
+    if not stats:
+        return []
+    out = [
+        _head(
+            "rlreplay_task_items",
+            "gauge",
+            "Items of a rollout table by consumer task and state (ready, leased).",
+        )
+    ]
+    rows = [
+        (f'table="{_label(table)}",task="{_label(task)}"', counts)
+        for table, tasks in stats.items()
+        for task, counts in tasks.items()
+    ]
+    for labels, counts in rows:
+        for state in ("ready", "leased"):
+            out.append(f'rlreplay_task_items{{{labels},state="{state}"}} {_value(counts[state])}\n')
+    for name, stat, doc in (
+        ("rlreplay_task_acked_total", "acked", "Items a consumer task acknowledged."),
+        ("rlreplay_task_expired_total", "expired", "Leased items released by lease expiry."),
+    ):
+        out.append(_head(name, "counter", doc))
+        out.extend(f"{name}{{{labels}}} {_value(counts[stat])}\n" for labels, counts in rows)
+    return out
 
 
 def _snapshot_series(stats: Any) -> list[str]:

@@ -5,7 +5,8 @@ service vs the framework's ceiling), fast_paths (each hand-written fast path on 
 metrics (a /metrics scrape's cost by table count), snapshots (taking, restoring, push pauses),
 client (one Python client process vs wrk, codec costs, push latency),
 sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
-sidecar's selection, collection, feed cost and trainer batches/s).
+sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
++ ack next to sample, patch next to push).
 With no section named, all run.
 """
 
@@ -27,6 +28,7 @@ SECTIONS = (
     "client",
     "sharded",
     "sidecar",
+    "rollouts",
 )
 
 

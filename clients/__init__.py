@@ -6,6 +6,8 @@ tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 
 from rlreplay.clients.client import Item, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.dataset import RolloutBatches, rollout_dataset
+from rlreplay.clients.rollouts import Lease
 from rlreplay.clients.sharded import ShardedReplayClient
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.allocator import tune_malloc
@@ -24,6 +26,7 @@ from rlreplay.wire.errors import (
     DeadlineExceeded,
     Gone,
     ItemNotFound,
+    LeaseNotFound,
     MethodNotAllowed,
     NotConfigured,
     NotFound,
@@ -38,6 +41,7 @@ from rlreplay.wire.errors import (
     Unavailable,
     UnsupportedMediaType,
     ValidationFailed,
+    VersionConflict,
     error_from_body,
 )
 
@@ -50,6 +54,8 @@ __all__ = [
     "Gone",
     "Item",
     "ItemNotFound",
+    "Lease",
+    "LeaseNotFound",
     "MethodNotAllowed",
     "NotConfigured",
     "NotFound",
@@ -57,6 +63,7 @@ __all__ = [
     "PayloadTooLarge",
     "ReplayClient",
     "ReplayError",
+    "RolloutBatches",
     "ShardedReplayClient",
     "SnapshotNotFound",
     "StorageFull",
@@ -66,12 +73,14 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "VersionConflict",
     "Writer",
     "error_from_body",
     "from_jsonable",
     "jsonable_to_msgpack",
     "msgpack_to_jsonable",
     "packb",
+    "rollout_dataset",
     "spell_floats",
     "to_jsonable",
     "tune_malloc",

@@ -57,7 +57,7 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
     on its own costs the codec a packer per value.
 
     Args:
-        items: ``{"key", "value", "priority"?}`` each.
+        items: ``{"key", "value", "priority"?, "group"?, "version"?}`` each.
         wait: Whether the server answers once the writer applied the items.
 
     Returns:
@@ -71,9 +71,17 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
         packed = packb([item["value"] for item in items])
         body_items = [
             ItemIn(item["key"], value, item.get("priority", DEFAULT_PRIORITY))
+            if len(item) - ("priority" in item) == 2  # key and value (the common case)
+            else ItemIn(
+                item["key"],
+                value,
+                item.get("priority", DEFAULT_PRIORITY),
+                item.get("group", msgspec.UNSET),
+                item.get("version", msgspec.UNSET),
+            )
             for item, value in zip(items, _VALUE_SPANS.decode(packed), strict=True)
-            # with key and value there, no field but priority (the cheapest test)
-            if len(item) - ("priority" in item) == 2
+            # with key and value there, no field but priority, group and version
+            if len(item) - ("priority" in item) - ("group" in item) - ("version" in item) == 2
         ]
     except KeyError:
         raise _item_error(items) from None

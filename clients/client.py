@@ -25,7 +25,8 @@ import httpx
 from rlreplay.clients.bodies import columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.prefetch import prefetched
-from rlreplay.clients.requester import Requester, path_segment
+from rlreplay.clients.requester import path_segment
+from rlreplay.clients.rollouts import RolloutCalls, new_request_id
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import ItemNotFound
 from rlreplay.wire.schemas import (
@@ -51,7 +52,7 @@ _SERVER_SAMPLE_TIMEOUT_S: Final = DEFAULT_TIMEOUT_MS / 1000
 _SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
 
 
-class ReplayClient(Requester):
+class ReplayClient(RolloutCalls):
     """An async client of one replay server.
 
     Use it as an async context manager (or call :meth:`aclose`)::
@@ -99,6 +100,8 @@ class ReplayClient(Requester):
         max_size: int | None = None,
         max_times_sampled: int = 0,
         rate_limiter: Mapping[str, Any] | None = None,
+        max_staleness: int | None = None,
+        delete_after_ack: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Create a table, or confirm that it exists with this configuration.
 
@@ -110,6 +113,9 @@ class ReplayClient(Requester):
             max_size: The capacity, or None for unbounded.
             max_times_sampled: Samples after which an item is deleted (0: unlimited).
             rate_limiter: The rate limiter's config, or None for none.
+            max_staleness: Rollouts whose version is below the table's version minus this
+                are dropped (None: never).
+            delete_after_ack: Tasks whose acknowledgements, all of them, delete an item.
 
         Returns:
             The server's answer (the table's config and stats).
@@ -126,6 +132,10 @@ class ReplayClient(Requester):
         }
         if remover is not None:
             config["remover"] = dict(remover)
+        if max_staleness is not None:
+            config["max_staleness"] = max_staleness
+        if delete_after_ack:
+            config["delete_after_ack"] = list(delete_after_ack)
         return self._as_dict(
             await self._call("PUT", self._table(name), body=config, idempotent=True)
         )
@@ -232,6 +242,7 @@ class ReplayClient(Requester):
         return Writer(send, max_in_flight=max_in_flight, batch_items=batch_items)
 
     async def _push_body(self, table: str, body: PushRequest | ColumnsPushRequest) -> int:
+        body.request_id = new_request_id()  # its retries reuse it: a push applies once
         answer = await self._call("POST", self._table(table, "/items"), body=body, idempotent=True)
         counts = self._as_dict(answer)
         return int(counts.get("committed", counts.get("accepted", 0)))
@@ -389,7 +400,7 @@ class ReplayClient(Requester):
         Returns:
             How many deletions the server accepted; 0 without a request when ``keys`` is empty.
         """
-        body = DeleteRequest(list(keys))
+        body = DeleteRequest(list(keys), False, new_request_id())
         if not body.keys:
             return 0
         path = self._table(table, "/items:batchDelete")

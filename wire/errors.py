@@ -8,9 +8,11 @@ Every error the HTTP contract names is one class here, keyed by its ``code``::
     ├── TableNotFound                404 table_not_found
     ├── ItemNotFound                 404 item_not_found
     ├── SnapshotNotFound             404 snapshot_not_found
+    ├── LeaseNotFound                404 lease_not_found    (never issued, or expired)
     ├── NotFound                     404 not_found          (unknown route)
     ├── MethodNotAllowed             405 method_not_allowed
     ├── TableExists                  409 table_exists
+    ├── VersionConflict              409 version_conflict   (a policy version going back)
     ├── NotConfigured                409 not_configured     (no --backup-url for snapshots)
     ├── Gone                         410 gone
     ├── PayloadTooLarge              413 payload_too_large
@@ -35,6 +37,7 @@ __all__ = [
     "DeadlineExceeded",
     "Gone",
     "ItemNotFound",
+    "LeaseNotFound",
     "MethodNotAllowed",
     "NotConfigured",
     "NotFound",
@@ -49,6 +52,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "VersionConflict",
     "error_from_body",
 ]
 
@@ -99,6 +103,12 @@ class SnapshotNotFound(ReplayError):
     code, status = "snapshot_not_found", 404
 
 
+class LeaseNotFound(ReplayError):
+    """No live lease with that id: the server never issued it, or it expired."""
+
+    code, status = "lease_not_found", 404
+
+
 class NotFound(ReplayError):
     """No route at that path."""
 
@@ -115,6 +125,12 @@ class TableExists(ReplayError):
     """A table of that name exists with a different configuration."""
 
     code, status = "table_exists", 409
+
+
+class VersionConflict(ReplayError):
+    """A table's policy version only moves forward: a lower one was asked for."""
+
+    code, status = "version_conflict", 409
 
 
 class NotConfigured(ReplayError):
@@ -179,9 +195,11 @@ _BY_CODE: dict[str, type[ReplayError]] = {
         TableNotFound,
         ItemNotFound,
         SnapshotNotFound,
+        LeaseNotFound,
         NotFound,
         MethodNotAllowed,
         TableExists,
+        VersionConflict,
         NotConfigured,
         Gone,
         PayloadTooLarge,

@@ -36,8 +36,12 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MAX_TIMEOUT_MS",
     "Accepted",
+    "Acked",
     "ChangeEvent",
     "ChangeList",
+    "ClaimAnswer",
+    "ClaimRequest",
+    "ClaimedItem",
     "ColumnsPushRequest",
     "DeleteRequest",
     "ErrorBody",
@@ -50,13 +54,20 @@ __all__ = [
     "Key",
     "KeysRequest",
     "Layout",
+    "LeaseKeysRequest",
     "NdArray",
     "NdArrayData",
+    "PatchAnswer",
+    "PatchItemIn",
+    "PatchRequest",
+    "PolicyVersion",
     "PrioritiesRequest",
     "PrioritiesUpdated",
     "Priority",
     "PushCommitted",
     "PushRequest",
+    "Released",
+    "RequestId",
     "SampleColumns",
     "SampleRequest",
     "SampleResponse",
@@ -66,6 +77,10 @@ __all__ = [
     "TableInfo",
     "TableList",
     "TableStats",
+    "TaskCounts",
+    "TasksAnswer",
+    "VersionAnswer",
+    "VersionRequest",
 ]
 
 #: The longest key, in bytes of UTF-8.
@@ -103,6 +118,23 @@ _VALUE_DOC = (
 )
 _VALUE_EXAMPLE: dict[str, Any] = {"obs": [0.1, 0.2, 0.3], "action": 1, "reward": 1.0}
 _WAIT_DOC = "Answer 200 once applied instead of 202 on accept."
+_GROUP_DOC = (
+    "The rollouts of one prompt (GRPO-style groups): claims with `group_size` hand out "
+    "whole groups."
+)
+_VERSION_DOC = "The policy version that generated the item (an int >= 0)."
+_REQUEST_ID_DOC = (
+    "1 to 128 characters: a repeat within the server's window is answered with the first "
+    "answer and changes nothing."
+)
+#: The longest ``request_id``.
+MAX_REQUEST_ID = 128
+#: An idempotency key of a write.
+RequestId = Annotated[
+    str, Meta(min_length=1, max_length=MAX_REQUEST_ID, description=_REQUEST_ID_DOC)
+]
+#: A policy version: an int >= 0 that fits the engine's 64-bit columns.
+PolicyVersion = Annotated[int, Meta(ge=0, le=2**63 - 1, description=_VERSION_DOC)]
 
 #: The JSON form of an array (msgpack bodies carry extension type 1 instead), inlined where
 #: a field is :class:`msgspec.Raw` and so has no schema of its own.
@@ -154,6 +186,8 @@ class ItemIn(_Request):
     key: Key
     value: Annotated[Raw, Meta(description=_VALUE_DOC, examples=[_VALUE_EXAMPLE])]
     priority: Priority = DEFAULT_PRIORITY
+    group: Annotated[str | UnsetType, Meta(description=_GROUP_DOC)] = UNSET
+    version: PolicyVersion | UnsetType = UNSET
 
 
 class PushRequest(_Request):
@@ -161,6 +195,7 @@ class PushRequest(_Request):
 
     items: list[ItemIn]
     wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+    request_id: RequestId | UnsetType = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "items": [
@@ -200,6 +235,7 @@ class ColumnsPushRequest(_Request):
         ),
     ] = UNSET
     wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+    request_id: RequestId | UnsetType = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "keys": ["r1", "r2"],
@@ -230,6 +266,7 @@ class DeleteRequest(_Request):
 
     keys: Annotated[list[Key], Meta(examples=[["r1", "r2"]])]
     wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+    request_id: RequestId | UnsetType = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {"keys": ["r1", "r2"]}
 
@@ -262,6 +299,155 @@ class PrioritiesRequest(_Request):
     priorities: Annotated[dict[Key, Priority], Meta(examples=[{"r1": 0.5, "r2": 3.0}])]
 
     EXAMPLE: ClassVar[dict[str, Any]] = {"priorities": {"r1": 0.5}}
+
+
+# --- rollout tables: fields, tasks, leases, policy versions -----------------------------------
+
+#: A task's name (the consumer of a claim).
+TaskName = Annotated[str, Meta(min_length=1, max_length=128, examples=["trainer"])]
+#: A field of an item's value (a map).
+FieldName = Annotated[str, Meta(min_length=1, max_length=256, examples=["reward"])]
+#: Longest ``lease_s`` (a day) and ``wait_ms`` of a claim.
+MAX_LEASE_S = 86_400.0
+
+
+class PatchItemIn(_Request):
+    """Fields to set in one existing item's value (a map); the others are kept."""
+
+    key: Key
+    fields: Annotated[
+        Raw,
+        Meta(
+            description="Field name -> value: each is set in the item's value.",
+            extra_json_schema={"type": "object", "minProperties": 1},
+            examples=[{"reward": 1.0}],
+        ),
+    ]
+
+
+class PatchRequest(_Request):
+    """Fields to merge into existing items' values; missing keys are skipped and counted."""
+
+    items: list[PatchItemIn]
+    wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
+    request_id: RequestId | UnsetType = UNSET
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {
+        "items": [{"key": "r1", "fields": {"reward": 1.0}}],
+        "request_id": "reward-model-7/batch-12",
+    }
+
+
+class PatchAnswer(Struct):
+    """How many items a patch accepted (or committed), and how many keys were missing."""
+
+    missing: Annotated[int, Meta(ge=0, examples=[0])]
+    accepted: _Count | UnsetType = UNSET
+    committed: _Count | UnsetType = UNSET
+
+
+class ClaimRequest(_Request):
+    """What a task claims: the oldest items ready for it, under a lease."""
+
+    task: TaskName
+    batch_size: Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE, examples=[64])]
+    fields: Annotated[
+        list[FieldName] | UnsetType,
+        Meta(description="Hand out items that have all of these (all items when omitted)."),
+    ] = UNSET
+    group_size: (
+        Annotated[
+            int, Meta(ge=1, le=MAX_BATCH_SIZE, description="Hand out whole groups of this many.")
+        ]
+        | UnsetType
+    ) = UNSET
+    lease_s: Annotated[
+        float, Meta(gt=0, le=MAX_LEASE_S, description="Seconds until the server releases it.")
+    ] = 60.0
+    wait_ms: Annotated[
+        int, Meta(ge=0, le=MAX_TIMEOUT_MS, description="How long to wait for a batch.")
+    ] = DEFAULT_TIMEOUT_MS
+    partial: Annotated[
+        bool, Meta(description="Past `wait_ms`, answer what is ready instead of 504.")
+    ] = False
+    min_version: PolicyVersion | UnsetType = UNSET
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {
+        "task": "trainer",
+        "batch_size": 64,
+        "fields": ["prompt", "response", "ref_logprob", "reward"],
+        "group_size": 8,
+    }
+
+
+class ClaimedItem(Struct):
+    """One item of a claim: only the fields asked for are in its value."""
+
+    key: str
+    value: Annotated[Any, Meta(description=_VALUE_DOC)]
+    priority: float
+    group: str | None
+    version: int | None
+
+
+class ClaimAnswer(Struct):
+    """A lease on the items handed out (the lease id is empty when none were)."""
+
+    lease: str
+    expires_at: Annotated[float, Meta(description="Unix time, seconds.")]
+    items: list[ClaimedItem]
+
+
+class LeaseKeysRequest(_Request):
+    """Keys of a lease (all of it when omitted)."""
+
+    keys: list[Key] | UnsetType = UNSET
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {"keys": ["r1"]}
+
+
+class Acked(Struct):
+    """How many items the ack counted as consumed."""
+
+    acked: _Count
+
+
+class Released(Struct):
+    """How many items are ready for the task again."""
+
+    released: _Count
+
+
+class VersionRequest(_Request):
+    """The trainer's current policy version."""
+
+    version: PolicyVersion
+
+    EXAMPLE: ClassVar[dict[str, Any]] = {"version": 3}
+
+
+class VersionAnswer(Struct):
+    """The table's policy version and the rollouts dropped as stale."""
+
+    version: _Count
+    dropped_stale: _Count
+
+
+class TaskCounts(Struct):
+    """One task's items: ready now, under a live lease, acknowledged, and lease expiries."""
+
+    ready: _Count
+    leased: _Count
+    acked: _Count
+    expired: _Count
+
+
+class TasksAnswer(Struct):
+    """Every task that claimed or acknowledged, with the table's version."""
+
+    tasks: dict[str, TaskCounts]
+    version: _Count
+    dropped_stale: _Count
 
 
 # --- answers ----------------------------------------------------------------------------------
@@ -300,6 +486,8 @@ class ItemOut(Struct):
     priority: Annotated[float, Meta(examples=[2.0])]
     inserted_at: Annotated[float, Meta(description="Unix time of the insert.", examples=[1.7e9])]
     times_sampled: Annotated[int, Meta(ge=0, examples=[0])]
+    group: Annotated[str | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
+    version: Annotated[int | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
 
 
 class ItemList(Struct):
@@ -321,6 +509,8 @@ class SampledItemOut(Struct):
         float, Meta(description="Importance-sampling weight (1.0 but for prioritized).")
     ]
     times_sampled: Annotated[int, Meta(ge=0, examples=[1])]
+    group: Annotated[str | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
+    version: Annotated[int | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
 
 
 class SampleResponse(Struct):

@@ -32,17 +32,21 @@ from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import TableExists, TableNotFound
 from rlreplay.workers.ops import (
+    AckOp,
     CheckpointOp,
     CreateTableOp,
     DeleteOp,
     DropTableOp,
     EvictOp,
     Op,
+    PatchOp,
     PopulateOp,
     PriorityOp,
     PutOp,
     SnapshotOp,
+    VersionOp,
 )
+from rlreplay.workers.rollouts import apply_ack, apply_patch, apply_version
 from rlreplay.workers.state import (
     EngineState,
     cache_charge,
@@ -150,6 +154,13 @@ class OpApplier:
             op.table.applied(op.seq, op.weight)
         elif isinstance(op, PriorityOp):
             self._priorities(op)
+        elif isinstance(op, PatchOp):
+            apply_patch(self._state, op)
+            await self._evict_if_over(replay)
+        elif isinstance(op, AckOp):
+            apply_ack(op)
+        elif isinstance(op, VersionOp):
+            apply_version(op)
         elif isinstance(op, PopulateOp):
             self._populate(op)
         elif isinstance(op, EvictOp):
@@ -192,6 +203,8 @@ class OpApplier:
         found = list(map(index_get, keys))
         # what replaced items leave behind: slots still in selection, values in the cache
         old = [slot for slot in found if slot is not None]
+        if old:
+            t.rollouts.forget(old)
         replaced = [slot for slot in old if not retired[slot]]
         was_cached = [slot for slot in old if values[slot] is not None]
         if was_cached and through:  # otherwise the ledger's add below replaces them
@@ -223,6 +236,7 @@ class OpApplier:
         if t.index_fields:
             fields = [index_fields_of(it.value, t.index_fields) for it in items]
         t.assign(slots, slot_list, prios, sizes, ts, seq, fields, replaced)
+        t.rollouts.on_put(slot_list, items, new_values)  # before a write-through of its meta
         written = through and await self._write_through(t, items, slot_list)
         if written:
             t.meta_dirty[slots] = 0
@@ -248,9 +262,15 @@ class OpApplier:
                 entry = t.pending.get(key)
                 if entry is not None and entry[0] == seq:
                     del t.pending[key]
+        t.rollouts.changed.notify()
         if not replay:
             await self._trim(t)
         t.applied(op.seq, op.weight)
+        await self._evict_if_over(replay)
+
+    async def _evict_if_over(self, replay: bool) -> None:
+        """Evict now (replaying) or queue an eviction when the cache is past its limit."""
+        s = self._state
         if s.ledger.over and s.storage.evicts:
             if replay:
                 await self._evict()
@@ -430,6 +450,7 @@ class OpApplier:
         s.dropped_counters.add(table.counters)
         s.ledger.drop_table(table)
         table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
+        table.rollouts.changed.notify()  # waiting claims look again, and find no table
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))
         rocks = self._rocks
         if rocks is not None:

@@ -51,9 +51,10 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table]) -> None:
             inserted_at = t.inserted_at[:n].tolist()
             times_sampled = t.times_sampled[:n].tolist()
             order = t.order[:n].tolist()
+            meta_of = t.rollouts.meta_of
             for slot, key in enumerate(t.keys):
                 if key is not None:
-                    row = (
+                    row: tuple[Any, ...] = (
                         t.tid,
                         key,
                         t.values[slot],
@@ -62,6 +63,9 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table]) -> None:
                         times_sampled[slot],
                         order[slot],
                     )
+                    meta = meta_of(slot)
+                    if meta is not None:  # a rollout's metadata, only where it has some
+                        row = (*row, meta)
                     f.write(packer.pack(row))
         f.flush()
         os.fsync(f.fileno())

@@ -1,7 +1,8 @@
 """The ops the single writer applies. Routes build them; only the writer executes them.
 
-Urgent: :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`,
-:class:`CreateTableOp`, :class:`DropTableOp`, :class:`CheckpointOp`, :class:`SnapshotOp`.
+Urgent: :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`, :class:`PatchOp`,
+:class:`AckOp`, :class:`VersionOp`, :class:`CreateTableOp`, :class:`DropTableOp`,
+:class:`CheckpointOp`, :class:`SnapshotOp`.
 Housekeeping: :class:`EvictOp`, :class:`PopulateOp`.
 """
 
@@ -11,10 +12,10 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rlreplay.app.tables.config import TableConfig
-from rlreplay.app.tables.items import NewItem
+from rlreplay.app.tables.items import NewItem, PatchedItem
 
 if TYPE_CHECKING:
     from rlreplay.app.tables.table import Table
@@ -30,6 +31,8 @@ class Op:
     nbytes: int = field(default=0, kw_only=True)  # value bytes it holds in the queue bound
     queued_at: float = field(default=0.0, kw_only=True)  # time.monotonic() when enqueued
     refused: bool = field(default=False, kw_only=True)  # its log record was lost: never applied
+    #: Its keys are deleted (the pending index hides them until it is applied).
+    deletes: ClassVar[bool] = False
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +48,7 @@ class PutOp(Op):
 class DeleteOp(Op):
     """Delete keys (missing ones are ignored)."""
 
+    deletes: ClassVar[bool] = True
     table: Table
     keys: Sequence[str]
 
@@ -56,6 +60,33 @@ class PriorityOp(Op):
     table: Table
     keys: Sequence[str]
     priorities: Sequence[float]
+
+
+@dataclass(slots=True, eq=False)
+class PatchOp(Op):
+    """Replace existing items' values with the patched ones (merged when accepted), keeping
+    everything else about them; keys gone meanwhile are skipped."""
+
+    table: Table
+    items: Sequence[PatchedItem]
+    inserted_at: float = 0.0  # (what the pending index shows for a patch it rebuilds)
+
+
+@dataclass(slots=True, eq=False)
+class AckOp(Op):
+    """``task`` consumed the items of ``keys`` (missing ones are skipped)."""
+
+    table: Table
+    task: str
+    keys: Sequence[str]
+
+
+@dataclass(slots=True, eq=False)
+class VersionOp(Op):
+    """The table's policy version moves forward to ``version``."""
+
+    table: Table
+    version: int
 
 
 @dataclass(slots=True, eq=False)

@@ -16,6 +16,7 @@ from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.stats import TableCounters
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import ValidationFailed
+from rlreplay.workers.request_ids import RequestIds
 
 if TYPE_CHECKING:
     from rlreplay.workers.storage import Storage
@@ -38,6 +39,8 @@ class EngineState:
     seq: int = 0  # last op sequence number handed out (the WAL's LSN when the log is on)
     queued_items: int = 0
     queued_bytes: int = 0
+    #: The idempotency window of writes' request ids (saved with every checkpoint).
+    request_ids: RequestIds = field(default_factory=RequestIds)
 
     @property
     def mode(self) -> str:
@@ -71,6 +74,7 @@ def meta_bytes(table: Table, slot: int) -> bytes:
         int(table.size[slot]),
         int(table.order[slot]),
         table.fields.get(slot, {}) if table.index_fields else None,
+        table.rollouts.meta_of(slot),
     )
 
 

@@ -29,7 +29,14 @@ import numpy as np
 
 from rlreplay.app.storage import layout
 from rlreplay.app.storage.blocking import BlockingIO
-from rlreplay.app.storage.layout import LSN_KEY, meta_key, pack_count, table_key, value_key
+from rlreplay.app.storage.layout import (
+    LSN_KEY,
+    REQUEST_IDS_KEY,
+    meta_key,
+    pack_count,
+    table_key,
+    value_key,
+)
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
@@ -116,9 +123,9 @@ class MemoryStorage(Storage):
             """The checkpoint's tables, their items restored (in an I/O thread)."""
             header, rows = read_checkpoint_file(path)
             by_tid: dict[int, list[tuple[Any, ...]]] = {}
-            for tid, key, value, prio, ts, sampled, order in rows:
+            for tid, key, value, prio, ts, sampled, order, *meta in rows:
                 by_tid.setdefault(tid, []).append(
-                    (key, value, prio, ts, sampled, len(value) + len(key), order)
+                    (key, value, prio, ts, sampled, len(value) + len(key), order, *meta)
                 )
             tables = []
             for spec in header["tables"]:
@@ -137,6 +144,7 @@ class MemoryStorage(Storage):
         for table in tables:
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])
+        state.request_ids.load(header.get("request_ids", []))
         return int(header["lsn"])
 
     async def checkpoint(self, state: EngineState, covered: int, upto: int) -> None:
@@ -152,6 +160,7 @@ class MemoryStorage(Storage):
             "lsn": covered,
             "next_tid": state.next_tid,
             "tables": [{"name": t.name, **t.state_dict()} for t in state.tables.values()],
+            "request_ids": state.request_ids.state(),
         }
         await state.io.run(write_checkpoint_file, path, header, list(state.tables.values()))
 
@@ -198,12 +207,15 @@ class RocksStorage(Storage):
                 rows = []
                 fields: list[dict[str, Any]] = []
                 for raw_key, raw_meta in store.scan(b"m" + layout.table_id(table.tid)):
-                    prio, ts, sampled, size, order, indexed = layout.unpack_meta(raw_meta)
-                    rows.append((layout.item_key_of(raw_key), None, prio, ts, sampled, size, order))
+                    prio, ts, sampled, size, order, indexed, rollout = layout.unpack_meta(raw_meta)
+                    item_key = layout.item_key_of(raw_key)
+                    rows.append((item_key, None, prio, ts, sampled, size, order, rollout))
                     if table.index_fields:
                         fields.append(indexed)
                 restore_rows(state, table, rows, on_disk=True, fields=fields)
                 tables.append(table)
+            ids = store.get(layout.REQUEST_IDS_KEY)
+            state.request_ids.load(msgpack.unpackb(ids, raw=False) if ids else [])
             return (
                 layout.unpack_count(store.get(layout.LSN_KEY), 0),
                 layout.unpack_count(store.get(layout.NEXT_TID_KEY), 1),
@@ -269,6 +281,8 @@ class RocksStorage(Storage):
                 t.meta_dirty[slot] = 0
         # each table's own state (rate limiter counts, counters) as of this checkpoint
         puts.extend((table_key(t.name), table_record(t)) for t in state.tables.values())
+        ids = await state.io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
+        puts.append((REQUEST_IDS_KEY, ids))
         puts.append((LSN_KEY, pack_count(upto)))
         deletes = self.take_deletes()
         try:

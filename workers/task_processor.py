@@ -28,13 +28,16 @@ from rlreplay.wire.errors import Unavailable
 from rlreplay.workers.apply import EVICT_HARD_FACTOR, raise_into
 from rlreplay.workers.checkpoints import Checkpointer
 from rlreplay.workers.ops import (
+    AckOp,
     CheckpointOp,
     DeleteOp,
     DropTableOp,
     EvictOp,
     Op,
+    PatchOp,
     PriorityOp,
     PutOp,
+    VersionOp,
 )
 from rlreplay.workers.state import (
     EngineState,
@@ -295,4 +298,6 @@ class TaskProcessor(Checkpointer):
 
 def _item_op_of(op: Op, table: Table) -> bool:
     """Whether ``op`` is one of ``table``'s item ops (those its pending index counts)."""
-    return isinstance(op, PutOp | DeleteOp | PriorityOp) and op.table is table
+    return isinstance(op, PutOp | DeleteOp | PriorityOp | PatchOp | AckOp | VersionOp) and (
+        op.table is table
+    )

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
+from msgspec import UNSET
 from pydantic import ValidationError
 
 from rlreplay.app.api.encoding import BodyFormat, decode_body
@@ -46,12 +47,16 @@ from rlreplay.wire.codec import jsonable_to_msgpack
 from rlreplay.wire.errors import BadRequest, ValidationFailed
 from rlreplay.wire.schemas import (
     MAX_KEY_BYTES,
+    ClaimRequest,
     DeleteRequest,
     KeysRequest,
+    LeaseKeysRequest,
+    PatchRequest,
     PrioritiesRequest,
     PushRequest,
     SampleRequest,
     SnapshotRequest,
+    VersionRequest,
 )
 
 __all__ = [
@@ -60,13 +65,17 @@ __all__ = [
     "check_key",
     "check_keys",
     "map_size",
+    "parse_claim",
     "parse_delete",
     "parse_keys",
+    "parse_lease_keys",
+    "parse_patch",
     "parse_priorities",
     "parse_push",
     "parse_sample",
     "parse_snapshot",
     "parse_table_config",
+    "parse_version",
     "schema_refusal",
 ]
 
@@ -90,6 +99,8 @@ class PushBody:
     #: The body itself when it is msgpack (the write-ahead log keeps it as sent, instead of
     #: encoding the items again); None for JSON.
     raw: bytes | None = field(default=None, compare=False)
+    #: The write's idempotency key, if it has one.
+    request_id: str | None = None
 
 
 class _PushRequestWithWait(PushRequest):
@@ -99,9 +110,17 @@ class _PushRequestWithWait(PushRequest):
     wait: bool
 
 
+class _PushRequestSaysWait(PushRequest):
+    """A msgpack push body of three or more entries: ``wait`` unset tells whether it was
+    given, so that the fields given can be counted against the map's entries."""
+
+    wait: bool | msgspec.UnsetType = msgspec.UNSET  # type: ignore[assignment]
+
+
 _JSON_PUSH = msgspec.json.Decoder(PushRequest)
 _MSGPACK_PUSH = msgspec.msgpack.Decoder(PushRequest)
 _MSGPACK_PUSH_WITH_WAIT = msgspec.msgpack.Decoder(_PushRequestWithWait)
+_MSGPACK_PUSH_SAYS_WAIT = msgspec.msgpack.Decoder(_PushRequestSaysWait)
 
 
 class _Decoders:
@@ -120,6 +139,11 @@ _DELETE = _Decoders(DeleteRequest)
 _SAMPLE = _Decoders(SampleRequest, integral_floats=True)
 _PRIORITIES = _Decoders(PrioritiesRequest)
 _SNAPSHOT = _Decoders(SnapshotRequest)
+_PATCH = _Decoders(PatchRequest)
+_CLAIM = _Decoders(ClaimRequest, integral_floats=True)
+_LEASE_KEYS = _Decoders(LeaseKeysRequest)
+_VERSION = _Decoders(VersionRequest, integral_floats=True)
+_FIELD_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 
 
 # --- refusals ---------------------------------------------------------------------------------
@@ -275,8 +299,25 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
     priorities = [it.priority for it in items]
     check_keys(keys, _item_key)
     check_finite(priorities, _item_priority)
-    new_items = list(map(NewItem, keys, values, priorities))
-    return PushBody(new_items, push.wait, body if fmt is BodyFormat.MSGPACK else None)
+    if any(it.group is not UNSET or it.version is not UNSET for it in items):
+        new_items = [
+            NewItem(
+                k,
+                v,
+                p,
+                None if it.group is UNSET else it.group,
+                None if it.version is UNSET else it.version,
+            )
+            for k, v, p, it in zip(keys, values, priorities, items, strict=True)
+        ]
+    else:
+        new_items = list(map(NewItem, keys, values, priorities))
+    return PushBody(
+        new_items,
+        bool(push.wait),
+        body if fmt is BodyFormat.MSGPACK else None,
+        None if push.request_id is UNSET else push.request_id,
+    )
 
 
 def map_size(body: bytes) -> int | None:
@@ -294,16 +335,37 @@ def map_size(body: bytes) -> int | None:
 def _decode_msgpack_push(body: bytes) -> PushRequest:
     size = map_size(body)
     # a map of two entries must hold both fields, so that a repeated "items" is refused
+    decoder: msgspec.msgpack.Decoder[Any] = _MSGPACK_PUSH_WITH_WAIT if size == 2 else _MSGPACK_PUSH
+    if size is not None and size > 2:
+        decoder = _MSGPACK_PUSH_SAYS_WAIT
     try:
-        push = (_MSGPACK_PUSH_WITH_WAIT if size == 2 else _MSGPACK_PUSH).decode(body)
+        push: PushRequest = decoder.decode(body)
     except msgspec.ValidationError as exc:
         if size == 2 and str(exc) == "Object missing required field `wait`":
-            raise ValidationFailed("duplicate field in the body: items") from None
+            push = _decode_items_and_id(body)
+        else:
+            raise schema_refusal(exc) from None
+    except _UNREADABLE as exc:
+        raise BadRequest(f"malformed msgpack push body: {exc}") from exc
+    if size is not None and size > 2:  # every name is known: count those given
+        wait: Any = push.wait
+        given = 1 + (wait is not UNSET) + (push.request_id is not UNSET)
+        if given != size:
+            raise ValidationFailed("duplicate field(s) in the body")
+    return push
+
+
+def _decode_items_and_id(body: bytes) -> PushRequest:
+    """A msgpack push body of two entries without ``wait``: ``items`` and ``request_id``,
+    or ``items`` twice (refused)."""
+    try:
+        push: PushRequest = _MSGPACK_PUSH.decode(body)
+    except msgspec.ValidationError as exc:
         raise schema_refusal(exc) from None
     except _UNREADABLE as exc:
         raise BadRequest(f"malformed msgpack push body: {exc}") from exc
-    if size is not None and size > 2:  # every name is known: some are repeated
-        raise ValidationFailed("duplicate field(s) in the body")
+    if push.request_id is UNSET:
+        raise ValidationFailed("duplicate field in the body: items")
     return push
 
 
@@ -312,7 +374,14 @@ def _decode_json_push(body: bytes) -> tuple[PushRequest, list[bytes]]:
     try:
         push = _JSON_PUSH.decode(body)
     except msgspec.ValidationError as exc:
-        raise schema_refusal(exc) from None
+        if not str(exc).startswith(_FLOAT_FOR_INT):
+            raise schema_refusal(exc) from None
+        # an item's version given as 8.0: an integer, as JSON Schema counts it
+        obj = decode_body(body, BodyFormat.JSON)
+        for entry in obj.get("items", []) if isinstance(obj, dict) else []:
+            if isinstance(entry, dict) and "version" in entry:
+                entry["version"] = _integer(entry["version"])
+        push, forms = _convert_json_push(obj)
     except _UNREADABLE:
         # JSON that only Python's parser reads: the values are its, the rest is checked
         push, forms = _convert_json_push(decode_body(body, BodyFormat.JSON))
@@ -398,6 +467,62 @@ def parse_snapshot(body: bytes, fmt: BodyFormat | None) -> SnapshotRequest:
         return SnapshotRequest()
     request: SnapshotRequest = _decode(body, fmt, _SNAPSHOT)
     return request
+
+
+# --- rollout tables ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PatchBody:
+    """A decoded patch: (key, msgpack map of the fields to set) per item."""
+
+    items: list[tuple[str, bytes]]
+    wait: bool
+    request_id: str | None
+
+
+def parse_patch(body: bytes, fmt: BodyFormat) -> PatchBody:
+    """Parses ``{"items": [{"key", "fields"}], "wait"?, "request_id"?}``; each ``fields``
+    must be a map of field names (JSON ones are converted to msgpack)."""
+    request: PatchRequest = _decode(body, fmt, _PATCH)
+    check_keys([it.key for it in request.items], _item_key)
+    items = []
+    for i, it in enumerate(request.items):
+        raw = bytes(it.fields)
+        if fmt is not BodyFormat.MSGPACK:
+            raw = _value_msgpack(_json_form(raw, i), i)
+        try:
+            named = _FIELD_MAP.decode(raw)
+        except (msgspec.ValidationError, *_UNREADABLE) as exc:
+            raise ValidationFailed(f"items[{i}].fields must be a map of field names") from exc
+        if not named:
+            raise ValidationFailed(f"items[{i}].fields must name at least one field")
+        items.append((it.key, raw))
+    rid = None if request.request_id is UNSET else request.request_id
+    return PatchBody(items, request.wait, rid)
+
+
+def parse_claim(body: bytes, fmt: BodyFormat) -> ClaimRequest:
+    """Parses a claim (``task``, ``batch_size``, ``fields``?, ``group_size``?...)."""
+    request: ClaimRequest = _decode(body, fmt, _CLAIM)
+    return request
+
+
+def parse_lease_keys(body: bytes, fmt: BodyFormat | None) -> list[str] | None:
+    """Parses ``{"keys"?: [...]}`` of an ack or release; None (all) when omitted."""
+    if not body or fmt is None:
+        return None
+    request: LeaseKeysRequest = _decode(body, fmt, _LEASE_KEYS)
+    if request.keys is UNSET:
+        return None
+    check_keys(request.keys, _key_at)
+    return request.keys
+
+
+def parse_version(body: bytes, fmt: BodyFormat) -> int:
+    """Parses ``{"version": v}``."""
+    request: VersionRequest = _decode(body, fmt, _VERSION)
+    return request.version
 
 
 # --- table configs ----------------------------------------------------------------------------

@@ -122,7 +122,8 @@ def parse_columns_push(
         raise ValidationFailed("columns must name at least one field")
     priorities = _priorities(request.priorities, fmt, n)
     values = unstack_values(columns, n)
-    return PushBody(list(map(NewItem, keys, values, priorities)), request.wait)
+    rid = None if request.request_id is msgspec.UNSET else request.request_id
+    return PushBody(list(map(NewItem, keys, values, priorities)), request.wait, None, rid)
 
 
 def _column(name: Any, dtype: str, shape: tuple[int, ...], data: memoryview, n: int) -> ColumnIn:

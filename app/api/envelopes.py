@@ -84,13 +84,29 @@ def _array_header(n: int) -> bytes:
 
 def _item_parts(item: Item, out: list[bytes]) -> None:
     p, i, t = _ITEM_NAMES
+    extra = _rollout_parts(item.group, item.version)
     out += (
-        _ITEM_HEAD,
+        _ITEM_HEAD if not extra else bytes((0x85 + len(extra) // 2,)) + b"\xa3key",
         _str(item.key),
         _VALUE,
         item.value,
         _ITEM_TAIL.pack(p, item.priority, i, item.inserted_at, t, item.times_sampled),
+        *extra,
     )
+
+
+_GROUP = b"\xa5group"
+_VERSION = b"\xa7version"
+
+
+def _rollout_parts(group: str | None, version: int | None) -> list[bytes]:
+    """``"group"`` and ``"version"`` entries of an item's map, those it has."""
+    out: list[bytes] = []
+    if group is not None:
+        out += (_GROUP, _str(group))
+    if version is not None:
+        out += (_VERSION, b"\xcf" + version.to_bytes(8, "big"))
+    return out
 
 
 def item_msgpack(item: Item) -> bytes:
@@ -142,6 +158,14 @@ def sample_msgpack(batch: SampleBatch) -> bytes:
     """
     tails, width = _sampled_tails(batch)
     out: list[bytes | memoryview] = [_ITEMS_MAP, _array_header(len(batch))]
+    if batch.groups is not None and batch.versions is not None:
+        for i, (key, value, group, version) in enumerate(
+            zip(batch.keys, batch.values, batch.groups, batch.versions, strict=True)
+        ):
+            extra = _rollout_parts(group, version)
+            out += (bytes((0x86 + len(extra) // 2,)), b"\xa3key", _str(key), _VALUE)
+            out += (_NIL if value is None else value, tails[i * width : (i + 1) * width], *extra)
+        return b"".join(out)
     append = out.append
     heads = _SAMPLED_HEADS
     pos = 0
@@ -172,13 +196,18 @@ def value_json(value: bytes | None) -> Any:
 
 def item_json(item: Item) -> dict[str, Any]:
     """An item as a JSON-able dict."""
-    return {
+    out = {
         "key": item.key,
         "value": value_json(item.value),
         "priority": item.priority,
         "inserted_at": item.inserted_at,
         "times_sampled": item.times_sampled,
     }
+    if item.group is not None:
+        out["group"] = item.group
+    if item.version is not None:
+        out["version"] = item.version
+    return out
 
 
 def items_json(items: Sequence[Item | None]) -> dict[str, Any]:
@@ -189,16 +218,19 @@ def items_json(items: Sequence[Item | None]) -> dict[str, Any]:
 def sample_json(batch: SampleBatch) -> dict[str, Any]:
     """A sample's answer as a JSON-able dict."""
     items = batch.items()
-    return {
-        "items": [
-            {
-                "key": s.key,
-                "value": value_json(s.value),
-                "priority": s.priority,
-                "probability": s.probability,
-                "weight": s.weight,
-                "times_sampled": s.times_sampled,
-            }
-            for s in items
-        ]
-    }
+    out = []
+    for s in items:
+        pick = {
+            "key": s.key,
+            "value": value_json(s.value),
+            "priority": s.priority,
+            "probability": s.probability,
+            "weight": s.weight,
+            "times_sampled": s.times_sampled,
+        }
+        if s.group is not None:
+            pick["group"] = s.group
+        if s.version is not None:
+            pick["version"] = s.version
+        out.append(pick)
+    return {"items": out}

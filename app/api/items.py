@@ -7,6 +7,7 @@ as is, and read values are spliced into the answer as is (:mod:`rlreplay.app.api
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from msgspec import UNSET
 
 from rlreplay.app.api.bodies import (
     check_key,
@@ -102,7 +103,14 @@ async def push_reply(
 ) -> Reply:
     """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     push = parse_any_push(body, fmt)
-    n = await engine.push(table, push.items, wait=push.wait, validated=True, body=push.raw)
+    n = await engine.push(
+        table,
+        push.items,
+        wait=push.wait,
+        validated=True,
+        body=push.raw,
+        request_id=push.request_id,
+    )
     metrics.count_items("push", n)
     return _accepted(n, committed=push.wait, as_msgpack=as_msgpack)
 
@@ -179,7 +187,8 @@ async def batch_delete_reply(
 ) -> Reply:
     """The work of :func:`batch_delete_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     delete = parse_delete(body, fmt)
-    n = await engine.delete(table, delete.keys, wait=delete.wait)
+    rid = None if delete.request_id is UNSET else delete.request_id
+    n = await engine.delete(table, delete.keys, wait=delete.wait, request_id=rid)
     metrics.count_items("delete", n)
     return _accepted(n, committed=delete.wait, as_msgpack=as_msgpack)
 

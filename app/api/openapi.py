@@ -68,6 +68,16 @@ _STRUCTS: tuple[type[msgspec.Struct], ...] = (
     schemas.TableInfo,
     schemas.TableList,
     schemas.Health,
+    schemas.PatchRequest,
+    schemas.PatchAnswer,
+    schemas.ClaimRequest,
+    schemas.ClaimAnswer,
+    schemas.LeaseKeysRequest,
+    schemas.Acked,
+    schemas.Released,
+    schemas.VersionRequest,
+    schemas.VersionAnswer,
+    schemas.TasksAnswer,
 )
 
 #: Errors every ``/v1`` route may answer.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -128,10 +129,16 @@ class EngineCore:
         )
 
     def _enqueue_delete(
-        self, writer: TaskProcessor, t: Table, keys: list[str], *, wait: bool
+        self,
+        writer: TaskProcessor,
+        t: Table,
+        keys: list[str],
+        *,
+        wait: bool,
+        request: list[Any] | None = None,
     ) -> tuple[int, asyncio.Future[None] | None]:
         s = self.state
-        seq = s.next_seq(records.delete(t.name, keys) if s.wal is not None else None)
+        seq = s.next_seq(records.delete(t.name, keys, request) if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait else None
         doomed = {k: (seq, None, 0.0) for k in keys}
         t.visible -= sum(1 for key in doomed if t.contains(key))

@@ -19,6 +19,7 @@ from rlreplay.app.tables.items import (
     SampleBatch,
     SampledItem,
 )
+from rlreplay.app.tables.rollouts import NO_VERSION
 from rlreplay.app.tables.stacking import stack_values
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
@@ -62,9 +63,12 @@ class EngineReads(EngineCore):
                     if nbytes > self._max_answer_bytes:
                         raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
                     t.referenced[sl] = 1
-                    return ItemBatch(
+                    batch = ItemBatch(
                         keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
                     )
+                    if t.rollouts.has_meta:
+                        batch.groups, batch.versions = rollout_meta(t, slots)  # type: ignore[arg-type]
+                    return batch
         out: list[Item | None] = [None] * len(keys)
         pending = t.pending
         misses: list[tuple[int, int, str]] = []
@@ -74,7 +78,9 @@ class EngineReads(EngineCore):
                 if entry is not None:
                     item = entry[1]
                     if item is not None:
-                        out[i] = Item(key, item.value, item.priority, entry[2], 0)
+                        out[i] = Item(
+                            key, item.value, item.priority, entry[2], 0, item.group, item.version
+                        )
                     continue
             slot = index.get(key)
             if slot is None:
@@ -90,6 +96,7 @@ class EngineReads(EngineCore):
                 float(t.priority[slot]),
                 float(t.inserted_at[slot]),
                 int(t.times_sampled[slot]),
+                *rollout_of(t, slot),
             )
         nbytes = sum(len(it.key) + len(it.value) for it in out if it is not None)
         nbytes += int(t.size[[slot for _, slot, _ in misses]].sum()) if misses else 0
@@ -111,6 +118,7 @@ class EngineReads(EngineCore):
                 float(t.inserted_at[slot]),
                 int(t.times_sampled[slot]),
                 int(t.version[slot]),
+                *rollout_of(t, slot),
             )
             for _, slot, _ in misses
         ]
@@ -132,7 +140,7 @@ class EngineReads(EngineCore):
                     housekeeping=True,
                 )
             assert value is not None
-            out[i] = Item(key, value, meta[0], meta[1], meta[2])
+            out[i] = Item(key, value, meta[0], meta[1], meta[2], meta[4], meta[5])
 
     async def sample(
         self,
@@ -206,6 +214,8 @@ class EngineReads(EngineCore):
             weights=t.sampler.weights(probs, size),
             times_sampled=t.times_sampled[slots],
         )
+        if t.rollouts.has_meta:
+            batch.groups, batch.versions = rollout_meta(t, slot_list)
         if include_values:
             t.referenced[slots] = 1
             if None in batch.values:
@@ -256,6 +266,9 @@ class EngineReads(EngineCore):
             batch.probabilities = batch.probabilities[idx]
             batch.weights = batch.weights[idx]
             batch.times_sampled = batch.times_sampled[idx]
+            if batch.groups is not None and batch.versions is not None:
+                batch.groups = [batch.groups[i] for i in keep]
+                batch.versions = [batch.versions[i] for i in keep]
 
     async def _caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
         """Wait until the writer applied what was accepted for ``t``, by the deadline."""
@@ -267,3 +280,18 @@ class EngineReads(EngineCore):
                 f"table {t.name!r}: the writes accepted before this sample were not applied "
                 f"within {waited_s:g} s; retry"
             )
+
+
+def rollout_of(t: Table, slot: int) -> tuple[str | None, int | None]:
+    """An item's group and policy version (None where it has none)."""
+    if not t.rollouts.has_meta:
+        return None, None
+    version = int(t.policy_version[slot])
+    return t.rollouts.groups.get(slot), None if version == NO_VERSION else version
+
+
+def rollout_meta(t: Table, slots: list[int]) -> tuple[list[str | None], list[int | None]]:
+    """The groups and policy versions of ``slots`` (None where an item has none)."""
+    groups = t.rollouts.groups
+    versions = t.policy_version[slots].tolist()
+    return [groups.get(slot) for slot in slots], [None if v < 0 else v for v in versions]

@@ -14,11 +14,25 @@ import contextlib
 import logging
 from typing import Any
 
+import msgspec
+
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
 from rlreplay.app.tables.config import TableConfig
-from rlreplay.app.tables.items import NewItem, push_body_items
-from rlreplay.workers.ops import CreateTableOp, DeleteOp, DropTableOp, Op, PriorityOp, PutOp
+from rlreplay.app.tables.items import NewItem, PatchedItem, push_body_items
+from rlreplay.wire.schemas import PushRequest
+from rlreplay.workers.ops import (
+    AckOp,
+    CreateTableOp,
+    DeleteOp,
+    DropTableOp,
+    Op,
+    PatchOp,
+    PriorityOp,
+    PutOp,
+    VersionOp,
+)
+from rlreplay.workers.request_ids import scoped_id
 from rlreplay.workers.state import EngineState
 from rlreplay.workers.task_processor import TaskProcessor
 
@@ -53,6 +67,7 @@ async def recover(state: EngineState, processor: TaskProcessor, *, restored: boo
                 op = op_from_record(state, record)
                 if op is not None:
                     await processor.apply(op, replay=True)
+                    remember_request(state, record)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 problem = f"log record {record[0]} cannot be applied: {exc!r}"
                 if strict:
@@ -82,6 +97,31 @@ async def release(state: EngineState) -> None:
     state.io.close()
 
 
+_PUSH_REQUEST = msgspec.msgpack.Decoder(PushRequest)
+
+
+def remember_request(state: EngineState, record: list[Any]) -> None:
+    """The idempotency window remembers the request id a replayed write carried."""
+    rec = records.read_record(record)
+    request: Any = None
+    if rec.kind == records.PUT and len(rec.fields) > 4:
+        request = rec.fields[4].get("request")
+    elif rec.kind == records.DELETE and len(rec.fields) > 1:
+        request = rec.fields[1]
+    elif rec.kind == records.PATCH:
+        request = rec.fields[2]
+    elif rec.kind == records.PUSH_BODY:
+        push = _PUSH_REQUEST.decode(rec.fields[1])
+        if push.request_id is not msgspec.UNSET:
+            n = len(push.items)
+            answer = (200, {"committed": n}) if push.wait else (202, {"accepted": n})
+            state.request_ids.remember(scoped_id("push", push.request_id), answer, rec.fields[0])
+        return
+    if request is not None:
+        rid, status, body, at = request
+        state.request_ids.remember(rid, (int(status), dict(body)), float(at))
+
+
 def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
     """The op a log record describes (ValueError, KeyError...: it cannot be applied)."""
     rec = records.read_record(record)
@@ -92,14 +132,28 @@ def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
     if table is None:
         raise KeyError(f"its table {name!r} does not exist at that point of the log")
     if rec.kind == records.PUT:
-        keys, values, prios, ts = fields
-        items = [NewItem(k, v, p) for k, v, p in zip(keys, values, prios, strict=True)]
+        keys, values, prios, ts, *more = fields
+        extras = more[0] if more else {}
+        nones = [None] * len(keys)
+        groups, versions = extras.get("groups") or nones, extras.get("versions") or nones
+        items = [
+            NewItem(k, v, p, g, r)
+            for k, v, p, g, r in zip(keys, values, prios, groups, versions, strict=True)
+        ]
         return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
     if rec.kind == records.PUSH_BODY:
         ts, body = fields
         return PutOp(lsn, table=table, items=push_body_items(body), inserted_at=ts, weight=0)
     if rec.kind == records.DELETE:
         return DeleteOp(lsn, table=table, keys=fields[0], weight=0)
+    if rec.kind == records.PATCH:
+        keys, values, _ = fields
+        patched = [PatchedItem(k, v) for k, v in zip(keys, values, strict=True)]
+        return PatchOp(lsn, table=table, items=patched, weight=0)
+    if rec.kind == records.ACK:
+        return AckOp(lsn, table=table, task=fields[0], keys=fields[1], weight=0)
+    if rec.kind == records.VERSION:
+        return VersionOp(lsn, table=table, version=int(fields[0]), weight=0)
     if rec.kind == records.PRIORITIES:
         return PriorityOp(lsn, table=table, keys=fields[0], priorities=fields[1], weight=0)
     return DropTableOp(lsn, table=table)

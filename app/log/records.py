@@ -11,13 +11,21 @@ Kinds and their fields:
 ===============  ==========================================================================
 ``create_table`` ``config``: the table's config as the contract spells it
 ``drop_table``   (none)
-``put``          ``keys``, ``values`` (msgpack bytes), ``priorities``, ``inserted_at``
+``put``          ``keys``, ``values`` (msgpack bytes), ``priorities``, ``inserted_at``,
+                 and :data:`extras <put>` when there are any
 ``push_body``    ``inserted_at``, then the push body as the client sent it (the contract's
                  ``{"items": [...]}`` in msgpack), as one more element: logging the body as
                  it came spares encoding every item again
-``delete``       ``keys``
+``delete``       ``keys``, and the write's ``request`` when it had an id
 ``priorities``   ``keys``, ``priorities``
+``patch``        ``keys``, ``values`` (the merged values, msgpack bytes), ``request`` or nil
+``ack``          ``task``, ``keys``: the task consumed those items
+``version``      ``version``: the table's policy version moved forward
 ===============  ==========================================================================
+
+A write's ``request`` is ``[request_id, status, answer]``: replay remembers the id and its
+answer for the idempotency window. A ``push_body`` needs none (the body holds the id).
+Trailing elements a kind gained later are optional, so older logs replay as they did.
 """
 
 from __future__ import annotations
@@ -34,7 +42,12 @@ PUT = "put"
 PUSH_BODY = "push_body"
 DELETE = "delete"
 PRIORITIES = "priorities"
-KINDS = frozenset({CREATE_TABLE, DROP_TABLE, PUT, PUSH_BODY, DELETE, PRIORITIES})
+PATCH = "patch"
+ACK = "ack"
+VERSION = "version"
+KINDS = frozenset(
+    {CREATE_TABLE, DROP_TABLE, PUT, PUSH_BODY, DELETE, PRIORITIES, PATCH, ACK, VERSION}
+)
 
 
 def create_table(table: str, config: dict[str, Any]) -> list[Any]:
@@ -48,10 +61,19 @@ def drop_table(table: str) -> list[Any]:
 
 
 def put(
-    table: str, keys: list[str], values: list[bytes], priorities: list[float], inserted_at: float
+    table: str,
+    keys: list[str],
+    values: list[bytes],
+    priorities: list[float],
+    inserted_at: float,
+    extras: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Items were inserted or replaced."""
-    return [PUT, RECORD_VERSION, table, keys, values, priorities, inserted_at]
+    """Items were inserted or replaced. ``extras``: ``groups`` and ``versions`` (a list
+    each, None where an item has none) and the write's ``request``, when there are any."""
+    record = [PUT, RECORD_VERSION, table, keys, values, priorities, inserted_at]
+    if extras:
+        record.append(extras)
+    return record
 
 
 def push_body(table: str, inserted_at: float) -> list[Any]:
@@ -59,9 +81,27 @@ def push_body(table: str, inserted_at: float) -> list[Any]:
     return [PUSH_BODY, RECORD_VERSION, table, inserted_at]
 
 
-def delete(table: str, keys: list[str]) -> list[Any]:
-    """Items were deleted."""
-    return [DELETE, RECORD_VERSION, table, keys]
+def delete(table: str, keys: list[str], request: list[Any] | None = None) -> list[Any]:
+    """Items were deleted (``request``: the write's id and answer, when it had an id)."""
+    record = [DELETE, RECORD_VERSION, table, keys]
+    if request is not None:
+        record.append(request)
+    return record
+
+
+def patch(table: str, keys: list[str], values: list[bytes], request: list[Any] | None) -> list[Any]:
+    """Items' values were patched: ``values`` are the merged ones."""
+    return [PATCH, RECORD_VERSION, table, keys, values, request]
+
+
+def ack(table: str, task: str, keys: list[str]) -> list[Any]:
+    """``task`` acknowledged (consumed) the items of ``keys``."""
+    return [ACK, RECORD_VERSION, table, task, keys]
+
+
+def version(table: str, value: int) -> list[Any]:
+    """The table's policy version moved forward to ``value``."""
+    return [VERSION, RECORD_VERSION, table, value]
 
 
 def priorities(table: str, keys: list[str], values: list[float]) -> list[Any]:

@@ -9,7 +9,10 @@ key                         value
 ``v`` + table id + key      an item's value, the msgpack bytes as pushed
 ``m`` + table id + key      an item's metadata: :data:`META` (priority, inserted_at,
                             times_sampled, size, insertion order), then the fields a plugin
-                            sampler indexes (msgpack), if it indexes any
+                            sampler indexes (msgpack), if it indexes any, then its rollout
+                            metadata (msgpack ``[group, version, field names, names of
+                            the tasks that acknowledged it]``), if it has any
+``\x00request_ids``         the idempotency window's request ids and answers (msgpack)
 ==========================  ================================================================
 
 A table id is 4 big-endian bytes, so a table's values (and its metadata) are one key range.
@@ -24,6 +27,7 @@ import msgpack
 
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
+REQUEST_IDS_KEY = b"\x00request_ids"
 META = struct.Struct("<ddIIQ")
 
 
@@ -64,21 +68,34 @@ def pack_meta(
     size: int,
     order: int,
     fields: dict[str, Any] | None,
+    rollout: list[Any] | None = None,
 ) -> bytes:
-    """An item's metadata record (``fields``: None when the table indexes none)."""
+    """An item's metadata record (``fields``: None when the table indexes none;
+    ``rollout``: None when the item has no rollout metadata)."""
     head = META.pack(priority, inserted_at, times_sampled, size, order)
-    if fields is None:
+    if fields is None and rollout is None:
         return head
-    extra: bytes = msgpack.packb(fields, use_bin_type=True)
+    extra: bytes = msgpack.packb(fields or {}, use_bin_type=True)
+    if rollout is not None:
+        extra += msgpack.packb(rollout, use_bin_type=True)
     return head + extra
 
 
-def unpack_meta(raw: bytes) -> tuple[float, float, int, int, int, dict[str, Any]]:
-    """(priority, inserted_at, times_sampled, size, order, indexed fields) of a record."""
+def unpack_meta(
+    raw: bytes,
+) -> tuple[float, float, int, int, int, dict[str, Any], list[Any] | None]:
+    """(priority, inserted_at, times_sampled, size, order, indexed fields, rollout
+    metadata or None) of a record."""
     priority, inserted_at, times_sampled, size, order = META.unpack_from(raw)
-    extra = raw[META.size :]
-    fields = msgpack.unpackb(extra, raw=False) if extra else {}
-    return priority, inserted_at, times_sampled, size, order, fields
+    fields: dict[str, Any] = {}
+    rollout: list[Any] | None = None
+    if len(raw) > META.size:
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(raw[META.size :])
+        parts = list(unpacker)
+        fields = parts[0]
+        rollout = parts[1] if len(parts) > 1 else None
+    return priority, inserted_at, times_sampled, size, order, fields, rollout
 
 
 def pack_count(n: int) -> bytes:

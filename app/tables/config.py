@@ -85,10 +85,31 @@ class TableConfig(BaseModel):
     max_size: int | None = Field(None, ge=1, le=MAX_COUNT)
     max_times_sampled: int = Field(0, ge=0, le=MAX_COUNT)
     rate_limiter: RateLimiterSpec | None = None
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_COUNT,
+        description="Rollouts whose version is below the table's version minus this are "
+        "dropped from claims and samples and deleted.",
+    )
+    delete_after_ack: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
+        (),
+        max_length=64,
+        description="An item acknowledged by every one of these tasks is deleted.",
+    )
 
     def to_wire(self) -> dict[str, Any]:
-        """Plain JSON-able form (what is stored and answered)."""
-        return self.model_dump(mode="json")
+        """Plain JSON-able form (what is stored and answered); the rollout settings only
+        when set, so a table that uses none reads as it always did."""
+        wire = self.model_dump(mode="json")
+        for name in _ROLLOUT_FIELDS:
+            if wire[name] in (None, []):
+                del wire[name]
+        return wire
+
+
+#: Settings of rollout tables, left out of a config's wire form while unset.
+_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack")
 
 
 def check_numbers(value: Any, where: str) -> None:

@@ -32,11 +32,19 @@ __all__ = [
 
 
 class NewItem(msgspec.Struct, gc=False):
-    """An item as pushed: ``value`` is the msgpack encoding the client sent, kept as is."""
+    """An item as pushed: ``value`` is the msgpack encoding the client sent, kept as is;
+    ``group`` and ``version``: its rollout metadata (None: none given)."""
 
     key: str
     value: bytes
     priority: float = 1.0
+    group: str | None = None
+    version: int | None = None
+
+
+class PatchedItem(NewItem, gc=False):
+    """An existing item whose value a patch merged (a pending entry that is no new item:
+    the item keeps its place, metadata and consumption)."""
 
 
 class Item(msgspec.Struct, gc=False):
@@ -47,6 +55,8 @@ class Item(msgspec.Struct, gc=False):
     priority: float
     inserted_at: float
     times_sampled: int
+    group: str | None = None
+    version: int | None = None
 
 
 class SampledItem(msgspec.Struct, gc=False):
@@ -58,6 +68,8 @@ class SampledItem(msgspec.Struct, gc=False):
     probability: float
     weight: float
     times_sampled: int
+    group: str | None = None
+    version: int | None = None
 
 
 #: Reads the push bodies the write-ahead log keeps as sent (the API accepted them).
@@ -74,7 +86,16 @@ def push_body_items(body: bytes) -> list[NewItem]:
         push = _PUSH_BODY.decode(body)
     except (msgspec.DecodeError, ValueError, RecursionError) as exc:
         raise ValueError(f"not a push body of the logged form: {exc}") from exc
-    return [NewItem(it.key, bytes(it.value), it.priority) for it in push.items]
+    return [
+        NewItem(
+            it.key,
+            bytes(it.value),
+            it.priority,
+            None if it.group is msgspec.UNSET else it.group,
+            None if it.version is msgspec.UNSET else it.version,
+        )
+        for it in push.items
+    ]
 
 
 @dataclass(slots=True)
@@ -87,20 +108,26 @@ class ItemBatch:
     priorities: npt.NDArray[np.float64]
     inserted_at: npt.NDArray[np.float64]
     times_sampled: npt.NDArray[np.int64]
+    #: Each item's group and version (None where it has none), when the table holds any.
+    groups: list[str | None] | None = None
+    versions: list[int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def items(self) -> list[Item | None]:
         """The items as :class:`Item` objects, None where missing."""
+        nones = [None] * len(self.keys)
         return [
-            None if v is None else Item(k, v, p, t, n)
-            for k, v, p, t, n in zip(
+            None if v is None else Item(k, v, p, t, n, g, r)
+            for k, v, p, t, n, g, r in zip(
                 self.keys,
                 self.values,
                 self.priorities.tolist(),
                 self.inserted_at.tolist(),
                 self.times_sampled.tolist(),
+                self.groups or nones,
+                self.versions or nones,
                 strict=True,
             )
         ]
@@ -114,6 +141,8 @@ class ItemBatch:
             np.array([0.0 if it is None else it.priority for it in items], dtype=np.float64),
             np.array([0.0 if it is None else it.inserted_at for it in items], dtype=np.float64),
             np.array([0 if it is None else it.times_sampled for it in items], dtype=np.int64),
+            [None if it is None else it.group for it in items],
+            [None if it is None else it.version for it in items],
         )
 
 
@@ -133,12 +162,16 @@ class SampleBatch:
     weights: npt.NDArray[np.float64]
     times_sampled: npt.NDArray[np.int64]
     columns: dict[str, Column] | None = None
+    #: Each pick's group and version (None where it has none), when the table holds any.
+    groups: list[str | None] | None = None
+    versions: list[int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def items(self) -> list[SampledItem]:
         """The picks as :class:`SampledItem` objects."""
+        nones = [None] * len(self.keys)
         return list(
             map(
                 SampledItem,
@@ -148,6 +181,8 @@ class SampleBatch:
                 self.probabilities.tolist(),
                 self.weights.tolist(),
                 self.times_sampled.tolist(),
+                self.groups or nones,
+                self.versions or nones,
             )
         )
 

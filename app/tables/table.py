@@ -35,6 +35,7 @@ from rlreplay.app.storage.layout import table_id
 from rlreplay.app.tables.changes import ChangeFeed
 from rlreplay.app.tables.config import TableConfig, make_rate_limiter
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.tables.rollouts import NO_VERSION, Rollouts
 from rlreplay.app.tables.stats import STAT_NAMES, TableCounters
 
 PendingEntry = tuple[
@@ -82,6 +83,12 @@ class Table:
         self.put_seq = np.zeros(cap, dtype=np.int64)  # the op (log record) of the value
         self.next_order = 0
         self.fields: dict[int, dict[str, Any]] = {}  # slot → indexed fields (plugin samplers)
+        # rollout tables: the policy version (NO_VERSION: none), the bits of the fields the
+        # value has and of the tasks that acknowledged it (see rollouts.py)
+        self.policy_version = np.zeros(cap, dtype=np.int64)
+        self.field_mask = np.zeros(cap, dtype=np.uint64)
+        self.acked_mask = np.zeros(cap, dtype=np.uint64)
+        self.rollouts = Rollouts(self)
         self.bytes_in_cache = 0
         self.bytes_on_disk = 0
 
@@ -150,6 +157,9 @@ class Table:
             "meta_dirty",
             "order",
             "put_seq",
+            "policy_version",
+            "field_mask",
+            "acked_mask",
         ):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
@@ -159,6 +169,7 @@ class Table:
     def free_slots(self, slots: np.ndarray, slot_list: list[int], keys: list[str]) -> None:
         """Forget the keys at distinct ``slots`` (the same as ``slot_list``), which hold
         ``keys``; their columns are reset here, their slots reused by the next keys."""
+        self.rollouts.on_free(slot_list)
         index, own_keys, values = self.index, self.keys, self.values
         if self.changes is not None:
             self.changes.delete(keys)
@@ -188,6 +199,7 @@ class Table:
             "config": self.config.to_wire(),
             "limiter": self.gate.limiter.state_dict(),
             "counters": self.counters.state_dict(),
+            "rollouts": self.rollouts.state_dict(),
         }
 
     @classmethod
@@ -204,6 +216,8 @@ class Table:
             self.gate.limiter.load_state_dict(state["limiter"])
         if "counters" in state:
             self.counters.load_state_dict(state["counters"])
+        if "rollouts" in state:
+            self.rollouts.load_state_dict(state["rollouts"])
 
     # -- operations (the writer's, and a sample's draw) -----------------------------------
 
@@ -351,7 +365,8 @@ class Table:
         self, rows: list[tuple[Any, ...]], *, on_disk: bool, fields: list[dict[str, Any]]
     ) -> tuple[list[int], list[int]]:
         """Load recovered items (key, value or None, priority, inserted_at, times_sampled,
-        size, order), handing them to the selectors in their original insertion order.
+        size, order, and optionally their rollout metadata or None), handing them to the
+        selectors in their original insertion order.
 
         Returns:
             The slots whose values are now cached, and their sizes (for the cache ledger).
@@ -365,8 +380,12 @@ class Table:
         slots = np.empty(len(rows), dtype=np.int64)
         cached: list[int] = []
         sizes: list[int] = []
-        for i, (key, value, prio, ts, sampled, size, order) in enumerate(rows):
+        rollouts = self.rollouts
+        for i, (key, value, prio, ts, sampled, size, order, *more) in enumerate(rows):
             slot = self.alloc_slot(key)
+            self.policy_version[slot] = NO_VERSION
+            if more and more[0] is not None:
+                rollouts.restore(slot, more[0])
             slots[i] = slot
             self.order[slot] = order
             self.priority[slot] = prio
@@ -441,7 +460,7 @@ class Table:
         """Recompute what readers see from the ops accepted for this table and not applied
         yet, in order (``applying``: the one the writer is applying, whose pending entries
         it has taken): after refused ops were taken out of the writer's queue. ``ops`` are
-        the table's pushes, deletes and priority updates only."""
+        the table's item ops only (pushes, patches, deletes, priorities, acks, versions)."""
         pending: dict[str, PendingEntry] = {}
         weight, last = 0, self.applied_seq
         for op in [applying, *ops] if applying is not None else ops:
@@ -453,7 +472,7 @@ class Table:
             if items is not None:  # a push
                 for it in items:
                     pending[it.key] = (op.seq, it, op.inserted_at)
-            elif not hasattr(op, "priorities"):  # a delete; priorities have no entries
+            elif getattr(op, "deletes", False):  # other ops have no entries
                 for key in op.keys:
                     pending[key] = (op.seq, None, 0.0)
         self.pending.clear()

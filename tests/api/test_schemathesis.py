@@ -76,6 +76,17 @@ def _columnar(case: schemathesis.Case) -> bool:
     return "columns" in body or body.get("layout") == "columns"
 
 
+def _whole_groups(body: dict[str, Any]) -> None:
+    """A claim's ``batch_size`` must be a multiple of its ``group_size`` (422 otherwise), which
+    a schema cannot state: a valid claim is made so. It answers what is ready (a claim that
+    waits out its ``wait_ms`` is a documented 504, which schemathesis counts as an error)."""
+    if "task" in body and "batch_size" in body:
+        body["partial"] = True
+    size, group = body.get("batch_size"), body.get("group_size")
+    if isinstance(size, int | float) and isinstance(group, int | float) and group >= 1:
+        body["batch_size"] = int(group) * max(1, int(size) // int(group))
+
+
 def _run_operation(operation: Any, mode: GenerationMode) -> None:
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
@@ -98,8 +109,12 @@ def _run_operation(operation: Any, mode: GenerationMode) -> None:
             # Values travel as msgpack, whose ints are 64-bit: a bigger JSON int is refused
             # with 400 (documented); the schema cannot say so for arbitrary nested values.
             case.body = _fit(case.body)
-        if isinstance(case.body, dict) and isinstance(case.body.get("timeout_ms"), int):
-            case.body["timeout_ms"] = min(case.body["timeout_ms"], 200)
+        if isinstance(case.body, dict):
+            for wait in ("timeout_ms", "wait_ms"):
+                if isinstance(case.body.get(wait), int):
+                    case.body[wait] = min(case.body[wait], 200)
+            if mode is GenerationMode.POSITIVE:
+                _whole_groups(case.body)
         if isinstance(case.query, dict) and isinstance(case.query.get("wait_ms"), int):
             case.query["wait_ms"] = min(case.query["wait_ms"], 200)  # a long poll's wait
         # Sampler params are validated by the sampler (a plugin point) at run time: a

@@ -1,0 +1,466 @@
+"""The engine's rollout-table calls: patches, claims under leases, acknowledgements,
+releases, policy versions; and the idempotency of writes that carry a request id.
+
+Claims decide from the table's in-memory rollout index
+(:class:`~rlreplay.app.tables.rollouts.Rollouts`) once every op accepted before them is
+applied, as samples do, and wait on its signal (never polling) for items to become ready.
+Patches, acknowledgements and versions are logged and applied by the writer like pushes;
+leases live in memory and :class:`~rlreplay.app.engine.claims.LeaseExpiry` releases them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlreplay.app.engine.claims import LeaseExpiry
+from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S
+from rlreplay.app.engine.reads import EngineReads
+from rlreplay.app.log import records
+from rlreplay.app.storage.layout import value_key
+from rlreplay.app.tables.items import PatchedItem
+from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import (
+    DeadlineExceeded,
+    LeaseNotFound,
+    StorageFull,
+    ValidationFailed,
+    VersionConflict,
+)
+from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
+from rlreplay.workers.request_ids import Answer, scoped_id
+
+__all__ = ["ClaimedItem", "EngineRollouts"]
+
+#: Tries a patch makes to merge over values read from disk while writes move them.
+_PATCH_TRIES = 8
+
+
+@dataclass(slots=True)
+class ClaimedItem:
+    """One item of a claim: ``value`` holds only the fields asked for (msgpack bytes)."""
+
+    key: str
+    value: bytes
+    priority: float
+    group: str | None
+    version: int | None
+
+
+class EngineRollouts(EngineReads):
+    """Rollout calls of :class:`~rlreplay.app.engine.engine.Engine`."""
+
+    _leases: LeaseExpiry | None = None
+
+    # -- idempotency ----------------------------------------------------------------------
+
+    async def once(
+        self,
+        kind: str,
+        request_id: str | None,
+        serve: Callable[[list[Any] | None], Awaitable[Answer]],
+    ) -> Answer:
+        """Serve a write once per request id and ``kind`` of write (push, patch, delete):
+        ``serve(request)`` does it, logging ``request`` (``[id, status, answer, time]``, filled
+        in by it) with its record; a repeat of the id gets the first answer (waiting for it
+        while it is in flight)."""
+        if request_id is None:
+            return await serve(None)
+        request_id = scoped_id(kind, request_id)
+        ids = self.state.request_ids
+        got = ids.begin(request_id)
+        if got is None:
+            try:
+                answer = await serve([request_id, 0, {}, time.time()])
+            except BaseException as exc:
+                ids.forget(request_id, exc)
+                raise
+            ids.finish(request_id, answer)
+            return answer
+        if isinstance(got, tuple):
+            return got
+        return await asyncio.shield(got)
+
+    # -- patches --------------------------------------------------------------------------
+
+    async def patch(
+        self,
+        table: str,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        wait: bool = False,
+        request_id: str | None = None,
+    ) -> Answer:
+        """Set fields of existing items' values: ``items`` are (key, msgpack map of the
+        fields). Answers ``(status, {"accepted" or "committed": n, "missing": m})``."""
+
+        async def serve(request: list[Any] | None) -> Answer:
+            return await self._patch(table, items, wait=wait, request=request)
+
+        return await self.once("patch", request_id, serve)
+
+    async def _patch(
+        self,
+        table: str,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        wait: bool,
+        request: list[Any] | None,
+    ) -> Answer:
+        t = self._table(table)
+        writer = self._writer()
+        read: dict[tuple[int, int], bytes] = {}  # (slot, value version) → value from disk
+        for _ in range(_PATCH_TRIES):
+            merged, misses = self._merge(t, items, read)
+            if not misses:
+                break
+            s = self.state
+            assert s.store is not None
+            found = await s.io.run(s.store.get_many, [value_key(t.prefix, k) for _, _, k in misses])
+            for (slot, version, _), value in zip(misses, found, strict=True):
+                if value is not None:
+                    read[(slot, version)] = value
+            t = self._table(table)
+        else:
+            raise DeadlineExceeded(f"table {table!r}: the items kept moving; retry the patch")
+        n = len(merged)
+        missing = len(items) - n
+        status, body = (200, {"committed": n}) if wait else (202, {"accepted": n})
+        body["missing"] = missing
+        if request is not None:
+            request[1:3] = [status, body]
+        if not merged and request is None:
+            return status, body
+        nbytes = sum(len(it.value) for it, _ in merged)
+        self._reserve(n, nbytes)
+        s = self.state
+        if s.storage.capped and s.ledger.bytes + s.queued_bytes + nbytes > s.ledger.limit_bytes:
+            raise StorageFull(
+                f"memory mode: the patched values would pass cache_memory_limit_mb "
+                f"({self.settings.cache_memory_limit_mb} MB)"
+            )
+        keys = [it.key for it, _ in merged]
+        values = [it.value for it, _ in merged]
+        seq = s.next_seq(records.patch(table, keys, values, request) if s.wal is not None else None)
+        fut = asyncio.get_running_loop().create_future() if wait and merged else None
+        if merged:
+            t.pending.update({it.key: (seq, it, ts) for it, ts in merged})
+            t.accept(seq, n)
+            patched = [it for it, _ in merged]
+            writer.submit(PatchOp(seq, future=fut, weight=n, table=t, items=patched))
+        await self._committed(seq, fut)
+        return status, body
+
+    def _merge(
+        self,
+        t: Table,
+        items: Sequence[tuple[str, bytes]],
+        read: dict[tuple[int, int], bytes],
+    ) -> tuple[list[tuple[PatchedItem, float]], list[tuple[int, int, str]]]:
+        """The patched items over what readers see now, or the values to read first."""
+        merged: dict[str, tuple[PatchedItem, float]] = {}
+        misses: list[tuple[int, int, str]] = []
+        pending, index = t.pending, t.index
+        for key, fields in items:
+            base = merged.get(key)
+            if base is not None:  # the same key twice: the second merges over the first
+                it = base[0]
+                value = merge_fields(it.value, fields, key)
+                merged[key] = (PatchedItem(key, value, it.priority, it.group, it.version), base[1])
+                continue
+            entry = pending.get(key)
+            if entry is not None:
+                if entry[1] is None:
+                    continue  # deleted
+                old, ts = entry[1], entry[2]
+                value = merge_fields(old.value, fields, key)
+                merged[key] = (PatchedItem(key, value, old.priority, old.group, old.version), ts)
+                continue
+            slot = index.get(key)
+            if slot is None:
+                continue
+            current = t.values[slot]
+            if current is None:
+                current = read.get((slot, int(t.version[slot])))
+                if current is None:
+                    misses.append((slot, int(t.version[slot]), key))
+                    continue
+            version = int(t.policy_version[slot])
+            merged[key] = (
+                PatchedItem(
+                    key,
+                    merge_fields(current, fields, key),
+                    float(t.priority[slot]),
+                    t.rollouts.groups.get(slot),
+                    None if version == NO_VERSION else version,
+                ),
+                float(t.inserted_at[slot]),
+            )
+        return list(merged.values()), misses
+
+    # -- claims ---------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        table: str,
+        task: str,
+        batch_size: int,
+        *,
+        fields: list[str] | None = None,
+        group_size: int | None = None,
+        lease_s: float = 60.0,
+        wait_ms: int = 10_000,
+        partial: bool = False,
+        min_version: int | None = None,
+    ) -> tuple[Lease | None, list[ClaimedItem]]:
+        """Hand ``task`` the oldest items ready for it under a new lease (see the
+        contract's ``claim``); None and no items when nothing is handed out."""
+        if group_size is not None and batch_size % group_size:
+            raise ValidationFailed(
+                f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
+            )
+        t = self._table(table)
+        timeout = wait_ms / 1000
+        deadline = time.monotonic() + timeout
+        # what was answered before the claim is applied first, however short its wait: a
+        # claim reads its writes (the writer's lag is short; a stuck writer is 504 here)
+        catch_up = max(timeout, DEFAULT_TIMEOUT_S)
+        await self._caught_up(t, time.monotonic() + catch_up, catch_up)
+        r = t.rollouts
+        want = r.want(fields)
+        state = r.task(task)
+        state.want = want
+        while True:
+            slots = r.pick(state, want, batch_size, group_size, min_version)
+            if len(slots) >= batch_size:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if partial:
+                    break
+                raise DeadlineExceeded(
+                    f"table {table!r}: {len(slots)} of {batch_size} items were ready for task "
+                    f"{task!r} within {timeout:g} s"
+                )
+            await r.changed.wait(left)
+            t = self._table(table)  # TableNotFound once dropped
+            state = r.task(task)
+        if not slots:
+            return None, []
+        lease = r.lease(state, slots, lease_s)
+        assert self._leases is not None
+        self._leases.schedule(t, lease)
+        return lease, await self._claimed(t, lease, slots, fields, want)
+
+    async def _claimed(
+        self, t: Table, lease: Lease, slots: list[int], fields: list[str] | None, want: int
+    ) -> list[ClaimedItem]:
+        """The items of a new lease, their values cut to ``fields`` (as stored when they
+        have those fields alone); those deleted while their values were read from disk
+        leave the lease."""
+        keys = list(lease.entries)
+        values: list[Any] = [t.values[slot] for slot in slots]
+        misses = [(i, slot, keys[i]) for i, slot in enumerate(slots) if values[i] is None]
+        if misses:
+            found: list[Any] = [None] * len(slots)
+            await self._read_misses(t, misses, found)
+            for i, _, _ in misses:
+                values[i] = None if found[i] is None else found[i].value
+        out: list[ClaimedItem] = []
+        gone: list[str] = []
+        groups, versions = t.rollouts.groups, t.policy_version
+        prios = t.priority[slots].tolist()
+        masks = t.field_mask[slots].tolist()
+        for key, slot, value, prio, mask in zip(keys, slots, values, prios, masks, strict=True):
+            if value is None:
+                gone.append(key)
+                continue
+            version = int(versions[slot])
+            out.append(
+                ClaimedItem(
+                    key,
+                    value if fields is None or mask == want else project(value, fields),
+                    prio,
+                    groups.get(slot),
+                    None if version == NO_VERSION else version,
+                )
+            )
+        if gone:
+            t.rollouts.drop_entries(lease, gone)
+        return out
+
+    def _lease(self, t: Table, lease_id: str) -> Lease:
+        lease = t.rollouts.leases.get(lease_id)
+        if lease is None or lease.deadline <= time.monotonic():
+            if lease is not None:
+                t.rollouts.expire(lease_id)
+            raise LeaseNotFound(f"no live lease {lease_id!r} on table {t.name!r}")
+        return lease
+
+    async def ack(self, table: str, lease_id: str, keys: list[str] | None = None) -> int:
+        """The lease's items of ``keys`` (all when None) count as consumed by its task,
+        durably; returns how many of them are acknowledged (a repeat counts them again)."""
+        t = self._table(table)
+        writer = self._writer()
+        r = t.rollouts
+        lease = self._lease(t, lease_id)
+        task = r.task(lease.task)
+        count = 0
+        newly: list[tuple[str, list[Any]]] = []
+        for key in lease.keys(keys):
+            entry = lease.entries[key]
+            if entry[2] == "acked":
+                count += 1
+            elif entry[2] == "held" and r.live(lease, key) is not None:
+                newly.append((key, entry))
+        if not newly:
+            return count
+        acked = [key for key, _ in newly]
+        self._reserve(len(acked), 0)
+        for _, entry in newly:
+            entry[2] = "acked"
+            task.leased.pop(entry[1], None)
+            task.unacked.pop(entry[1], None)
+        task.acked += len(newly)
+        s = self.state
+        seq = s.next_seq(records.ack(table, lease.task, acked) if s.wal is not None else None)
+        t.accept(seq, len(acked))
+        writer.submit(AckOp(seq, weight=len(acked), table=t, task=lease.task, keys=acked))
+        doomed = self._consumed(t, [(entry[0], entry[1], key) for key, entry in newly])
+        if doomed:
+            self._reserve(len(doomed), 0)
+            seq, _ = self._enqueue_delete(writer, t, doomed, wait=False)
+        try:
+            await self._committed(seq, None)
+        except BaseException:
+            for _, entry in newly:  # refused: the items are the task's to consume again
+                if entry[2] == "acked":
+                    entry[2] = "held"
+                    task.leased[entry[1]] = lease.id
+                    task.unacked[entry[1]] = entry[0]
+            task.acked -= len(newly)
+            raise
+        return count + len(newly)
+
+    def _consumed(self, t: Table, acked: list[tuple[int, int, str]]) -> list[str]:
+        """The keys of ``acked`` (slot, order, key) every task of the table's
+        ``delete_after_ack`` has acknowledged now."""
+        tasks = t.config.delete_after_ack
+        if not tasks:
+            return []
+        r = t.rollouts
+        doomed = []
+        for slot, order, key in acked:
+            for name in tasks:
+                state = r.tasks.get(name)
+                if state is not None:
+                    if order in state.unacked:
+                        break
+                else:
+                    bit = r.task_bits.bits.get(name)
+                    if bit is None or not int(t.acked_mask[slot]) & bit:
+                        break
+            else:
+                doomed.append(key)
+        return doomed
+
+    def expire_leases(self, *, before: float | None = None) -> None:
+        """Release the leases whose deadline (``time.monotonic()``) is before ``before``
+        (default: now), as the expiry task does when their time comes; tests pass a time
+        ahead rather than sleep."""
+        if self._leases is not None:
+            self._leases.expire_due(before)
+
+    async def release(self, table: str, lease_id: str, keys: list[str] | None = None) -> int:
+        """The lease's held items of ``keys`` (all when None) are ready for its task again."""
+        t = self._table(table)
+        lease = self._lease(t, lease_id)
+        return t.rollouts.release(lease, lease.keys(keys))
+
+    # -- policy versions ------------------------------------------------------------------
+
+    async def set_version(self, table: str, version: int) -> dict[str, int]:
+        """Move the table's policy version forward; with ``max_staleness``, the rollouts
+        it leaves behind are deleted. Raises VersionConflict for a lower version."""
+        t = self._table(table)
+        writer = self._writer()
+        r = t.rollouts
+        current = r.version
+        if version < current:
+            raise VersionConflict(
+                f"table {table!r} is at policy version {current}; it never goes back to {version}"
+            )
+        if version == current:
+            return {"version": current, "dropped_stale": r.dropped_stale}
+        s = self.state
+        seq = s.next_seq(records.version(table, version) if s.wal is not None else None)
+        r.version = version
+        t.accept(seq, 0)
+        writer.submit(VersionOp(seq, weight=0, table=t, version=version))
+        stale = self._stale_keys(t)
+        if stale:
+            self._reserve(len(stale), 0)
+            seq, _ = self._enqueue_delete(writer, t, stale, wait=False)
+            r.dropped_stale += len(stale)
+        try:
+            await self._committed(seq, None)
+        except BaseException:
+            if r.version == version:
+                r.version = current
+            r.dropped_stale -= len(stale)
+            raise
+        return {"version": r.version, "dropped_stale": r.dropped_stale}
+
+    def _stale_keys(self, t: Table) -> list[str]:
+        """Keys of the items a reader sees whose version is below the staleness floor."""
+        floor = t.rollouts.floor()
+        if floor is None:
+            return []
+        n = len(t.keys)
+        pv = t.policy_version[:n]
+        pending = t.pending
+        keys: list[str] = []
+        for slot in np.flatnonzero((pv >= 0) & (pv < floor)).tolist():
+            key = t.keys[slot]
+            if key is None:
+                continue
+            entry = pending.get(key)
+            if entry is None or isinstance(entry[1], PatchedItem):
+                keys.append(key)
+        for key, entry in pending.items():
+            it = entry[1]
+            if it is not None and not isinstance(it, PatchedItem):
+                if it.version is not None and it.version < floor:
+                    keys.append(key)
+        return keys
+
+    def fresh_items(self, t: Table, items: Sequence[Any]) -> Sequence[Any]:
+        """``items`` less those a push brings already stale (dropped, and counted)."""
+        floor = t.rollouts.floor()
+        if floor is None:
+            return items
+        kept = [it for it in items if it.version is None or it.version >= floor]
+        t.rollouts.dropped_stale += len(items) - len(kept)
+        return kept
+
+    def task_stats(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per table with consumer tasks, each task's counts (for ``/metrics``)."""
+        state = self._state
+        if state is None or not self._open:
+            return {}
+        return {
+            name: t.rollouts.counts()
+            for name, t in state.tables.items()
+            if t.rollouts.tasks and not t.dropping
+        }
+
+    def tasks(self, table: str) -> dict[str, Any]:
+        """``/tasks``: per task ready, leased, acknowledged and expired; the version."""
+        r = self._table(table).rollouts
+        return {"tasks": r.counts(), "version": r.version, "dropped_stale": r.dropped_stale}

@@ -1,0 +1,471 @@
+"""A table's rollout state: which fields each item has, which tasks consumed it, leases,
+groups and the policy version (the contract's "Rollout tables").
+
+The index lives in memory next to the table's columns, so a claim decides from it alone and
+never reads a value to do so:
+
+* :class:`Names` gives each field name (and each task name) a bit; per slot the table keeps
+  the bits of the fields its value has (``field_mask``) and of the tasks that acknowledged
+  it (``acked_mask``). What is durable are the names (in the item's metadata record), never
+  the bits, so a bit means what this process made it mean.
+* Each :class:`TaskState` keeps the items the task has not acknowledged, oldest first, and
+  those it holds under a live lease: a claim walks them from the oldest, skipping the
+  leased ones and those still missing a field, so its cost follows what is in flight, not
+  the size of the table.
+* :class:`Lease` is what a claim handed out; leases live in memory only.
+
+The writer changes the index as it applies pushes, patches, acknowledgements and deletes
+(:meth:`Rollouts.on_put`, :meth:`Rollouts.on_free`...); claims, releases and expiries
+change the leases on the event loop's thread. Waiting claims wait on :class:`Signal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+from rlreplay.app.tables.items import PatchedItem
+from rlreplay.wire.errors import ValidationFailed
+
+if TYPE_CHECKING:
+    from rlreplay.app.tables.table import Table
+
+__all__ = ["MAX_NAMES", "Lease", "Names", "Rollouts", "Signal", "TaskState", "field_names"]
+
+#: Field names (and task names) a table tracks: one bit each in a 64-bit column.
+MAX_NAMES = 64
+#: A version column's value for an item pushed without one.
+NO_VERSION = -1
+
+_FIELDS = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
+_ENCODE = msgspec.msgpack.Encoder()
+
+
+def field_names(value: bytes) -> list[str]:
+    """The top-level field names of a msgpack map value (none for anything else)."""
+    try:
+        return list(_FIELDS.decode(value))
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):
+        return []
+
+
+def merge_fields(value: bytes, fields: bytes, key: str) -> bytes:
+    """``value`` (a msgpack map) with the entries of ``fields`` (a msgpack map) set in it.
+
+    The entries are spliced as their msgpack bytes: nothing below the top level is decoded.
+
+    Raises:
+        ValidationFailed: The stored value is not a map with string keys.
+    """
+    try:
+        merged = _FIELDS.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
+        raise ValidationFailed(
+            f"the value of key {key!r} is not a map of named fields: it cannot be patched"
+        ) from exc
+    merged.update(_FIELDS.decode(fields))
+    return _ENCODE.encode(merged)
+
+
+def project(value: bytes, names: list[str]) -> bytes:
+    """The map ``value`` with only the fields ``names`` (those it has)."""
+    try:
+        decoded = _FIELDS.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):
+        return value
+    return _ENCODE.encode({name: decoded[name] for name in names if name in decoded})
+
+
+class Names:
+    """Names given bits, in the order first seen (at most :data:`MAX_NAMES`)."""
+
+    def __init__(self) -> None:
+        self.bits: dict[str, int] = {}
+
+    def bit(self, name: str) -> int | None:
+        """The bit of ``name``, given one now if there is room (None: none left)."""
+        bit = self.bits.get(name)
+        if bit is None and len(self.bits) < MAX_NAMES:
+            bit = self.bits[name] = 1 << len(self.bits)
+        return bit
+
+    def mask(self, names: Iterable[str]) -> int:
+        """The bits of ``names`` (names past the limit are not tracked)."""
+        mask = 0
+        bits = self.bits
+        for name in names:
+            bit = bits.get(name)
+            if bit is None:
+                bit = self.bit(name)
+                if bit is None:
+                    continue
+            mask |= bit
+        return mask
+
+    def names(self, mask: int) -> list[str]:
+        """The names whose bits are in ``mask``."""
+        return [name for name, bit in self.bits.items() if mask & bit]
+
+
+class Signal:
+    """Wakes every waiter once something changed (waiters look again themselves)."""
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def notify(self) -> None:
+        """Wake the waiters."""
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Wait for the next :meth:`notify`, at most ``timeout_s``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+
+
+@dataclass(eq=False)
+class TaskState:
+    """What one consumer task has left to consume, and holds.
+
+    ``unacked`` maps an item's insertion order to its slot, oldest first (dicts keep their
+    insertion order, and items arrive in order); ``leased`` the orders it holds under a
+    lease, to the lease's id.
+    """
+
+    name: str
+    unacked: dict[int, int] = field(default_factory=dict)
+    leased: dict[int, str] = field(default_factory=dict)
+    #: The fields its last claim asked for (the ``ready`` count of ``/tasks`` uses them).
+    want: int = 0
+    acked: int = 0
+    expired: int = 0
+
+
+@dataclass(eq=False)
+class Lease:
+    """Items handed to a task by one claim: key → (slot, order, state), state one of
+    ``held``, ``acked``, ``released``."""
+
+    id: str
+    task: str
+    expires_at: float  # unix time
+    deadline: float  # time.monotonic()
+    entries: dict[str, list[Any]]
+
+    def keys(self, keys: list[str] | None) -> list[str]:
+        """The lease's keys among ``keys`` (all when None), in the lease's order."""
+        if keys is None:
+            return list(self.entries)
+        return [key for key in dict.fromkeys(keys) if key in self.entries]
+
+
+class Rollouts:
+    """One table's rollout index (see the module docstring)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.fields = Names()
+        self.task_bits = Names()
+        self.tasks: dict[str, TaskState] = {}
+        self.leases: dict[str, Lease] = {}
+        self.groups: dict[int, str] = {}  # slot → group, for items pushed with one
+        self.version = 0  # the trainer's current policy version
+        self.dropped_stale = 0
+        self.changed = Signal()
+        #: Whether any item was pushed with a group or version (answers then carry them).
+        self.has_meta = False
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The policy version and the stale rollouts dropped (acknowledgements are saved
+        with each item's metadata)."""
+        return {"version": self.version, "dropped_stale": self.dropped_stale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`."""
+        self.version = int(state.get("version", 0))
+        self.dropped_stale = int(state.get("dropped_stale", 0))
+
+    def meta_of(self, slot: int) -> list[Any] | None:
+        """What an item's metadata record keeps of it here: group, version, field names,
+        names of the tasks that acknowledged it (None: nothing to keep)."""
+        t = self.table
+        group = self.groups.get(slot)
+        version = int(t.policy_version[slot])
+        acked = int(t.acked_mask[slot])
+        fields = int(t.field_mask[slot])
+        if group is None and version == NO_VERSION and not acked and not fields:
+            return None
+        return [
+            group,
+            None if version == NO_VERSION else version,
+            self.fields.names(fields),
+            self.task_bits.names(acked),
+        ]
+
+    # -- the writer's hooks -----------------------------------------------------------------
+
+    def on_put(self, slot_list: list[int], items: Any, values: list[bytes]) -> None:
+        """New (or replaced) items at ``slot_list``: a replaced item is a new rollout (its
+        acknowledgements go; it is consumed again). The writer notifies :attr:`changed`
+        once their values can be read."""
+        t = self.table
+        slots = np.asarray(slot_list, dtype=np.int64)
+        t.acked_mask[slots] = 0
+        mask_of, names = self.fields.mask, field_names
+        t.field_mask[slots] = [mask_of(names(v)) for v in values]
+        groups = self.groups
+        versions = t.policy_version
+        for slot, it in zip(slot_list, items, strict=True):
+            group, version = it.group, it.version
+            if group is None:
+                groups.pop(slot, None)
+            else:
+                groups[slot] = group
+                self.has_meta = True
+            if version is None:
+                versions[slot] = NO_VERSION
+            else:
+                versions[slot] = version
+                self.has_meta = True
+        if self.tasks:
+            orders = t.order[slots].tolist()
+            for task in self.tasks.values():
+                unacked, leased = task.unacked, task.leased
+                for order, slot in zip(orders, slot_list, strict=True):
+                    unacked[order] = slot
+                    leased.pop(order, None)
+
+    def forget(self, slot_list: list[int]) -> None:
+        """Items about to be replaced or freed: out of every task's lists."""
+        if self.tasks:
+            orders = self.table.order[slot_list].tolist()
+            for task in self.tasks.values():
+                unacked, leased = task.unacked, task.leased
+                for order in orders:
+                    unacked.pop(order, None)
+                    leased.pop(order, None)
+
+    def on_free(self, slot_list: list[int]) -> None:
+        """Items freed: their slots forget them."""
+        self.forget(slot_list)
+        t = self.table
+        t.field_mask[slot_list] = 0
+        t.acked_mask[slot_list] = 0
+        t.policy_version[slot_list] = NO_VERSION
+        if self.groups:
+            for slot in slot_list:
+                self.groups.pop(slot, None)
+
+    def on_patch(self, slot: int, value: bytes) -> None:
+        """An item's value got new fields."""
+        self.table.field_mask[slot] = self.fields.mask(field_names(value))
+
+    def on_ack(self, task_name: str, slots: list[int]) -> None:
+        """``task_name`` acknowledged the items at ``slots`` (durably, once applied)."""
+        t = self.table
+        bit = self.task_bits.bit(task_name)
+        if bit is None:
+            raise ValidationFailed(f"a table tracks at most {MAX_NAMES} tasks")
+        if not slots:
+            return
+        at = np.asarray(slots, dtype=np.int64)
+        t.acked_mask[at] |= np.uint64(bit)
+        t.meta_dirty[at] = 1
+        task = self.tasks.get(task_name)
+        if task is not None:
+            pop = task.unacked.pop
+            for order in t.order[at].tolist():
+                pop(order, None)
+
+    def restore(self, slot: int, meta: list[Any]) -> None:
+        """An item loaded from storage with the record of :meth:`meta_of`."""
+        t = self.table
+        group, version, fields, acked = meta
+        if group is not None:
+            self.groups[slot] = group
+            self.has_meta = True
+        if version is not None:
+            t.policy_version[slot] = version
+            self.has_meta = True
+        t.field_mask[slot] = self.fields.mask(fields)
+        t.acked_mask[slot] = self.task_bits.mask(acked)
+
+    # -- tasks and claims (the event loop's) --------------------------------------------------
+
+    def task(self, name: str) -> TaskState:
+        """The state of task ``name``, built from the table on first use."""
+        state = self.tasks.get(name)
+        if state is not None:
+            return state
+        t = self.table
+        bit = self.task_bits.bit(name)
+        if bit is None:
+            raise ValidationFailed(f"a table tracks at most {MAX_NAMES} tasks")
+        n = len(t.keys)
+        live = np.flatnonzero(
+            np.fromiter((k is not None for k in t.keys), dtype=bool, count=n)
+            & ((t.acked_mask[:n] & np.uint64(bit)) == 0)
+        )
+        live = live[np.argsort(t.order[live], kind="stable")]
+        state = TaskState(name, dict(zip(t.order[live].tolist(), live.tolist(), strict=True)))
+        self.tasks[name] = state
+        return state
+
+    def floor(self) -> int | None:
+        """The lowest version claims and samples hand out (None: no staleness window)."""
+        s = self.table.config.max_staleness
+        return None if s is None else self.version - s
+
+    def want(self, names: list[str] | None) -> int:
+        """The bits of the fields a claim asks for.
+
+        Raises:
+            ValidationFailed: The table tracks no more field names, and one is new.
+        """
+        if not names:
+            return 0
+        mask = 0
+        for name in names:
+            bit = self.fields.bit(name)
+            if bit is None:
+                raise ValidationFailed(
+                    f"field {name!r}: a table tracks at most {MAX_NAMES} field names"
+                )
+            mask |= bit
+        return mask
+
+    def pick(
+        self,
+        task: TaskState,
+        want: int,
+        batch_size: int,
+        group_size: int | None,
+        min_version: int | None,
+    ) -> list[int]:
+        """The slots of the oldest items ready for ``task``: they have every field of
+        ``want``, it neither acknowledged nor holds them, their version is recent enough;
+        whole groups of ``group_size`` when given. At most ``batch_size``."""
+        t = self.table
+        fmask, versions, leased, groups = t.field_mask, t.policy_version, task.leased, self.groups
+        want_u = np.uint64(want)
+        low = self.floor()
+        if min_version is not None:
+            low = min_version if low is None else max(low, min_version)
+        out: list[int] = []
+        partial: dict[str, list[int]] = {}
+        for order, slot in task.unacked.items():
+            if order in leased or (fmask[slot] & want_u) != want_u:
+                continue
+            if low is not None:
+                version = versions[slot]
+                if version < low and (version != NO_VERSION or min_version is not None):
+                    continue
+            if group_size is None:
+                out.append(slot)
+                if len(out) >= batch_size:
+                    break
+                continue
+            group = groups.get(slot)
+            if group is None:
+                continue
+            members = partial.setdefault(group, [])
+            members.append(slot)
+            if len(members) == group_size:
+                out.extend(members)
+                partial[group] = []
+                if len(out) >= batch_size:
+                    break
+        return out
+
+    def ready_count(self, task: TaskState) -> int:
+        """Items ready for ``task`` with the fields its last claim asked for."""
+        return len(self.pick(task, task.want, len(task.unacked) + 1, None, None))
+
+    def lease(self, task: TaskState, slots: list[int], lease_s: float) -> Lease:
+        """Hand ``slots`` to ``task`` under a new lease."""
+        t = self.table
+        lease_id = secrets.token_urlsafe(12)
+        orders = t.order[slots].tolist()
+        entries: dict[str, list[Any]] = {}
+        for slot, order in zip(slots, orders, strict=True):
+            key = t.keys[slot]
+            assert key is not None
+            entries[key] = [slot, order, "held"]
+            task.leased[order] = lease_id
+        now = time.time(), time.monotonic()
+        lease = Lease(lease_id, task.name, now[0] + lease_s, now[1] + lease_s, entries)
+        self.leases[lease_id] = lease
+        return lease
+
+    def drop_entries(self, lease: Lease, keys: list[str]) -> None:
+        """Take ``keys`` out of a lease before it is answered (their values went meanwhile)."""
+        task = self.tasks.get(lease.task)
+        for key in keys:
+            _slot, order, _ = lease.entries.pop(key)
+            if task is not None and task.leased.get(order) == lease.id:
+                del task.leased[order]
+
+    def release(self, lease: Lease, keys: list[str], *, expired: bool = False) -> int:
+        """Make the held items of ``keys`` ready for the lease's task again; returns how
+        many of ``keys`` are released (those released before included)."""
+        task = self.tasks.get(lease.task)
+        released = 0
+        for key in keys:
+            entry = lease.entries[key]
+            if entry[2] == "held":
+                entry[2] = "released"
+                if task is not None and task.leased.get(entry[1]) == lease.id:
+                    del task.leased[entry[1]]
+                    if expired:
+                        task.expired += 1
+            if entry[2] == "released":
+                released += 1
+        if released:
+            self.changed.notify()
+        return released
+
+    def expire(self, lease_id: str) -> None:
+        """The lease's time is up: what it holds is ready again, and it is forgotten."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None:
+            self.release(lease, list(lease.entries), expired=True)
+
+    def live(self, lease: Lease, key: str) -> int | None:
+        """The slot of a leased item if it is still the item handed out (not replaced,
+        deleted, nor about to be); None otherwise."""
+        t = self.table
+        slot, order, _ = lease.entries[key]
+        if t.keys[slot] != key or int(t.order[slot]) != order:
+            return None
+        entry = t.pending.get(key)
+        if entry is not None and not isinstance(entry[1], PatchedItem):
+            return None
+        return int(slot)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``/tasks``: per task, items ready, leased, acknowledged, and lease expiries."""
+        return {
+            name: {
+                "ready": self.ready_count(task),
+                "leased": len(task.leased),
+                "acked": task.acked,
+                "expired": task.expired,
+            }
+            for name, task in sorted(self.tasks.items())
+        }

@@ -1,0 +1,65 @@
+"""The writer's part of rollout tables: applying patches, acknowledgements and policy
+versions (live, and when the log is replayed).
+
+A patch's values were merged when it was accepted (the pending index showed them at once);
+here they replace the stored values, in every storage mode as a cached, dirty value that a
+checkpoint or an eviction writes to RocksDB, like a push's in hybrid mode. The item keeps
+its place, priority, metadata and consumption.
+"""
+
+from __future__ import annotations
+
+from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
+from rlreplay.workers.state import EngineState, cache_charge
+
+__all__ = ["apply_ack", "apply_patch", "apply_version"]
+
+
+def apply_patch(state: EngineState, op: PatchOp) -> None:
+    """Store a patch's merged values (see the module docstring)."""
+    t = op.table
+    if t.dropped:
+        return
+    pending, index, values, seq = t.pending, t.index, t.values, op.seq
+    rollouts = t.rollouts
+    for it in op.items:
+        key = it.key
+        entry = pending.get(key)
+        if entry is not None and entry[0] == seq:
+            del pending[key]
+        slot = index.get(key)
+        if slot is None:  # trimmed meanwhile
+            continue
+        value = it.value
+        size = len(value) + len(key)
+        if values[slot] is not None:
+            t.bytes_in_cache -= int(t.size[slot])
+        values[slot] = value
+        t.size[slot] = size
+        t.bytes_in_cache += size
+        t.dirty[slot] = 1
+        t.meta_dirty[slot] = 1
+        t.version[slot] += 1  # a value read from RocksDB before this is stale
+        t.put_seq[slot] = seq
+        state.ledger.add(t, slot, cache_charge(size))
+        rollouts.on_patch(slot, value)
+    t.applied(seq, op.weight)
+    rollouts.changed.notify()
+
+
+def apply_ack(op: AckOp) -> None:
+    """Record that a task consumed items (their metadata then saves it)."""
+    t = op.table
+    if not t.dropped:
+        index_get = t.index.get
+        slots = [slot for key in op.keys if (slot := index_get(key)) is not None]
+        t.rollouts.on_ack(op.task, slots)
+    t.applied(op.seq, op.weight)
+
+
+def apply_version(op: VersionOp) -> None:
+    """Move the table's policy version forward (never back)."""
+    t = op.table
+    if not t.dropped:
+        t.rollouts.version = max(t.rollouts.version, op.version)
+    t.applied(op.seq, op.weight)
