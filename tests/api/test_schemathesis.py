@@ -6,7 +6,6 @@ types and schemas, for generated valid and invalid requests in JSON and msgpack.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,12 +109,14 @@ def _run_operation(operation: Any, mode: GenerationMode) -> None:
             # with 400 (documented); the schema cannot say so for arbitrary nested values.
             case.body = _fit(case.body)
         if isinstance(case.body, dict):
-            for wait in ("timeout_ms", "wait_ms"):
-                if isinstance(case.body.get(wait), int):
+            if "task" in case.body and "wait_ms" not in case.body:
+                case.body["wait_ms"] = 0  # a claim naming none waits 10 s for a full batch
+            for wait in ("timeout_ms", "wait_ms"):  # JSON may spell an int 8.0
+                if isinstance(case.body.get(wait), int | float):
                     case.body[wait] = min(case.body[wait], 200)
             if mode is GenerationMode.POSITIVE:
                 _whole_groups(case.body)
-        if isinstance(case.query, dict) and isinstance(case.query.get("wait_ms"), int):
+        if isinstance(case.query, dict) and isinstance(case.query.get("wait_ms"), int | float):
             case.query["wait_ms"] = min(case.query["wait_ms"], 200)  # a long poll's wait
         # Sampler params are validated by the sampler (a plugin point) at run time: a
         # schema-valid config may still name an unknown sampler or a bad param (422). A
@@ -133,9 +134,7 @@ def test_api_conforms_to_its_schema(fuzz_server: LiveServer, mode: GenerationMod
     schema = schemathesis.openapi.from_url(f"{fuzz_server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 11
-    deadline = time.monotonic() + 80
-    for operation in operations:
-        assert time.monotonic() < deadline, "schemathesis ran out of its time budget"
+    for operation in operations:  # 25 examples each, every wait capped at 200 ms
         try:
             _run_operation(operation, mode)
         except Unsatisfiable:
