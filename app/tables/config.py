@@ -5,12 +5,28 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from rlreplay.app.selection.rate_limiters import RateLimiter
 
 #: The largest count a config takes: the engine keeps counts in 64-bit signed integers.
 MAX_COUNT = 2**63 - 1
+
+
+def _number_not_text(value: Any) -> Any:
+    """A count or a rate must be a number: pydantic's lax mode would take ``"5"`` and
+    ``true``, which the schema refuses."""
+    if isinstance(value, bool | str | bytes):
+        raise PydanticCustomError(
+            "number_type", "Input should be a number, not {kind}", {"kind": type(value).__name__}
+        )
+    return value
+
+
+#: An int or a float of a config: numbers only (an integral float such as 8.0 is an int).
+Count = Annotated[int, BeforeValidator(_number_not_text)]
+Rate = Annotated[float, BeforeValidator(_number_not_text)]
 
 
 class SamplerSpec(BaseModel):
@@ -47,7 +63,7 @@ class MinSizeLimiter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["min_size"]
-    min_size: int = Field(1, ge=1, le=MAX_COUNT)
+    min_size: Count = Field(1, ge=1, le=MAX_COUNT)
 
 
 class SampleToInsertRatioLimiter(BaseModel):
@@ -56,9 +72,9 @@ class SampleToInsertRatioLimiter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["sample_to_insert_ratio"]
-    min_size_to_sample: int = Field(1, ge=1, le=MAX_COUNT)
-    samples_per_insert: float = Field(1.0, gt=0, allow_inf_nan=False)
-    error_buffer: float = Field(100.0, ge=0, allow_inf_nan=False)
+    min_size_to_sample: Count = Field(1, ge=1, le=MAX_COUNT)
+    samples_per_insert: Rate = Field(1.0, gt=0, allow_inf_nan=False)
+    error_buffer: Rate = Field(100.0, ge=0, allow_inf_nan=False)
 
 
 class QueueLimiter(BaseModel):
@@ -67,7 +83,7 @@ class QueueLimiter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["queue"]
-    size: int = Field(..., ge=1, le=MAX_COUNT)
+    size: Count = Field(..., ge=1, le=MAX_COUNT)
 
 
 RateLimiterSpec = Annotated[
@@ -82,10 +98,10 @@ class TableConfig(BaseModel):
 
     sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec(type="uniform"))
     remover: RemoverSpec = Field(default_factory=lambda: RemoverSpec())
-    max_size: int | None = Field(None, ge=1, le=MAX_COUNT)
-    max_times_sampled: int = Field(0, ge=0, le=MAX_COUNT)
+    max_size: Count | None = Field(None, ge=1, le=MAX_COUNT)
+    max_times_sampled: Count = Field(0, ge=0, le=MAX_COUNT)
     rate_limiter: RateLimiterSpec | None = None
-    max_staleness: int | None = Field(
+    max_staleness: Count | None = Field(
         None,
         ge=0,
         le=MAX_COUNT,

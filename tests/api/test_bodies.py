@@ -17,7 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlreplay.app.api.bodies import PushBody, parse_keys, parse_push, parse_sample
+from rlreplay.app.api.bodies import (
+    PushBody,
+    parse_keys,
+    parse_push,
+    parse_sample,
+    parse_table_config,
+)
 from rlreplay.app.api.encoding import BodyFormat
 from rlreplay.app.tables.items import push_body_items
 from rlreplay.wire.errors import BadRequest, ValidationFailed
@@ -455,3 +461,17 @@ def test_deep_bodies_are_refused_never_failed(fmt: BodyFormat, depth: int) -> No
     ):
         with pytest.raises((BadRequest, ValidationFailed)):
             parse(data, fmt)
+
+
+@pytest.mark.parametrize("bad", [True, "5", b"5"])
+@pytest.mark.parametrize("field", ["max_size", "max_times_sampled", "max_staleness"])
+def test_a_table_config_count_given_as_text_or_a_boolean_is_refused(field: str, bad: Any) -> None:
+    """The schema says integer: pydantic's lax reading of "5" and true must not stand."""
+    body = msgpack.packb({field: bad}, use_bin_type=True)
+    with pytest.raises(BadRequest, match=field):
+        parse_table_config(body, BodyFormat.MSGPACK)
+
+
+def test_a_table_config_count_may_be_spelled_as_an_integral_float() -> None:
+    config = parse_table_config(b'{"max_size": 8.0}', BodyFormat.JSON)
+    assert config.max_size == 8
