@@ -19,13 +19,17 @@ import numpy as np
 from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import ValidationFailed
+from rlreplay.wire.packing import array_ext, is_flat
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest, ItemIn, PushRequest
 
 __all__ = ["columns_request", "encode_body", "packed_item", "push_request"]
 
 
-def _pack_raw(obj: Any) -> msgspec.Raw:
-    """What msgspec does not encode itself, packed by the codec and spliced in."""
+def _pack_raw(obj: Any) -> msgspec.Raw | msgspec.msgpack.Ext:
+    """What msgspec does not encode itself: an array as its extension, anything else packed
+    by the codec and spliced in."""
+    if type(obj) is np.ndarray:
+        return array_ext(obj)
     return msgspec.Raw(packb(obj))
 
 
@@ -53,8 +57,10 @@ def encode_body(body: Any) -> bytes:
 def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
     """A push body, each value packed by the codec and spliced in as is.
 
-    The values are packed in one call, as one list, then cut into their spans: packing each
-    on its own costs the codec a packer per value.
+    Flat values (maps of strings to arrays and plain scalars, the usual kind) stay as they
+    are: msgspec encodes them with the body, in one pass and one copy. Others are packed in
+    one call, as one list, then cut into their spans: packing each on its own costs the
+    codec a packer per value.
 
     Args:
         items: ``{"key", "value", "priority"?, "group"?, "version"?}`` each.
@@ -68,7 +74,9 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
             server's 422, said before sending.
     """
     try:
-        packed = packb([item["value"] for item in items])
+        values: list[Any] = [item["value"] for item in items]
+        if not is_flat(values):
+            values = _VALUE_SPANS.decode(packb(values))
         body_items = [
             ItemIn(item["key"], value, item.get("priority", DEFAULT_PRIORITY))
             if len(item) - ("priority" in item) == 2  # key and value (the common case)
@@ -79,7 +87,7 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
                 item.get("group", msgspec.UNSET),
                 item.get("version", msgspec.UNSET),
             )
-            for item, value in zip(items, _VALUE_SPANS.decode(packed), strict=True)
+            for item, value in zip(items, values, strict=True)
             # with key and value there, no field but priority, group and version
             if len(item) - ("priority" in item) - ("group" in item) - ("version" in item) == 2
         ]

@@ -36,7 +36,7 @@ from rlreplay.wire.arrays import (
 )
 from rlreplay.wire.headers import array_header, float_bytes, int_bytes, map_header, str_bytes
 
-__all__ = ["encode_default", "packb"]
+__all__ = ["array_ext", "encode_default", "is_flat", "packb"]
 
 _PYTHON_SCALARS = (bool, int, float, str, bytes)
 #: Maps and lists nested deeper than this are handed to msgpack-python as a whole.
@@ -158,8 +158,9 @@ _FLAT_TYPES: Final = frozenset({np.ndarray, float, int, str, bool, bytes, type(N
 _PAYLOAD_HEADS: dict[tuple[Any, tuple[int, ...]], bytes] = {}
 
 
-def _array_ext(array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
-    """msgspec's hook for the one type :func:`_flat` lets through: a NumPy array."""
+def array_ext(array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
+    """A NumPy array as msgspec's extension type 1: the hook for the one type a value
+    :func:`is_flat` accepts holds that msgspec does not encode itself."""
     key = (array.dtype, array.shape)
     head = _PAYLOAD_HEADS.get(key)
     if head is not None and array.flags.c_contiguous:
@@ -173,10 +174,10 @@ def _array_ext(array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
     return msgspec.msgpack.Ext(EXT_NDARRAY, payload)
 
 
-_FLAT_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=_array_ext)
+_FLAT_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=array_ext)
 
 
-def _flat(obj: Any) -> bool:
+def is_flat(obj: Any) -> bool:
     """Whether ``obj`` is a map of str to arrays and plain scalars, or a list of such maps:
     the usual value, which msgspec encodes in C with the bytes the hand-laid path writes."""
     maps = obj if type(obj) is list else (obj,)
@@ -205,7 +206,7 @@ def packb(obj: Any) -> bytes:
         ValueError: The value is too deep or too large for msgpack, or an int does not fit
             in 64 bits.
     """
-    if _flat(obj):
+    if is_flat(obj):
         try:
             return _FLAT_ENCODER.encode(obj)
         except OverflowError:  # an int past 64 bits: the hand-laid path says which
