@@ -137,6 +137,53 @@ def test_the_sidecar_serves_the_servers_items(server: LiveServer, tmp_path: Path
         assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
 
 
+def test_uniform_and_ptime_draws_through_the_process_pass_the_bar(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    call(server.url, "PUT", "/v1/tables/plain", {"sampler": {"type": "uniform"}})
+    keys = [f"p{i}" for i in range(20)]
+    items = [{"key": k, "value": {"reward": float(i)}} for i, k in enumerate(keys)]
+    call(server.url, "POST", "/v1/tables/plain/items", {"items": items, "wait": True})
+    half_life = 0.05
+    call(
+        server.url,
+        "PUT",
+        "/v1/tables/recent",
+        {"sampler": {"type": "ptime", "half_life_s": half_life}},
+    )
+    for i in range(6):  # inserted 20 ms apart: a few half-lives between the first and last
+        body = {"items": [{"key": f"r{i}", "value": {"reward": float(i)}}], "wait": True}
+        call(server.url, "POST", "/v1/tables/recent/items", body)
+        time.sleep(0.02)
+    got = call(
+        server.url,
+        "POST",
+        "/v1/tables/recent/items:batchGet",
+        {"keys": [f"r{i}" for i in range(6)]},
+    )
+    born = {item["key"]: item["inserted_at"] for item in got["items"]}
+    newest = max(born.values())
+    mass = {k: 2.0 ** ((t - newest) / half_life) for k, t in born.items()}
+    with running_sidecar(tmp_path, server.url, "plain") as sidecar:
+        wait_for(lambda: get(sidecar, "/readyz").status_code == 200, what="readyz")
+        counts: Counter[str] = Counter()
+        while sum(counts.values()) < 40_000:
+            batch = sample(sidecar, 4096, "uniform")
+            counts.update(batch["keys"])
+        assert_follows(counts, {k: 1 / 20 for k in keys})
+        assert np.all(batch["probabilities"] == 1 / 20)
+    with running_sidecar(tmp_path, server.url, "recent") as sidecar:
+        wait_for(lambda: get(sidecar, "/readyz").status_code == 200, what="readyz")
+        counts = Counter()
+        while sum(counts.values()) < 40_000:
+            batch = sample(sidecar, 4096, "ptime")
+            counts.update(batch["keys"])
+        want = {k: m / sum(mass.values()) for k, m in mass.items()}
+        assert_follows(counts, want)
+        for key, p in zip(batch["keys"], batch["probabilities"].tolist(), strict=True):
+            assert p == pytest.approx(want[key], rel=1e-6)
+
+
 def test_a_training_loop_iterates_the_dataset(server: LiveServer) -> None:
     call(server.url, "PUT", "/v1/tables/train", {"sampler": {"type": "uniform"}})
     pushed = {f"t{i}": value_of(i) for i in range(25)}
