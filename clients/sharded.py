@@ -38,6 +38,7 @@ from rlreplay.clients.shard_merge import (
     shard_masses,
     split_picks,
 )
+from rlreplay.clients.sharded_rollouts import ShardedRolloutCalls
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
@@ -50,7 +51,7 @@ T = TypeVar("T")
 _EMPTY_POLL_S: Final = (0.01, 0.25)
 
 
-class ShardedReplayClient:
+class ShardedReplayClient(ShardedRolloutCalls):
     """An async client of several replay servers, each table spread over all of them.
 
     Use it as an async context manager (or call :meth:`aclose`)::
