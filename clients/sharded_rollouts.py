@@ -11,6 +11,7 @@ see :mod:`rlreplay.clients.rendezvous`) so that the group is whole on one server
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from types import TracebackType
@@ -229,11 +230,12 @@ class ShardedRolloutCalls:
     ) -> ShardedLease:
         """Claim up to ``batch_size`` items ready for ``task`` across the servers.
 
-        Every server is asked at once for what is missing (``partial``, not waiting); what
-        comes back beyond ``batch_size`` is released at once, keeping whole groups. While
-        short and ``wait_ms`` is not over, every server is asked again for what is still
-        missing, each waiting a short slice (growing from 25 ms to 500 ms) so that items
-        ready on any server are taken soon after they are. Each server's items are its
+        Every server is asked at once for its share of the batch (``partial``, not waiting),
+        and when that falls short, at once again for all that is missing; what comes back
+        beyond ``batch_size`` is released at once, keeping whole groups. While short and
+        ``wait_ms`` is not over, every server is asked again for what is still missing, each
+        waiting a short slice (growing from 25 ms to 500 ms) so that items ready on any
+        server are taken soon after they are. Each server's items are its
         oldest; across servers the order is not global.
 
         Raises:
@@ -253,14 +255,19 @@ class ShardedRolloutCalls:
         deadline = time.monotonic() + max(wait_ms, 0) / 1000
         slice_ms, max_slice_ms = _WAIT_SLICE_MS
         wait = 0
+        spread = len(live) > 1  # the first round asks each server for its share only
         answers: list[tuple[int, Lease]] = []  # answered but not yet kept or released
         try:
             while True:
+                ask = batch_size - held
+                if spread and ask > 0:  # whole groups each, rounded up
+                    unit = group_size or 1
+                    ask = math.ceil(ask / unit / len(live)) * unit
                 calls = {
                     s: self._shards[s].claim(
                         table,
                         task=task,
-                        batch_size=batch_size - held,
+                        batch_size=ask,
                         fields=fields,
                         group_size=group_size,
                         lease_s=lease_s,
@@ -278,8 +285,13 @@ class ShardedRolloutCalls:
                     s, lease = answers[0]
                     held += await self._keep(s, lease, batch_size - held, group_size, kept)
                     answers.pop(0)
+                if held >= batch_size:
+                    break
+                if spread:  # short: ask every server at once for all that is missing
+                    spread = False
+                    continue
                 left_ms = int((deadline - time.monotonic()) * 1000)
-                if held >= batch_size or left_ms <= 0:
+                if left_ms <= 0:
                     break
                 wait = min(slice_ms, left_ms)
                 slice_ms = min(slice_ms * 2, max_slice_ms)

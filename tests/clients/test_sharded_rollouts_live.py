@@ -205,3 +205,16 @@ async def test_a_server_down_is_named_unless_allow_partial(shards: list[LiveServ
         lease = await lenient.claim("down", task=TRAINER, batch_size=20, wait_ms=2000)
         assert sorted(lease.keys) == sorted(it["key"] for it in items)
         assert await lease.ack() == 20
+
+
+async def test_a_batch_on_one_server_fills_without_waiting(shards: list[LiveServer]) -> None:
+    """Each server is first asked for its share only; what one server holds beyond it is
+    still claimed at once, without ``partial`` and without waiting."""
+    items = [{"key": f"{{one}}/{i}", "value": {"x": i}} for i in range(24)]
+    async with client(shards) as rb:
+        await fresh(rb, "uneven", items)
+        assert len({rb.owner(it["key"]) for it in items}) == 1
+        lease = await rb.claim("uneven", task=TRAINER, batch_size=24, wait_ms=0)
+        assert sorted(lease.keys) == sorted(it["key"] for it in items)
+        assert len(lease.parts) == 2  # the share, then the rest, from the one server
+        assert await lease.ack() == 24
