@@ -14,8 +14,8 @@ items/s of ``stream(batch_size=256, prefetch=4)``; each sharded sample first rea
 server's share (a ``GET /v1/tables/{t}`` each), then samples them. claim: items/s of
 ``claim(batch_size=256, partial=True, wait_ms=0)`` + ``ack()`` one after another on a
 ``fifo`` table of 8192 fresh rollouts (pushed untimed, groups-free, 1 KiB each) until it is
-drained or the time is up; a sharded claim asks every server, keeps 256 and releases the
-surplus, then acknowledges each server's part concurrently. Ratios are against the
+drained or the time is up; a sharded claim asks each server for its share (then for the
+rest when short) and acknowledges each server's part concurrently. Ratios are against the
 baseline's run in the same repeat (the configurations take turns within each repeat), and
 figures are medians over the repeats.
 
