@@ -11,7 +11,11 @@ measured in the same run on the same servers (each on a table of its own, unifor
 push: items/s of pushes of 64 items with new keys, 4 in flight (``asyncio.gather``); each
 sharded push is split by owner, so over N servers it sends N smaller requests. sample:
 items/s of ``stream(batch_size=256, prefetch=4)``; each sharded sample first reads every
-server's share (a ``GET /v1/tables/{t}`` each), then samples them. Ratios are against the
+server's share (a ``GET /v1/tables/{t}`` each), then samples them. claim: items/s of
+``claim(batch_size=256, partial=True, wait_ms=0)`` + ``ack()`` one after another on a
+``fifo`` table of 8192 fresh rollouts (pushed untimed, groups-free, 1 KiB each) until it is
+drained or the time is up; a sharded claim asks each server for its share (then for the
+rest when short) and acknowledges each server's part concurrently. Ratios are against the
 baseline's run in the same repeat (the configurations take turns within each repeat), and
 figures are medians over the repeats.
 
@@ -49,6 +53,8 @@ PRELOAD = 4096
 CAPACITY = 20_000
 IN_FLIGHT = 4
 MAX_CALLS = 200_000  # per timed run, whatever the time
+CLAIM_ITEMS = 256
+ROLLOUTS = 8192
 
 Client = ReplayClient | ShardedReplayClient
 
@@ -95,6 +101,24 @@ async def _sample_rate(client: Client, table: str, seconds: float) -> float:
     return got / (time.perf_counter() - started)
 
 
+async def _claim_rate(client: Client, table: str, seconds: float, run: int) -> float:
+    value = np.zeros(ITEM_BYTES, dtype=np.uint8)
+    for start in range(0, ROLLOUTS, 512):
+        items = [{"key": f"c{run}/{i}", "value": {"x": value}} for i in range(start, start + 512)]
+        await client.push(table, items, wait=True)
+    got = 0
+    started = time.perf_counter()
+    while got < ROLLOUTS and time.perf_counter() - started < seconds:
+        lease = await client.claim(
+            table, task="bench", batch_size=CLAIM_ITEMS, wait_ms=0, partial=True
+        )
+        if not lease.items:
+            break
+        await lease.ack()
+        got += len(lease.items)
+    return got / (time.perf_counter() - started)
+
+
 async def _measure(urls: list[str], seconds: float, repeats: int) -> list[list[Any]]:
     configs: list[tuple[str, int, Client]] = [("ReplayClient (baseline)", 1, ReplayClient(urls[0]))]
     for n in (1, 2, 3):
@@ -109,11 +133,13 @@ async def _measure(urls: list[str], seconds: float, repeats: int) -> list[list[A
     try:
         for i, (_, _, client) in enumerate(configs):
             await _fill(client, f"t{i}")
+            await client.create_table(f"c{i}", sampler={"type": "fifo"})
         for run in range(repeats):  # configurations interleaved: drift hits them alike
             for i, (name, _, client) in enumerate(configs):
-                got = figures.setdefault(name, {"push": [], "sample": []})
+                got = figures.setdefault(name, {"push": [], "sample": [], "claim": []})
                 got["push"].append(await _push_rate(client, f"t{i}", seconds, run))
                 got["sample"].append(await _sample_rate(client, f"t{i}", seconds))
+                got["claim"].append(await _claim_rate(client, f"c{i}", seconds, run))
     finally:
         for _, _, client in configs:
             await client.aclose()
@@ -121,7 +147,7 @@ async def _measure(urls: list[str], seconds: float, repeats: int) -> list[list[A
     rows: list[list[Any]] = []
     for name, n, _ in configs:
         row: list[Any] = [name, n]
-        for kind in ("push", "sample"):
+        for kind in ("push", "sample", "claim"):
             # each repeat's ratio to the baseline's run of the same repeat: drift of a shared
             # machine's load between repeats cancels
             ratios = [a / b for a, b in zip(figures[name][kind], base[kind], strict=True)]
@@ -153,8 +179,18 @@ def main(argv: list[str] | None = None) -> None:
                 stop_process(proc)
     print_table(
         f"Sharded client: {PUSH_ITEMS} x {ITEM_BYTES} B pushes ({IN_FLIGHT} in flight), "
-        f"{SAMPLE_ITEMS}-item samples (prefetch 4), local servers",
-        ["client", "servers", "push items/s", "vs baseline", "sample items/s", "vs baseline"],
+        f"{SAMPLE_ITEMS}-item samples (prefetch 4), {CLAIM_ITEMS}-item claims + acks, "
+        "local servers",
+        [
+            "client",
+            "servers",
+            "push items/s",
+            "vs baseline",
+            "sample items/s",
+            "vs baseline",
+            "claim+ack items/s",
+            "vs baseline",
+        ],
         rows,
     )
 

@@ -6,6 +6,11 @@ unlike Python's ``hash()``) mixed with a 64-bit seed drawn from the shard's name
 splitmix64 finaliser. Adding a shard moves only the keys that now score highest on it, about
 ``1/N`` of them, and removing one moves only its own keys; the order the shards are listed
 in does not matter.
+
+A key holding a hash tag, ``{tag}`` (the first ``{`` and the first ``}`` after it, with
+something between), is hashed by its tag only, as Redis Cluster does: keys sharing a tag
+(``{prompt-17}/0``, ``{prompt-17}/1``...) land on one shard, which a claim of whole groups
+needs. A key without one is hashed whole.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Rendezvous", "key_hashes", "normalized_url"]
+__all__ = ["Rendezvous", "hashed_part", "key_hashes", "normalized_url"]
 
 _M1: Final = np.uint64(0xBF58476D1CE4E5B9)
 _M2: Final = np.uint64(0x94D049BB133111EB)
@@ -27,14 +32,24 @@ def _hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+def hashed_part(key: str) -> str:
+    """What of ``key`` is hashed: its hash tag when it has a non-empty one, else all of it."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
 def key_hashes(keys: Iterable[str]) -> npt.NDArray[np.uint64]:
-    """Each key's 64-bit BLAKE2b hash (of its UTF-8 bytes).
+    """Each key's 64-bit BLAKE2b hash (of the UTF-8 bytes of its ``hashed_part``).
 
     Raises:
         TypeError: A key is not a string.
     """
     try:
-        return np.fromiter((_hash64(key.encode()) for key in keys), dtype=np.uint64)
+        return np.fromiter((_hash64(hashed_part(key).encode()) for key in keys), dtype=np.uint64)
     except AttributeError:
         bad = next(key for key in keys if not isinstance(key, str))
         raise TypeError(f"key ({bad!r}) must be a string") from None

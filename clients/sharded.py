@@ -3,10 +3,10 @@
 Each key belongs to one server, chosen by rendezvous hashing of the key over the servers'
 URLs (:mod:`rlreplay.clients.rendezvous`): a push, get, batchGet, delete or priority update
 is split by owner and the parts are sent concurrently, and the answers are put back in the
-order asked. Table calls go to every server. A sample stays exact: the client reads each
-shard's share of the table (its ``draw_mass`` stat), splits the batch multinomially, samples
-the shards concurrently and reports each pick's probability and importance weight as one
-server holding every item would (see :mod:`rlreplay.clients.shard_merge`).
+order asked (keys sharing a ``{tag}`` share a server). Table calls go to every server;
+rollout calls are in :mod:`rlreplay.clients.sharded_rollouts`. A sample stays exact: it
+splits the batch by each shard's ``draw_mass``, samples the shards concurrently and reports
+each pick's probability and weight as one server would (:mod:`rlreplay.clients.shard_merge`).
 
 Per shard, not global: ``max_size``, ``max_times_sampled``, rate limiters, the order of the
 deterministic samplers, snapshots (docs/deployment.md, "Scaling out", lists them all).
@@ -38,6 +38,7 @@ from rlreplay.clients.shard_merge import (
     shard_masses,
     split_picks,
 )
+from rlreplay.clients.sharded_rollouts import ShardedRolloutCalls
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
@@ -50,7 +51,7 @@ T = TypeVar("T")
 _EMPTY_POLL_S: Final = (0.01, 0.25)
 
 
-class ShardedReplayClient:
+class ShardedReplayClient(ShardedRolloutCalls):
     """An async client of several replay servers, each table spread over all of them.
 
     Use it as an async context manager (or call :meth:`aclose`)::

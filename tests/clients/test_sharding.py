@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlreplay.clients.columns import ColumnBatch
-from rlreplay.clients.rendezvous import Rendezvous, normalized_url
+from rlreplay.clients.rendezvous import Rendezvous, hashed_part, normalized_url
 from rlreplay.clients.shard_merge import merge_columns, prioritized_weights, shard_masses
 from rlreplay.wire.errors import ValidationFailed
 
@@ -28,6 +28,31 @@ def test_pinned_owners_do_not_change_between_processes_or_releases() -> None:
     release that moved keys would strand the data already on the servers."""
     ring = Rendezvous(["http://a:1", "http://b:1", "http://c:1"])
     assert ring.owners(["k0", "k1", "k2", "k3", "k4", "k5"]).tolist() == [1, 0, 2, 1, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("key", "hashed"),
+    [
+        ("{prompt-17}/3", "prompt-17"),
+        ("run/{g}/{h}", "g"),  # the first tag only
+        ("a{b{c}d}", "b{c"),  # the first "}" after the first "{"
+        ("{}/3", "{}/3"),  # an empty tag: the whole key
+        ("}{x", "}{x"),  # no "}" after the "{"
+        ("{open", "{open"),
+        ("plain/key", "plain/key"),
+    ],
+)
+def test_hash_tags_are_hashed_alone_as_redis_cluster_does(key: str, hashed: str) -> None:
+    assert hashed_part(key) == hashed
+
+
+def test_keys_sharing_a_hash_tag_land_on_one_shard_and_tags_spread() -> None:
+    ring = Rendezvous(URLS)
+    for g in range(50):
+        group = [f"{{prompt-{g}}}/{i}" for i in range(8)]
+        assert set(ring.owners(group).tolist()) == {ring.owner(f"prompt-{g}")}
+    tags = np.bincount(ring.owners([f"{{g{g}}}/0" for g in range(4000)]), minlength=4)
+    assert all(abs(c - 1000) < 200 for c in tags), tags
 
 
 def test_keys_spread_evenly() -> None:

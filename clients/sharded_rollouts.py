@@ -1,0 +1,355 @@
+"""Rollout-table calls of the sharded client: patches, versions, and claims across servers.
+
+A patch goes to the servers owning its keys; a version is set on every server; a claim asks
+every server for items and keeps at most ``batch_size`` of them, whole groups only, under a
+:class:`ShardedLease` that acknowledges or releases each server's part. Leases, the oldest-
+first order and staleness stay per server: a sharded claim hands out each server's oldest
+items, not the oldest of the table. Keys of one group must share a hash tag (``{group}/i``,
+see :mod:`rlreplay.clients.rendezvous`) so that the group is whole on one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from rlreplay.clients.rollouts import Lease
+from rlreplay.wire.errors import DeadlineExceeded, Unavailable, ValidationFailed
+from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
+
+if TYPE_CHECKING:
+    from rlreplay.clients.client import ReplayClient
+
+__all__ = ["ShardedLease", "ShardedRolloutCalls"]
+
+T = TypeVar("T")
+
+#: How long each server waits, per round, while a short claim waits for more items: rounds
+#: start short so that items ready on any server are picked up soon, and grow to bound the
+#: number of requests a long wait makes.
+_WAIT_SLICE_MS: Final = (25, 500)
+
+
+class ShardedLease:
+    """The items of a claim across servers: the server leases that handed the kept items.
+
+    It has :class:`~rlreplay.clients.rollouts.Lease`'s interface; ``ack`` and ``release``
+    send each server lease its part of the keys, concurrently.
+
+    Attributes:
+        parts: ``(server URL, lease)`` pairs, one per server lease (a claim that waited may
+            hold several of one server).
+        id: The servers' lease ids joined by commas ("" when the claim handed out nothing).
+        expires_at: The earliest of the servers' expiries.
+        items: Every kept item (``Lease.items``' form), server by server.
+    """
+
+    def __init__(
+        self, client: ShardedRolloutCalls, table: str, parts: Sequence[tuple[int, Lease]]
+    ) -> None:
+        self._client = client
+        self.table = table
+        self._parts = sorted(((s, p) for s, p in parts if p.items), key=lambda sp: sp[0])
+        self.parts = [(client.urls[s], lease) for s, lease in self._parts]
+        self.id = ",".join(lease.id for _, lease in self._parts)
+        self.expires_at = min((p.expires_at for _, p in self._parts), default=0.0)
+        self.items: list[dict[str, Any]] = [i for _, p in self._parts for i in p.items]
+        self.done = not self.items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys handed out."""
+        return [item["key"] for item in self.items]
+
+    async def _each_part(self, action: str, keys: Sequence[str] | None) -> int:
+        """``action`` on each server lease with its part of ``keys`` (its kept items when
+        None: named, since a server lease also holds the surplus it released at once)."""
+        calls = []
+        for s, lease in self._parts:
+            mine = lease.keys
+            if keys is not None:
+                held = set(mine)
+                mine = [key for key in keys if key in held]
+            part = mine
+            if part:
+                calls.append(self._client._on(s, getattr(lease, action)(part)))
+        counts: list[int] = []
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            counts.append(int(outcome))
+        if keys is None:
+            self.done = True
+        return sum(counts)
+
+    async def ack(self, keys: Sequence[str] | None = None) -> int:
+        """The items (all when ``keys`` is None) count as consumed by the task, durably.
+
+        Returns:
+            How many are acknowledged, over every server.
+
+        Raises:
+            LeaseNotFound: A server's lease expired (every part was still sent).
+        """
+        return await self._each_part("ack", keys)
+
+    async def release(self, keys: Sequence[str] | None = None) -> int:
+        """The items (all when ``keys`` is None) are ready for the task again."""
+        return await self._each_part("release", keys)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self.done:
+            return
+        if exc_type is None:
+            await self.ack()
+        else:
+            await self.release()
+
+
+def _fitting(items: list[dict[str, Any]], room: int, by_group: bool) -> list[int]:
+    """The positions of ``items`` (one server's answer) kept in ``room``: the first ones, or
+    with ``by_group`` whole groups in the order they first appear."""
+    if not by_group:
+        return list(range(min(room, len(items))))
+    groups: dict[Any, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item.get("group"), []).append(i)
+    keep: list[int] = []
+    for places in groups.values():
+        if len(keep) + len(places) <= room:
+            keep.extend(places)
+    return sorted(keep)
+
+
+class ShardedRolloutCalls:
+    """Rollout-table calls of :class:`~rlreplay.clients.sharded.ShardedReplayClient`."""
+
+    urls: list[str]
+    _shards: list[ReplayClient]
+    _allow_partial: bool
+    _rng: np.random.Generator
+
+    if TYPE_CHECKING:  # the sharded client's fan-out helpers
+
+        def _split(self, keys: Sequence[str]) -> dict[int, npt.NDArray[np.intp]]: ...
+        async def _outcomes(
+            self, calls: Mapping[int, Awaitable[T]]
+        ) -> dict[int, T | BaseException]: ...
+        async def _each(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T]: ...
+        async def _all(self, call: Any) -> list[Any]: ...
+        async def _on(self, shard: int, call: Awaitable[T]) -> T: ...
+
+    async def patch(
+        self,
+        table: str,
+        items: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+    ) -> dict[str, int]:
+        """Set fields of existing items' values on the servers owning them
+        (``ReplayClient.patch``); the counts are summed over the servers."""
+        pairs = (
+            list(items.items())
+            if isinstance(items, Mapping)
+            else [(item["key"], item["fields"]) for item in items]
+        )
+        if not pairs:
+            return {"accepted": 0, "missing": 0}
+        calls = {
+            s: self._shards[s].patch(table, {pairs[i][0]: pairs[i][1] for i in places}, wait=wait)
+            for s, places in self._split([key for key, _ in pairs]).items()
+        }
+        total: dict[str, int] = {}
+        for answer in (await self._each(calls)).values():
+            for name, count in answer.items():
+                total[name] = total.get(name, 0) + count
+        return total
+
+    async def set_version(self, table: str, version: int) -> dict[str, int]:
+        """Set the policy version on every server (``ReplayClient.set_version``).
+
+        Returns:
+            ``{"version", "dropped_stale"}``: the version, and the stale items dropped
+            over every server.
+
+        Raises:
+            VersionConflict: A server is at a higher version (the others were still set).
+        """
+        answers = await self._all(lambda c: c.set_version(table, version))
+        return {
+            "version": max(a["version"] for a in answers),
+            "dropped_stale": sum(a["dropped_stale"] for a in answers),
+        }
+
+    async def tasks(self, table: str) -> dict[str, Any]:
+        """``ReplayClient.tasks`` over every server: each task's counts and
+        ``dropped_stale`` summed, ``version`` the highest."""
+        merged: dict[str, dict[str, int]] = {}
+        answers = await self._all(lambda c: c.tasks(table))
+        for answer in answers:
+            for name, counts in answer.get("tasks", {}).items():
+                into = merged.setdefault(name, {})
+                for field, count in counts.items():
+                    into[field] = into.get(field, 0) + int(count)
+        return {
+            "tasks": merged,
+            "version": max(int(a.get("version", 0)) for a in answers),
+            "dropped_stale": sum(int(a.get("dropped_stale", 0)) for a in answers),
+        }
+
+    async def claim(
+        self,
+        table: str,
+        *,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        group_size: int | None = None,
+        lease_s: float = 60.0,
+        wait_ms: int = DEFAULT_TIMEOUT_MS,
+        partial: bool = False,
+        min_version: int | None = None,
+    ) -> ShardedLease:
+        """Claim up to ``batch_size`` items ready for ``task`` across the servers.
+
+        Every server is asked at once for its share of the batch (``partial``, not waiting),
+        and when that falls short, at once again for all that is missing; what comes back
+        beyond ``batch_size`` is released at once, keeping whole groups. While short and
+        ``wait_ms`` is not over, every server is asked again for what is still missing, each
+        waiting a short slice (growing from 25 ms to 500 ms) so that items ready on any
+        server are taken soon after they are. Each server's items are its
+        oldest; across servers the order is not global.
+
+        Raises:
+            ValidationFailed: ``batch_size`` is not a multiple of ``group_size``.
+            DeadlineExceeded: ``batch_size`` items were not ready within ``wait_ms`` (and
+                ``partial`` is False); nothing stays leased.
+            Unavailable: A server cannot be reached (unless the client's ``allow_partial``
+                is set: the others then serve the claim).
+        """
+        if group_size is not None and group_size > 0 and batch_size % group_size:
+            raise ValidationFailed(
+                f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
+            )
+        live = list(range(len(self._shards)))
+        kept: list[tuple[int, Lease]] = []
+        held = 0
+        deadline = time.monotonic() + max(wait_ms, 0) / 1000
+        slice_ms, max_slice_ms = _WAIT_SLICE_MS
+        wait = 0
+        spread = len(live) > 1  # the first round asks each server for its share only
+        answers: list[tuple[int, Lease]] = []  # answered but not yet kept or released
+        try:
+            while True:
+                ask = batch_size - held
+                if spread and ask > 0:  # whole groups each, rounded up
+                    unit = group_size or 1
+                    ask = math.ceil(ask / unit / len(live)) * unit
+                calls = {
+                    s: self._shards[s].claim(
+                        table,
+                        task=task,
+                        batch_size=ask,
+                        fields=fields,
+                        group_size=group_size,
+                        lease_s=lease_s,
+                        wait_ms=wait,
+                        partial=True,
+                        min_version=min_version,
+                    )
+                    for s in live
+                }
+                answers = list((await self._answers(calls, live)).items())
+                # kept from a random first server on: none is drained before the others
+                start = int(self._rng.integers(len(answers))) if answers else 0
+                answers = answers[start:] + answers[:start]
+                while answers:
+                    s, lease = answers[0]
+                    held += await self._keep(s, lease, batch_size - held, group_size, kept)
+                    answers.pop(0)
+                if held >= batch_size:
+                    break
+                if spread:  # short: ask every server at once for all that is missing
+                    spread = False
+                    continue
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    break
+                wait = min(slice_ms, left_ms)
+                slice_ms = min(slice_ms * 2, max_slice_ms)
+            if held < batch_size and not partial:
+                raise DeadlineExceeded(
+                    f"{held} of {batch_size} items were ready for task {task!r} over "
+                    f"{len(live)} shards within {wait_ms} ms"
+                )
+        except BaseException:
+            await asyncio.gather(
+                *(lease.release() for _, lease in [*kept, *answers]),
+                return_exceptions=True,
+            )
+            raise
+        return ShardedLease(self, table, kept)
+
+    async def _answers(
+        self, calls: Mapping[int, Awaitable[Lease]], live: list[int]
+    ) -> dict[int, Lease]:
+        """Each server's lease; with the client's ``allow_partial``, servers that cannot be
+        reached leave ``live`` instead of failing the claim. Leases of servers that answered
+        are released when another failed."""
+        outcomes = await self._outcomes(calls)
+        answers = {s: o for s, o in outcomes.items() if isinstance(o, Lease)}
+        error = None
+        for s, outcome in outcomes.items():
+            if isinstance(outcome, Unavailable) and self._allow_partial:
+                live.remove(s)
+            elif isinstance(outcome, BaseException):
+                error = error or outcome
+        if error is None and not live:
+            error = Unavailable(f"none of the {len(self.urls)} shards is reachable")
+        if error is not None:
+            await asyncio.gather(
+                *(lease.release() for lease in answers.values()), return_exceptions=True
+            )
+            raise error
+        return answers
+
+    async def _keep(
+        self,
+        s: int,
+        lease: Lease,
+        room: int,
+        group_size: int | None,
+        kept: list[tuple[int, Lease]],
+    ) -> int:
+        """Keep what fits of ``lease`` in ``room`` (whole groups), release the rest at once,
+        and return how many were kept."""
+        keep = _fitting(lease.items, room, group_size is not None)
+        if len(keep) < len(lease.items):
+            if not keep:
+                await self._on(s, lease.release())
+                return 0
+            chosen = set(keep)
+            surplus = [it["key"] for i, it in enumerate(lease.items) if i not in chosen]
+            await self._on(s, lease.release(surplus))
+            lease.items = [lease.items[i] for i in keep]
+        if keep:
+            kept.append((s, lease))
+        return len(keep)
