@@ -36,7 +36,7 @@ from rlreplay.wire.schemas import (
     VersionRequest,
 )
 
-__all__ = ["Lease", "RolloutCalls", "new_request_id"]
+__all__ = ["Lease", "LeaseBase", "RolloutCalls", "new_request_id"]
 
 _CLAIM_TIMEOUT_MARGIN_S = 5.0
 
@@ -46,7 +46,45 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-class Lease:
+class LeaseBase:
+    """What every lease shares: its ``items`` and ``keys``, and ``async with`` that
+    acknowledges when the block ends normally and releases when it raises."""
+
+    items: list[dict[str, Any]]
+    done: bool
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys handed out."""
+        return [item["key"] for item in self.items]
+
+    async def ack(self, keys: Sequence[str] | None = None) -> int:
+        raise NotImplementedError
+
+    async def release(self, keys: Sequence[str] | None = None) -> int:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self.done:
+            return
+        if exc_type is None:
+            await self.ack()
+        else:
+            await self.release()
+
+
+class Lease(LeaseBase):
     """Items a claim handed to a task, until acknowledged, released or expired.
 
     Attributes:
@@ -63,14 +101,6 @@ class Lease:
         self.expires_at: float = float(answer.get("expires_at", 0.0))
         self.items: list[dict[str, Any]] = list(answer.get("items", []))
         self.done = not self.items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    @property
-    def keys(self) -> list[str]:
-        """The keys handed out."""
-        return [item["key"] for item in self.items]
 
     async def ack(self, keys: Sequence[str] | None = None) -> int:
         """The items (all when ``keys`` is None) count as consumed by the task, durably.
@@ -96,22 +126,6 @@ class Lease:
         if keys is None:
             self.done = True
         return int(answer.get("released", 0))
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self.done:
-            return
-        if exc_type is None:
-            await self.ack()
-        else:
-            await self.release()
 
 
 class RolloutCalls(Requester):

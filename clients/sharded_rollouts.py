@@ -14,13 +14,12 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.clients.rollouts import Lease
+from rlreplay.clients.rollouts import Lease, LeaseBase
 from rlreplay.wire.errors import DeadlineExceeded, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
 
@@ -37,7 +36,7 @@ T = TypeVar("T")
 _WAIT_SLICE_MS: Final = (25, 500)
 
 
-class ShardedLease:
+class ShardedLease(LeaseBase):
     """The items of a claim across servers: the server leases that handed the kept items.
 
     It has :class:`~rlreplay.clients.rollouts.Lease`'s interface; ``ack`` and ``release``
@@ -62,14 +61,6 @@ class ShardedLease:
         self.expires_at = min((p.expires_at for _, p in self._parts), default=0.0)
         self.items: list[dict[str, Any]] = [i for _, p in self._parts for i in p.items]
         self.done = not self.items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    @property
-    def keys(self) -> list[str]:
-        """The keys handed out."""
-        return [item["key"] for item in self.items]
 
     async def _each_part(self, action: str, keys: Sequence[str] | None) -> int:
         """``action`` on each server lease with its part of ``keys`` (its kept items when
@@ -106,22 +97,6 @@ class ShardedLease:
     async def release(self, keys: Sequence[str] | None = None) -> int:
         """The items (all when ``keys`` is None) are ready for the task again."""
         return await self._each_part("release", keys)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self.done:
-            return
-        if exc_type is None:
-            await self.ack()
-        else:
-            await self.release()
 
 
 def _fitting(items: list[dict[str, Any]], room: int, by_group: bool) -> list[int]:
