@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.clients.rollouts import ClaimLoop, Lease, LeaseBase
+from rlreplay.clients.rollouts import Lease, LeaseBase
 from rlreplay.wire.errors import DeadlineExceeded, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
 
@@ -114,7 +114,7 @@ def _fitting(items: list[dict[str, Any]], room: int, by_group: bool) -> list[int
     return sorted(keep)
 
 
-class ShardedRolloutCalls(ClaimLoop):
+class ShardedRolloutCalls:
     """Rollout-table calls of :class:`~rlreplay.clients.sharded.ShardedReplayClient`."""
 
     urls: list[str]

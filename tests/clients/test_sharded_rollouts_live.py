@@ -142,33 +142,6 @@ async def test_two_tasks_each_consume_everything_once(shards: list[LiveServer]) 
         assert counts[TRAINER]["acked"] == counts[CRITIC]["acked"] == 60
 
 
-async def test_consume_across_shards_hands_out_whole_groups_once(
-    shards: list[LiveServer],
-) -> None:
-    items = grouped()
-    async with client(shards) as rb:
-        await fresh(rb, "consumed", items)
-        seen: list[str] = []
-        batches = rb.consume(
-            "consumed", task=TRAINER, batch_size=2 * GROUP_SIZE, group_size=GROUP_SIZE,
-            prefetch=2, wait_ms=200,
-        )  # fmt: skip
-        async for lease in batches:  # bounded: breaks once every item came
-            assert len(lease) == 2 * GROUP_SIZE
-            assert Counter(it["group"] for it in lease.items) == {
-                g: GROUP_SIZE for g in {it["group"] for it in lease.items}
-            }
-            seen += lease.keys
-            if len(seen) == len(items):
-                break
-        await batches.aclose()
-        assert sorted(seen) == sorted(it["key"] for it in items)
-        # every lease but the one in hand when the loop ended was acknowledged
-        counts = (await rb.tasks("consumed"))["tasks"][TRAINER]
-        assert counts["acked"] == len(items) - 2 * GROUP_SIZE
-        assert counts["leased"] == 0
-
-
 async def test_release_hands_items_back_and_ack_sticks(shards: list[LiveServer]) -> None:
     items = [{"key": f"k{i}", "value": {"x": i}} for i in range(30)]
     async with client(shards) as rb:
