@@ -71,9 +71,8 @@ class ShardedLease(LeaseBase):
             if keys is not None:
                 held = set(mine)
                 mine = [key for key in keys if key in held]
-            part = mine
-            if part:
-                calls.append(self._client._on(s, getattr(lease, action)(part)))
+            if mine:
+                calls.append(self._client._on(s, getattr(lease, action)(mine)))
         counts: list[int] = []
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, BaseException):
