@@ -1,7 +1,9 @@
-"""The memory-mode checkpoint file: every table's items, written atomically.
+"""The memory-mode checkpoint file: the tables' items, written atomically.
 
-Memory mode has no RocksDB: a checkpoint writes all tables to ``memory.ckpt`` (a temporary
-file, fsynced, renamed), so the log stays bounded by the live data.
+Memory mode has no RocksDB: a checkpoint writes the tables to ``memory.ckpt`` (a temporary
+file, fsynced, renamed), so the log stays bounded. The items whose value was logged after
+the position the file covers are left out: the log from there, which a restart replays,
+holds them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+import numpy as np
 
 if TYPE_CHECKING:
     from rlreplay.app.tables.table import Table
@@ -19,8 +22,11 @@ MEMORY_CHECKPOINT = "memory.ckpt"
 _SNAPSHOT_BUFFER = 16 << 20  # the file buffer
 
 
-def write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Table]) -> None:
-    """Write the snapshot (in the I/O thread: the writer, the only mutator, waits for it).
+def write_checkpoint_file(
+    path: Path, header: dict[str, Any], tables: list[Table], upto: int
+) -> None:
+    """Write the snapshot (in the I/O thread: the writer, the only mutator, waits for it)
+    of the items whose value was logged up to ``upto``.
 
     The rows go through a 16 MiB file buffer, and the numeric columns are read as lists
     once per table: this thread needs the GIL between system calls, and with an 8 KiB
@@ -29,7 +35,7 @@ def write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Table
     """
     tmp = path.with_suffix(".tmp")
     try:
-        _write_rows(tmp, header, tables)
+        _write_rows(tmp, header, tables, upto)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a half-written file would hold on to the space it took
         raise
@@ -41,7 +47,7 @@ def write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Table
         os.close(fd)
 
 
-def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table]) -> None:
+def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table], upto: int) -> None:
     packer = msgpack.Packer(use_bin_type=True)
     with open(tmp, "wb", buffering=_SNAPSHOT_BUFFER) as f:
         f.write(packer.pack(header))
@@ -52,7 +58,9 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table]) -> None:
             times_sampled = t.times_sampled[:n].tolist()
             order = t.order[:n].tolist()
             meta_of = t.rollouts.meta_of
-            for slot, key in enumerate(t.keys):
+            keys = t.keys
+            for slot in np.flatnonzero(t.put_seq[:n] <= upto).tolist():
+                key = keys[slot]
                 if key is not None:
                     row: tuple[Any, ...] = (
                         t.tid,

@@ -40,7 +40,9 @@ def apply_patch(state: EngineState, op: PatchOp) -> None:
         t.dirty[slot] = 1
         t.meta_dirty[slot] = 1
         t.version[slot] += 1  # a value read from RocksDB before this is stale
-        t.put_seq[slot] = seq
+        # put_seq stays the push's: a checkpoint that stops at a position between the push
+        # and this patch must still write the item (the log it cuts holds the push), and a
+        # replayed patch only sets again the values written
         state.ledger.add(t, slot, cache_charge(size))
         rollouts.on_patch(slot, value)
     t.applied(seq, op.weight)

@@ -4,7 +4,7 @@ durable, chosen once at start from ``--storage-mode``.
 ::
 
     Storage              open and load, checkpoint, capture (for a snapshot), close
-    ├── MemoryStorage    values in the cache only; a checkpoint writes every table to
+    ├── MemoryStorage    values in the cache only; a checkpoint writes the tables to
     │                    ``memory.ckpt``; the cache limit is a hard cap
     └── RocksStorage     values in RocksDB too, behind the cache
         ├── HybridStorage  a write-back cache: pushes stay in the cache until a checkpoint
@@ -86,8 +86,14 @@ class Storage(ABC):
 
     def cut(self, covered: int, horizon: int, *, full: bool, logged: bool) -> int:
         """The log position a checkpoint makes durable, ``covered`` being the last op
-        applied and ``horizon`` the position the previous checkpoint covered."""
-        return covered
+        applied and ``horizon`` the position the previous checkpoint covered.
+
+        With the log on, and unless ``full``, only the values logged before the previous
+        checkpoint are written, and the log is cut there: a value pushed since stays in the
+        cache and the log only, so in a bounded table the many values evicted (or
+        replaced) within a checkpoint interval of being pushed are never written.
+        """
+        return covered if full or not logged else min(horizon, covered)
 
     @abstractmethod
     async def checkpoint(self, state: EngineState, covered: int, upto: int) -> None:
@@ -104,8 +110,9 @@ class Storage(ABC):
 
 
 class MemoryStorage(Storage):
-    """Values live in the cache alone, which is a hard cap; a checkpoint writes every table
-    to ``memory.ckpt`` (with the log on: without it there is nothing to bound)."""
+    """Values live in the cache alone, which is a hard cap; a checkpoint writes the tables
+    to ``memory.ckpt`` (with the log on: without it there is nothing to bound), leaving out
+    the items pushed since the previous checkpoint, which the log holds."""
 
     mode = "memory"
     evicts = False
@@ -148,21 +155,24 @@ class MemoryStorage(Storage):
         return int(header["lsn"])
 
     async def checkpoint(self, state: EngineState, covered: int, upto: int) -> None:
-        await self._write(state, covered, state.settings.data_dir / MEMORY_CHECKPOINT)
+        """Write the items whose value was logged up to ``upto``, as they are now; the log
+        from ``upto`` on, which a restart replays, holds the others (see :meth:`cut`)."""
+        await self._write(state, upto, state.settings.data_dir / MEMORY_CHECKPOINT)
 
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
         await self._write(state, covered, dest / MEMORY_CHECKPOINT)
 
     @staticmethod
-    async def _write(state: EngineState, covered: int, path: Path) -> None:
-        """Write every table to ``path``, off the event loop (the writer waits)."""
+    async def _write(state: EngineState, upto: int, path: Path) -> None:
+        """Write the tables to ``path``, off the event loop (the writer waits)."""
         header = {
-            "lsn": covered,
+            "lsn": upto,
             "next_tid": state.next_tid,
             "tables": [{"name": t.name, **t.state_dict()} for t in state.tables.values()],
             "request_ids": state.request_ids.state(),
         }
-        await state.io.run(write_checkpoint_file, path, header, list(state.tables.values()))
+        tables = list(state.tables.values())
+        await state.io.run(write_checkpoint_file, path, header, tables, upto)
 
 
 class RocksStorage(Storage):
@@ -228,13 +238,6 @@ class RocksStorage(Storage):
             state.tables[table.name] = table
             state.next_tid = max(state.next_tid, table.tid + 1)
         return int(covered)
-
-    def cut(self, covered: int, horizon: int, *, full: bool, logged: bool) -> int:
-        """With the log on, and unless ``full``, only the values logged before the previous
-        checkpoint are written, and the log is cut there: a value pushed since stays in the
-        cache and the log only, so in a bounded table the many values evicted (or
-        replaced) within a checkpoint interval of being pushed never reach RocksDB."""
-        return covered if full or not logged else min(horizon, covered)
 
     async def checkpoint(self, state: EngineState, covered: int, upto: int) -> None:
         """Write the changed values of ops up to ``upto`` and the changed metadata of the
