@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from rlreplay.app.tables.items import ItemBatch, SampleBatch
 from rlreplay.app.tables.stacking import Column, stack_values
 from rlreplay.wire.arrays import array_head
-from rlreplay.wire.headers import array_header, map_header, str_bytes
+from rlreplay.wire.headers import map_header, str_bytes
 
 __all__ = [
     "FoundColumns",
@@ -55,36 +56,59 @@ class FoundColumns:
 
 # --- msgpack -----------------------------------------------------------------------------------
 
-
-def _array(column: Column, out: list[Any]) -> None:
-    out.append(array_head(column.dtype, column.shape, column.nbytes))
-    out.append(column.data)
+_LISTS: Final = msgspec.msgpack.Encoder()
 
 
-def _entries(entries: Sequence[tuple[str, Any]]) -> bytes:
-    """A msgpack map of lists of strings, arrays and maps of columns, laid out by hand."""
-    out: list[Any] = [map_header(len(entries))]
+def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview:
+    """A msgpack map of lists of strings, arrays and maps of columns, laid out by hand.
+
+    The answer is written into one buffer: each column's data is copied once, straight
+    from where stacking left it (often a strided view of the values), and everything
+    between two columns is joined into one piece first.
+    """
+    pieces: list[Any] = []  # bytes, and the columns' data
+    small: list[bytes] = [map_header(len(entries))]
+
+    def array(column: Column) -> None:
+        small.append(array_head(column.dtype, column.shape, column.nbytes))
+        pieces.append(b"".join(small))
+        small.clear()
+        pieces.append(column.data)
+
     for name, value in entries:
-        out.append(str_bytes(name))
+        small.append(str_bytes(name))
         if isinstance(value, list):
-            out.append(array_header(len(value)))
-            out.extend(map(str_bytes, value))
+            small.append(_LISTS.encode(value))  # strings, in C
         elif isinstance(value, dict):
-            out.append(map_header(len(value)))
+            small.append(map_header(len(value)))
             for field, column in value.items():
-                out.append(str_bytes(field))
-                _array(column, out)
+                small.append(str_bytes(field))
+                array(column)
         else:
-            _array(Column.of(value), out)
-    return b"".join(out)
+            array(Column.of(value))
+    pieces.append(b"".join(small))
+    sizes = [memoryview(piece).nbytes for piece in pieces]
+    out = np.empty(sum(sizes), dtype=np.uint8)
+    pos = 0
+    for piece, size in zip(pieces, sizes, strict=True):
+        if size:
+            target = out[pos : pos + size]
+            if type(piece) is np.ndarray:
+                if piece.dtype != np.uint8:  # a column of numbers: its bytes
+                    piece = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+                target.reshape(piece.shape)[...] = piece  # a strided view: the gather
+            else:
+                target[...] = np.frombuffer(piece, dtype=np.uint8)
+        pos += size
+    return out.data
 
 
-def sample_columns_msgpack(batch: SampleBatch) -> bytes:
+def sample_columns_msgpack(batch: SampleBatch) -> memoryview:
     """The msgpack answer of a sample with ``layout: "columns"`` (its ``columns`` set)."""
     return _entries(_sample_entries(batch))
 
 
-def item_columns_msgpack(found: FoundColumns) -> bytes:
+def item_columns_msgpack(found: FoundColumns) -> memoryview:
     """The msgpack answer of a batchGet with ``layout: "columns"``."""
     return _entries(_item_entries(found))
 
@@ -114,7 +138,7 @@ def _item_entries(found: FoundColumns) -> list[tuple[str, Any]]:
 
 
 def _ndarray_form(column: Column) -> dict[str, Any]:
-    data = base64.b64encode(column.data).decode("ascii")
+    data = base64.b64encode(column.contiguous()).decode("ascii")
     return {"$ndarray": {"dtype": column.dtype, "shape": list(column.shape), "data": data}}
 
 

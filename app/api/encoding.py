@@ -137,7 +137,7 @@ class Reply:
     them through FastAPI (:meth:`response`) and through :mod:`rlreplay.app.api.hot`.
     """
 
-    body: bytes
+    body: bytes | memoryview  # memoryview: an answer written into a buffer of its own
     media_type: str
     status: int = 200
 

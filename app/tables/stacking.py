@@ -43,7 +43,8 @@ class Column:
     Attributes:
         dtype: The wire dtype string (``"<f4"``, ``"bfloat16"``...).
         shape: The array's shape, items first.
-        data: The C-order bytes (any contiguous buffer).
+        data: The C-order bytes: any contiguous buffer, or a NumPy ``uint8`` array that may
+            be a strided view (one row per item) of the values it was gathered from.
     """
 
     dtype: str
@@ -59,6 +60,12 @@ class Column:
     def nbytes(self) -> int:
         """Bytes of data."""
         return memoryview(self.data).nbytes
+
+    def contiguous(self) -> Any:
+        """The data as one contiguous buffer (copied only if it is a strided view)."""
+        if type(self.data) is np.ndarray:
+            return np.ascontiguousarray(self.data)
+        return self.data
 
 
 def stack_values(keys: Sequence[str], values: Sequence[bytes]) -> dict[str, Column]:
@@ -186,7 +193,7 @@ def _stack_shared(
 ) -> dict[str, Column] | None:
     """The columns of values laid out as the first; None when one is not."""
     n, width = len(values), len(values[0])
-    if any(len(v) != width for v in values):
+    if min(map(len, values)) != width or max(map(len, values)) != width:
         return None
     rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(n, width)
     if n > 1 and skeleton.size and not (rows[1:, skeleton] == rows[0, skeleton]).all():
@@ -194,8 +201,8 @@ def _stack_shared(
     columns: dict[str, Column] = {}
     for slot in slots:
         cells = rows[:, slot.start : slot.start + slot.size]
-        if slot.kind == _ARRAY:
-            columns[slot.name] = Column(slot.dtype, (n, *slot.shape), np.ascontiguousarray(cells))
+        if slot.kind == _ARRAY:  # gathered when the answer is written
+            columns[slot.name] = Column(slot.dtype, (n, *slot.shape), cells)
             continue
         if slot.kind == _BOOL:
             byte = cells[:, 0]
