@@ -22,6 +22,16 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     return Settings(**base)
 
 
+async def crash(eng: Engine) -> None:
+    """Stop ``eng`` as ``kill -9`` leaves it: no final checkpoint, so the next start loads
+    what the last checkpoint wrote and replays the log past it (answered writes are in the
+    log already)."""
+    processor = eng._processor
+    assert processor is not None
+    await processor.stop()  # the writer is gone: stop() then takes no checkpoint
+    await eng.stop()
+
+
 def item(key: str, value: Any = None, priority: float = 1.0) -> NewItem:
     """A NewItem whose value is the msgpack encoding of ``value`` (default: the key)."""
     return NewItem(key, msgpack.packb(key if value is None else value), priority)

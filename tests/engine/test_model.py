@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD
 from rlreplay.app.tables.config import TableConfig
-from tests.engine.conftest import item, make_settings
+from tests.engine.conftest import crash, item, make_settings
 
 KEYS = st.sampled_from([f"k{i}" for i in range(12)] + ["é/ü", "a b"])
 VALUES = st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(max_size=600), st.text(max_size=20))
@@ -41,6 +41,7 @@ STEP = st.one_of(
     st.tuples(st.just("yield"), st.integers(1, 5)),
     st.just(("flush",)),
     st.just(("restart",)),
+    st.just(("crash",)),
 )
 
 MODES = [
@@ -127,6 +128,10 @@ async def run_program(mode: dict[str, Any], steps: list[tuple[Any, ...]], data_d
                 await check_cache_accounting(eng)
             elif kind == "restart":
                 await eng.stop()
+                eng = Engine(settings_)
+                await eng.start()
+            elif kind == "crash" and settings_.durability == "wal":
+                await crash(eng)
                 eng = Engine(settings_)
                 await eng.start()
             assert eng.describe("t")["stats"]["size"] == len(model)

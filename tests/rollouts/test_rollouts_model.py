@@ -21,6 +21,7 @@ from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
 from rlreplay.wire.errors import LeaseNotFound, VersionConflict
+from tests.engine.conftest import crash
 
 KEYS = [f"k{i}" for i in range(6)]
 TASKS = ["ref", "trainer"]
@@ -198,6 +199,17 @@ class RolloutMachine(RuleBasedStateMachine):
         self.engine = self._engine()
         self.run(self.engine.start())
         self.leases = {}  # leases live in memory: every unacknowledged item is ready again
+
+    @rule()
+    def checkpoint(self) -> None:
+        self.run(self.e.flush())  # as the writer takes one when the log grows
+
+    @rule()
+    def crash(self) -> None:
+        self.run(crash(self.e))  # no final checkpoint: the next start replays the log
+        self.engine = self._engine()
+        self.run(self.engine.start())
+        self.leases = {}
 
     @invariant()
     def same_items(self) -> None:
