@@ -226,9 +226,11 @@ class RolloutCalls(Requester):
     ) -> AsyncGenerator[LeaseBase, None]:
         """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
 
-        Each lease is acknowledged when the next one is asked for (the ack runs while the
-        caller works on the next one; an ack that fails ends the iteration with its error, at
-        the following step); when the loop ends
+        Leases come in the order their claims are answered: a claim that waits for items
+        never holds back one answered after it (which may hold the last ready items). The
+        lease in hand is acknowledged as soon as the next one is asked for (the ack runs
+        while the next claim waits and the caller works on the next lease; an ack that fails
+        ends the iteration with its error, at the following step); when the loop ends
         (``break``, an exception, closing the generator) the lease in hand is released,
         and the claims in flight are cancelled (a lease the server had issued for one
         then comes back when it expires). A claim that finds nothing ready within
@@ -258,19 +260,23 @@ class RolloutCalls(Requester):
         acking: asyncio.Task[int] | None = None  # the previous lease's ack, in flight
         try:
             while True:
-                if not pending:
-                    pending.append(asyncio.create_task(one()))
-                lease = await pending.pop(0)
-                while len(pending) < prefetch:  # in flight while the caller works
-                    pending.append(asyncio.create_task(one()))
                 if acking is not None:
                     await acking  # its error, if any, ends the iteration
+                    acking = None
                 if current is not None:
-                    # acknowledged while the caller works on the next one (an ack waits for
-                    # the server's log): its answer is awaited before the lease after
+                    # the caller is done with it: acknowledged now, not once the next claim
+                    # is answered, which may take longer than the lease lasts
                     acking = asyncio.create_task(current.ack())
-                current = lease
-                yield lease
+                    current = None
+                if not pending:
+                    pending.append(asyncio.create_task(one()))
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                answered = next(claim_task for claim_task in pending if claim_task.done())
+                pending.remove(answered)
+                current = answered.result()
+                while len(pending) < prefetch:  # in flight while the caller works
+                    pending.append(asyncio.create_task(one()))
+                yield current
         finally:
             for claim_task in pending:
                 claim_task.cancel()
