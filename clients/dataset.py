@@ -18,7 +18,7 @@ class RolloutBatches:
 
     Each ``iter()`` opens its own client and event loop, so it works in a
     ``DataLoader`` worker process as well as in the trainer's own. A batch is acknowledged
-    when the next one is asked for (:meth:`~rlreplay.clients.rollouts.RolloutCalls.consume`),
+    when the next one is asked for (:meth:`~rlreplay.clients.rollouts.ClaimLoop.consume`),
     and what is in hand is released when iteration stops.
     """
 

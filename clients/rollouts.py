@@ -9,7 +9,7 @@ lease expires::
     async with lease:
         train_on(lease.items)
 
-:meth:`RolloutCalls.consume` keeps claims in flight and yields leases one after another,
+:meth:`ClaimLoop.consume` keeps claims in flight and yields leases one after another,
 acknowledging each when the next one is asked for.
 """
 
@@ -36,7 +36,7 @@ from rlreplay.wire.schemas import (
     VersionRequest,
 )
 
-__all__ = ["Lease", "LeaseBase", "RolloutCalls", "new_request_id"]
+__all__ = ["ClaimLoop", "Lease", "LeaseBase", "RolloutCalls", "new_request_id"]
 
 _CLAIM_TIMEOUT_MARGIN_S = 5.0
 
@@ -128,7 +128,103 @@ class Lease(LeaseBase):
         return int(answer.get("released", 0))
 
 
-class RolloutCalls(Requester):
+class ClaimLoop:
+    """``consume``, over whichever ``claim`` the client has (one server's, or the sharded
+    client's across servers)."""
+
+    async def claim(
+        self,
+        table: str,
+        *,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        group_size: int | None = None,
+        lease_s: float = 60.0,
+        wait_ms: int = DEFAULT_TIMEOUT_MS,
+        partial: bool = False,
+        min_version: int | None = None,
+    ) -> LeaseBase:
+        raise NotImplementedError
+
+    async def consume(
+        self,
+        table: str,
+        *,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        group_size: int | None = None,
+        prefetch: int = 1,
+        lease_s: float = 60.0,
+        wait_ms: int = DEFAULT_TIMEOUT_MS,
+        min_version: int | None = None,
+    ) -> AsyncGenerator[LeaseBase, None]:
+        """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
+
+        Leases come in the order their claims are answered: a claim that waits for items
+        never holds back one answered after it (which may hold the last ready items). The
+        lease in hand is acknowledged as soon as the next one is asked for (the ack runs
+        while the next claim waits and the caller works on the next lease; an ack that fails
+        ends the iteration with its error, at the following step); when the loop ends
+        (``break``, an exception, closing the generator) the lease in hand is released,
+        and the claims in flight are cancelled (a lease the server had issued for one
+        then comes back when it expires). A claim that finds nothing ready within
+        ``wait_ms`` is made again: the iteration ends only when the caller stops it.
+        """
+        if prefetch < 1:
+            raise ValueError(f"prefetch ({prefetch}) must be >= 1")
+        pending: list[asyncio.Task[LeaseBase]] = []
+
+        async def one() -> LeaseBase:
+            while True:
+                try:
+                    return await self.claim(
+                        table,
+                        task=task,
+                        batch_size=batch_size,
+                        fields=fields,
+                        group_size=group_size,
+                        lease_s=lease_s,
+                        wait_ms=wait_ms,
+                        min_version=min_version,
+                    )
+                except DeadlineExceeded:
+                    continue
+
+        current: LeaseBase | None = None
+        acking: asyncio.Task[int] | None = None  # the previous lease's ack, in flight
+        try:
+            while True:
+                if acking is not None:
+                    await acking  # its error, if any, ends the iteration
+                    acking = None
+                if current is not None:
+                    # the caller is done with it: acknowledged now, not once the next claim
+                    # is answered, which may take longer than the lease lasts
+                    acking = asyncio.create_task(current.ack())
+                    current = None
+                if not pending:
+                    pending.append(asyncio.create_task(one()))
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                answered = next(claim_task for claim_task in pending if claim_task.done())
+                pending.remove(answered)
+                current = answered.result()
+                while len(pending) < prefetch:  # in flight while the caller works
+                    pending.append(asyncio.create_task(one()))
+                yield current
+        finally:
+            for claim_task in pending:
+                claim_task.cancel()
+            leftovers = await asyncio.gather(*pending, return_exceptions=True)
+            if acking is not None:
+                await asyncio.gather(acking, return_exceptions=True)
+            for leftover in [current, *leftovers]:
+                if isinstance(leftover, LeaseBase) and not leftover.done:
+                    await leftover.release()
+
+
+class RolloutCalls(Requester, ClaimLoop):
     """Rollout-table calls of :class:`~rlreplay.clients.client.ReplayClient`."""
 
     async def patch(
@@ -210,76 +306,6 @@ class RolloutCalls(Requester):
         path = self._table(table, "/leases/") + lease + action
         body = LeaseKeysRequest(UNSET if keys is None else list(keys))
         return self._as_dict(await self._call("POST", path, body=body, idempotent=True))
-
-    async def consume(
-        self,
-        table: str,
-        *,
-        task: str,
-        batch_size: int,
-        fields: Sequence[str] | None = None,
-        group_size: int | None = None,
-        prefetch: int = 1,
-        lease_s: float = 60.0,
-        wait_ms: int = DEFAULT_TIMEOUT_MS,
-        min_version: int | None = None,
-    ) -> AsyncGenerator[LeaseBase, None]:
-        """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
-
-        Each lease is acknowledged when the next one is asked for (the ack runs while the
-        caller works on the next one; an ack that fails ends the iteration with its error, at
-        the following step); when the loop ends
-        (``break``, an exception, closing the generator) the lease in hand is released,
-        and the claims in flight are cancelled (a lease the server had issued for one
-        then comes back when it expires). A claim that finds nothing ready within
-        ``wait_ms`` is made again: the iteration ends only when the caller stops it.
-        """
-        if prefetch < 1:
-            raise ValueError(f"prefetch ({prefetch}) must be >= 1")
-        pending: list[asyncio.Task[LeaseBase]] = []
-
-        async def one() -> LeaseBase:
-            while True:
-                try:
-                    return await self.claim(
-                        table,
-                        task=task,
-                        batch_size=batch_size,
-                        fields=fields,
-                        group_size=group_size,
-                        lease_s=lease_s,
-                        wait_ms=wait_ms,
-                        min_version=min_version,
-                    )
-                except DeadlineExceeded:
-                    continue
-
-        current: LeaseBase | None = None
-        acking: asyncio.Task[int] | None = None  # the previous lease's ack, in flight
-        try:
-            while True:
-                if not pending:
-                    pending.append(asyncio.create_task(one()))
-                lease = await pending.pop(0)
-                while len(pending) < prefetch:  # in flight while the caller works
-                    pending.append(asyncio.create_task(one()))
-                if acking is not None:
-                    await acking  # its error, if any, ends the iteration
-                if current is not None:
-                    # acknowledged while the caller works on the next one (an ack waits for
-                    # the server's log): its answer is awaited before the lease after
-                    acking = asyncio.create_task(current.ack())
-                current = lease
-                yield lease
-        finally:
-            for claim_task in pending:
-                claim_task.cancel()
-            leftovers = await asyncio.gather(*pending, return_exceptions=True)
-            if acking is not None:
-                await asyncio.gather(acking, return_exceptions=True)
-            for leftover in [current, *leftovers]:
-                if isinstance(leftover, LeaseBase) and not leftover.done:
-                    await leftover.release()
 
     async def set_version(self, table: str, version: int) -> dict[str, int]:
         """Move the table's policy version forward (``VersionConflict`` if it is lower).

@@ -6,6 +6,7 @@ every server for items and keeps at most ``batch_size`` of them, whole groups on
 first order and staleness stay per server: a sharded claim hands out each server's oldest
 items, not the oldest of the table. Keys of one group must share a hash tag (``{group}/i``,
 see :mod:`rlreplay.clients.rendezvous`) so that the group is whole on one server.
+``consume`` (:class:`~rlreplay.clients.rollouts.ClaimLoop`) keeps such claims in flight.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.clients.rollouts import Lease, LeaseBase
+from rlreplay.clients.rollouts import ClaimLoop, Lease, LeaseBase
 from rlreplay.wire.errors import DeadlineExceeded, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
 
@@ -113,7 +114,7 @@ def _fitting(items: list[dict[str, Any]], room: int, by_group: bool) -> list[int
     return sorted(keep)
 
 
-class ShardedRolloutCalls:
+class ShardedRolloutCalls(ClaimLoop):
     """Rollout-table calls of :class:`~rlreplay.clients.sharded.ShardedReplayClient`."""
 
     urls: list[str]

@@ -2,8 +2,9 @@
 
 Keys sharing a hash tag (``{group}/i``) land on one server, so claims of whole groups work
 across shards; every task gets every ready item exactly once over the servers, releases
-hand items back, acknowledgements stick, and a claim that cannot be filled leaves nothing
-leased. A server that cannot be reached is named, or skipped with ``allow_partial``.
+hand items back, acknowledgements stick, concurrent claims and ``consume`` hand each item
+out once, and a claim that cannot be filled leaves nothing leased. A server that cannot be
+reached is named, or skipped with ``allow_partial``.
 """
 
 from __future__ import annotations
@@ -140,6 +141,66 @@ async def test_two_tasks_each_consume_everything_once(shards: list[LiveServer]) 
             )
         counts = (await rb.tasks("two_tasks"))["tasks"]
         assert counts[TRAINER]["acked"] == counts[CRITIC]["acked"] == 60
+
+
+async def test_concurrent_claims_of_one_task_hand_out_each_group_once(
+    shards: list[LiveServer],
+) -> None:
+    """Two claims of one task in flight at a time, across the servers, leases far longer
+    than the test: none expires, so each item is handed out once."""
+    items = grouped()
+    async with client(shards) as rb:
+        await fresh(rb, "concurrent", items)
+        seen: list[str] = []
+
+        async def consumer() -> None:
+            for _ in range(100):  # bounded: the table runs dry first
+                if len(seen) >= len(items):
+                    return
+                try:
+                    lease = await rb.claim(
+                        "concurrent", task=TRAINER, batch_size=2 * GROUP_SIZE,
+                        group_size=GROUP_SIZE, lease_s=600, wait_ms=200,
+                    )  # fmt: skip
+                except DeadlineExceeded:  # the other claim holds part of what is left
+                    continue
+                seen.extend(lease.keys)
+                assert await lease.ack() == len(lease)
+
+        await asyncio.gather(consumer(), consumer())
+        assert Counter(seen) == Counter(it["key"] for it in items)  # each once
+        counts = (await rb.tasks("concurrent"))["tasks"][TRAINER]
+        assert counts == {"ready": 0, "leased": 0, "acked": len(items), "expired": 0}
+
+
+async def test_consume_across_shards_hands_out_whole_groups_once(
+    shards: list[LiveServer],
+) -> None:
+    """Two claims in flight compete for the last groups; the one answered first comes
+    first, so the loop never waits for items the other holds."""
+    items = grouped()
+    async with client(shards) as rb:
+        await fresh(rb, "consumed", items)
+        seen: list[str] = []
+        batches = rb.consume(
+            "consumed", task=TRAINER, batch_size=2 * GROUP_SIZE, group_size=GROUP_SIZE,
+            prefetch=2, lease_s=600, wait_ms=200,
+        )  # fmt: skip
+        async with asyncio.timeout(60):
+            async for lease in batches:  # bounded: breaks once every item came
+                assert len(lease) == 2 * GROUP_SIZE
+                assert set(Counter(it["group"] for it in lease.items).values()) == {GROUP_SIZE}
+                seen += lease.keys
+                if len(seen) >= len(items):
+                    break
+            await batches.aclose()
+        assert Counter(seen) == Counter(it["key"] for it in items)  # each once
+        counts = (await rb.tasks("consumed"))["tasks"][TRAINER]
+        # every lease but the one in hand when the loop ended was acknowledged; that one was
+        # released, and a prefetched claim a server answered as the loop closed may hold
+        # its items until its lease expires
+        assert counts["acked"] == len(items) - 2 * GROUP_SIZE and counts["expired"] == 0
+        assert counts["ready"] + counts["leased"] == 2 * GROUP_SIZE
 
 
 async def test_release_hands_items_back_and_ack_sticks(shards: list[LiveServer]) -> None:

@@ -272,6 +272,28 @@ async def test_consume_acks_each_batch_as_the_next_is_asked_for(
     assert counts["acked"] == 4 and counts["leased"] + counts["ready"] == 4
 
 
+async def test_consume_acks_the_lease_in_hand_while_the_next_claim_waits(
+    rb: ReplayClient, table: str
+) -> None:
+    """A lease the caller is done with is acknowledged when the next one is asked for, not
+    when the next one comes: a wait for new items longer than the lease must not let it
+    expire and hand its items out again."""
+    await fresh(rb, table)
+    await rb.push(table, [rollout(i) for i in range(2)], wait=True)
+    batches = rb.consume(table, task=TRAINER, batch_size=2, lease_s=1.0, wait_ms=100)
+    first = await anext(batches)
+
+    async def push_later() -> None:
+        await asyncio.sleep(2.5)  # past the first lease's expiry, had it not been acked
+        await rb.push(table, [rollout(i) for i in range(2, 4)], wait=True)
+
+    second, _ = await asyncio.gather(anext(batches), push_later())
+    await batches.aclose()
+    assert first.keys == ["r0", "r1"] and second.keys == ["r2", "r3"]
+    counts = (await rb.tasks(table))["tasks"][TRAINER]
+    assert counts["acked"] == 2 and counts["expired"] == 0
+
+
 def test_the_dataset_yields_each_micro_batch_once(server_url: str, table: str) -> None:
     torch = pytest.importorskip("torch")
     from rlreplay.clients import rollout_dataset
