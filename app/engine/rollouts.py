@@ -40,6 +40,8 @@ __all__ = ["ClaimedItem", "EngineRollouts"]
 
 #: Tries a patch makes to merge over values read from disk while writes move them.
 _PATCH_TRIES = 8
+#: Items whose fields a claim learns between turns it gives the event loop.
+_LEARN_YIELD_EVERY = 4096
 
 
 @dataclass(slots=True)
@@ -234,6 +236,8 @@ class EngineRollouts(EngineReads):
         await self._caught_up(t, time.monotonic() + catch_up, catch_up)
         r = t.rollouts
         want = r.want(fields)
+        if want:
+            await self._fields_learned(t)
         state = r.task(task)
         state.want = want
         while True:
@@ -257,6 +261,55 @@ class EngineRollouts(EngineReads):
         assert self._leases is not None
         self._leases.schedule(t, lease)
         return lease, await self._claimed(t, lease, slots, fields, want)
+
+    async def _fields_learned(self, t: Table) -> None:
+        """Return once every item's fields are known: pushes record them only from the
+        table's first claim that asks for fields on (see ``Rollouts.fields_learned``), so
+        that claim learns those of the items pushed before; claims that come meanwhile
+        wait for the same learning, and one that fails is tried again by the next claim."""
+        r = t.rollouts
+        learning = r.learning
+        if learning is None:
+            r.fields_learned = True  # pushes applied from now on record their own
+            learning = r.learning = asyncio.ensure_future(self._learn_fields(t))
+        if not learning.done():
+            await asyncio.shield(learning)
+        learning.result()
+
+    async def _learn_fields(self, t: Table) -> None:
+        """Record the fields of the items whose fields are not known, reading the values
+        the cache does not hold from RocksDB; the event loop gets a turn every few thousand
+        items. Marks their metadata for the next checkpoint, so a restart knows them."""
+        r = t.rollouts
+        try:
+            n = len(t.keys)
+            misses: list[tuple[int, str, int]] = []  # slot, key, value version
+            for i, slot in enumerate(np.flatnonzero(t.field_mask[:n] == 0).tolist()):
+                if i % _LEARN_YIELD_EVERY == _LEARN_YIELD_EVERY - 1:
+                    await asyncio.sleep(0)  # the writer may free or reuse slots meanwhile
+                key, value = t.keys[slot], t.values[slot]
+                if key is None:
+                    continue
+                if value is None:
+                    misses.append((slot, key, int(t.version[slot])))
+                    continue
+                r.on_patch(slot, value)
+                t.meta_dirty[slot] = 1
+            store = self.state.store
+            for start in range(0, len(misses), _LEARN_YIELD_EVERY):
+                chunk = misses[start : start + _LEARN_YIELD_EVERY]
+                assert store is not None  # values leave the cache for RocksDB only
+                found = await self.state.io.run(
+                    store.get_many, [value_key(t.prefix, key) for _, key, _ in chunk]
+                )
+                for (slot, key, version), value in zip(chunk, found, strict=True):
+                    # one replaced, patched or freed meanwhile has its fields recorded
+                    if value is not None and t.keys[slot] == key and t.version[slot] == version:
+                        r.on_patch(slot, value)
+                        t.meta_dirty[slot] = 1
+        except BaseException:
+            r.learning, r.fields_learned = None, False
+            raise
 
     async def _claimed(
         self, t: Table, lease: Lease, slots: list[int], fields: list[str] | None, want: int

@@ -188,6 +188,13 @@ class Rollouts:
         self.changed = Signal()
         #: Whether any item was pushed with a group or version (answers then carry them).
         self.has_meta = False
+        #: Whether pushes record which fields their values have: from the first claim that
+        #: asks for fields in this process on (:meth:`Engine.claim` learns the fields of
+        #: the items pushed before it), so a table nobody claims from never reads its
+        #: values to find out.
+        self.fields_learned = False
+        #: The learning of the fields of the items pushed before (claims wait for it).
+        self.learning: asyncio.Future[None] | None = None
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -227,22 +234,31 @@ class Rollouts:
         t = self.table
         slots = np.asarray(slot_list, dtype=np.int64)
         t.acked_mask[slots] = 0
-        mask_of, names = self.fields.mask, field_names
-        t.field_mask[slots] = [mask_of(names(v)) for v in values]
+        if self.fields_learned:
+            mask_of, names = self.fields.mask, field_names
+            t.field_mask[slots] = [mask_of(names(v)) for v in values]
+        else:
+            t.field_mask[slots] = 0  # not known yet: see fields_learned
         groups = self.groups
         versions = t.policy_version
-        for slot, it in zip(slot_list, items, strict=True):
-            group, version = it.group, it.version
-            if group is None:
-                groups.pop(slot, None)
-            else:
-                groups[slot] = group
-                self.has_meta = True
-            if version is None:
-                versions[slot] = NO_VERSION
-            else:
-                versions[slot] = version
-                self.has_meta = True
+        if any(it.group is not None or it.version is not None for it in items):
+            for slot, it in zip(slot_list, items, strict=True):
+                group, version = it.group, it.version
+                if group is None:
+                    groups.pop(slot, None)
+                else:
+                    groups[slot] = group
+                    self.has_meta = True
+                if version is None:
+                    versions[slot] = NO_VERSION
+                else:
+                    versions[slot] = version
+                    self.has_meta = True
+        else:  # plain items, the common case
+            versions[slots] = NO_VERSION
+            if groups:
+                for slot in slot_list:
+                    groups.pop(slot, None)
         if self.tasks:
             orders = t.order[slots].tolist()
             for task in self.tasks.values():
@@ -273,7 +289,8 @@ class Rollouts:
                 self.groups.pop(slot, None)
 
     def on_patch(self, slot: int, value: bytes) -> None:
-        """An item's value got new fields."""
+        """An item's value got new fields (or its fields are learned: see
+        :attr:`fields_learned`)."""
         self.table.field_mask[slot] = self.fields.mask(field_names(value))
 
     def on_ack(self, task_name: str, slots: list[int]) -> None:
