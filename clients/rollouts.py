@@ -145,6 +145,7 @@ class ClaimLoop:
         partial: bool = False,
         min_version: int | None = None,
     ) -> LeaseBase:
+        """The client's own claim: one server's, or the sharded client's."""
         raise NotImplementedError
 
     async def consume(

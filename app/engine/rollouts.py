@@ -264,13 +264,13 @@ class EngineRollouts(EngineReads):
 
     async def _fields_learned(self, t: Table) -> None:
         """Return once every item's fields are known: pushes record them only from the
-        table's first claim that asks for fields on (see ``Rollouts.fields_learned``), so
+        table's first claim that asks for fields on (see ``Rollouts.learning``), so
         that claim learns those of the items pushed before; claims that come meanwhile
         wait for the same learning, and one that fails is tried again by the next claim."""
         r = t.rollouts
         learning = r.learning
         if learning is None:
-            r.fields_learned = True  # pushes applied from now on record their own
+            # started: pushes applied from now on record their own fields
             learning = r.learning = asyncio.ensure_future(self._learn_fields(t))
         if not learning.done():
             await asyncio.shield(learning)
@@ -279,7 +279,8 @@ class EngineRollouts(EngineReads):
     async def _learn_fields(self, t: Table) -> None:
         """Record the fields of the items whose fields are not known, reading the values
         the cache does not hold from RocksDB; the event loop gets a turn every few thousand
-        items. Marks their metadata for the next checkpoint, so a restart knows them."""
+        items. Marks their metadata for the next checkpoint, so a restart knows them. (Not
+        ``_read_misses``: it would queue a cache populate for every value read here.)"""
         r = t.rollouts
         try:
             n = len(t.keys)
@@ -308,7 +309,7 @@ class EngineRollouts(EngineReads):
                         r.on_patch(slot, value)
                         t.meta_dirty[slot] = 1
         except BaseException:
-            r.learning, r.fields_learned = None, False
+            r.learning = None  # the next claim tries again
             raise
 
     async def _claimed(

@@ -188,12 +188,10 @@ class Rollouts:
         self.changed = Signal()
         #: Whether any item was pushed with a group or version (answers then carry them).
         self.has_meta = False
-        #: Whether pushes record which fields their values have: from the first claim that
-        #: asks for fields in this process on (:meth:`Engine.claim` learns the fields of
-        #: the items pushed before it), so a table nobody claims from never reads its
-        #: values to find out.
-        self.fields_learned = False
-        #: The learning of the fields of the items pushed before (claims wait for it).
+        #: The learning of the fields of the items pushed before the table's first claim
+        #: that asks for fields in this process (:meth:`Engine.claim` starts it; claims wait
+        #: for it). Pushes record which fields their values have only once it started, so
+        #: a table nobody claims fields from never reads its values to find out.
         self.learning: asyncio.Future[None] | None = None
 
     # -- persistence ------------------------------------------------------------------------
@@ -234,11 +232,11 @@ class Rollouts:
         t = self.table
         slots = np.asarray(slot_list, dtype=np.int64)
         t.acked_mask[slots] = 0
-        if self.fields_learned:
+        if self.learning is not None:
             mask_of, names = self.fields.mask, field_names
             t.field_mask[slots] = [mask_of(names(v)) for v in values]
         else:
-            t.field_mask[slots] = 0  # not known yet: see fields_learned
+            t.field_mask[slots] = 0  # not known yet: see learning
         groups = self.groups
         versions = t.policy_version
         if any(it.group is not None or it.version is not None for it in items):
@@ -290,7 +288,7 @@ class Rollouts:
 
     def on_patch(self, slot: int, value: bytes) -> None:
         """An item's value got new fields (or its fields are learned: see
-        :attr:`fields_learned`)."""
+        the learning)."""
         self.table.field_mask[slot] = self.fields.mask(field_names(value))
 
     def on_ack(self, task_name: str, slots: list[int]) -> None:

@@ -193,7 +193,7 @@ def _stack_shared(
 ) -> dict[str, Column] | None:
     """The columns of values laid out as the first; None when one is not."""
     n, width = len(values), len(values[0])
-    if min(map(len, values)) != width or max(map(len, values)) != width:
+    if len(set(map(len, values))) != 1:
         return None
     rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(n, width)
     if n > 1 and skeleton.size and not (rows[1:, skeleton] == rows[0, skeleton]).all():
