@@ -8,10 +8,10 @@ retried with backoff; a write an op cannot do without is put off to the next che
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, cast
 
@@ -197,7 +197,17 @@ class OpApplier:
             items = list({it.key: it for it in items}.values())
             keys = [it.key for it in items]
         n = len(items)
-        through, ts, seq = not s.storage.caches_pushes, op.inserted_at, op.seq
+        through = not s.storage.caches_pushes
+        # each item's push: its sequence number and time (pushes joined into one op differ;
+        # for a single push, seqs repeats its number for every item)
+        ts: float | np.ndarray = op.inserted_at
+        seq: int | np.ndarray = op.seq
+        seqs: Any = itertools.repeat(op.seq)
+        if op.parts:
+            counts = [len(part.items) for part in op.parts]
+            seq = np.repeat(np.array([part.seq for part in op.parts], np.int64), counts)
+            ts = np.repeat(np.array([part.inserted_at for part in op.parts]), counts)
+            seqs = seq.tolist()
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         index_get, pending_get = index.get, pending.get
         found = list(map(index_get, keys))
@@ -217,12 +227,13 @@ class OpApplier:
         # the pending entries this op made, unless a later op replaced them (written
         # through, they stay while RocksDB writes the values: readers find them meanwhile)
         mine = [
-            key
-            for key, e in zip(keys, map(pending_get, keys), strict=True)
-            if e is not None and e[0] == seq
+            (key, own)
+            for key, e, own in zip(keys, map(pending_get, keys), seqs, strict=False)
+            if e is not None and e[0] == own
         ]
         if not through:
-            deque(map(pending.__delitem__, mine), maxlen=0)
+            for key, _ in mine:
+                del pending[key]
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
         if cached_before is not None:
@@ -258,14 +269,15 @@ class OpApplier:
             t.bytes_in_cache += int(sizes.sum())
         t.select(slots, prios, ts, fields)
         if through:
-            for key in mine:
+            for key, own in mine:
                 entry = t.pending.get(key)
-                if entry is not None and entry[0] == seq:
+                if entry is not None and entry[0] == own:
                     del t.pending[key]
         t.rollouts.changed.notify()
         if not replay:
             await self._trim(t)
-        t.applied(op.seq, op.weight)
+        for part in op.parts or (op,):
+            t.applied(part.seq, part.weight)
         await self._evict_if_over(replay)
 
     async def _evict_if_over(self, replay: bool) -> None:

@@ -37,11 +37,17 @@ class Op:
 
 @dataclass(slots=True, eq=False)
 class PutOp(Op):
-    """Insert or replace items."""
+    """Insert or replace items.
+
+    The writer may apply several queued pushes to one table as one op (see
+    :meth:`~rlreplay.workers.task_processor.TaskProcessor.join_pushes`): ``parts`` then holds
+    them, in order, and ``items`` their items one after another.
+    """
 
     table: Table
     items: Sequence[NewItem]
     inserted_at: float
+    parts: tuple[PutOp, ...] = ()
 
 
 @dataclass(slots=True, eq=False)

@@ -46,6 +46,7 @@ from rlreplay.workers.state import (
 log = logging.getLogger(__name__)
 
 YIELD_EVERY = 64  # ops applied between yields to the event loop
+JOIN_ITEMS = 1024  # items past which no more queued pushes join one (bounds a step's time)
 
 
 class TaskProcessor(Checkpointer):
@@ -200,18 +201,22 @@ class TaskProcessor(Checkpointer):
                         wal.refuse(op.seq, op.seq, exc)  # (a no-op: commit raised for that)
                         self.drop_refused()
                         continue
+                if type(op) is PutOp and self.urgent:
+                    op = self._current = self.join_pushes(op)
                 self._applying = True
                 await self.apply(op)
             except Exception as exc:
-                if op.future is not None and not op.future.done():
-                    op.future.set_exception(exc)
+                for part in _parts(op):
+                    if part.future is not None and not part.future.done():
+                        part.future.set_exception(exc)
                 raise
             finally:
                 self._current = None
                 self._applying = False
-            if op.future is not None and not op.future.done():
-                op.future.set_result(None)
-            self.applied_ops += 1
+            for part in _parts(op):
+                if part.future is not None and not part.future.done():
+                    part.future.set_result(None)
+            self.applied_ops += len(op.parts) if type(op) is PutOp and op.parts else 1
             if (
                 wal is not None
                 and not self._checkpoint_queued
@@ -225,6 +230,49 @@ class TaskProcessor(Checkpointer):
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
                 await asyncio.sleep(0)
+
+    def join_pushes(self, op: PutOp) -> PutOp:
+        """``op`` and the pushes queued right behind it as one op, when they can be applied
+        together: same table, keys all distinct, durable already (nothing left to refuse).
+
+        Under load pushes queue up faster than the writer applies them one by one, and much
+        of a push's cost is per op (NumPy calls, the remover's trim): joined, they pay it
+        once. The result is what applying them in turn gives: their keys are distinct, each
+        item keeps its own push's sequence number and time, and a change feed gets a batch
+        per push.
+        """
+        t, wal, urgent = op.table, self._state.wal, self.urgent
+        seen = {it.key for it in op.items}
+        if len(seen) != len(op.items):
+            return op
+        parts, items = [op], len(op.items)
+        while urgent and items < JOIN_ITEMS:
+            nxt = urgent[0]
+            if type(nxt) is not PutOp or nxt.table is not t or nxt.refused:
+                break
+            if wal is not None and (nxt.seq > wal.durable_lsn or wal.refusal(nxt.seq)):
+                break
+            before = len(seen)
+            seen.update(it.key for it in nxt.items)
+            if len(seen) != before + len(nxt.items):
+                break
+            urgent.popleft()
+            self._state.queued_items -= nxt.weight
+            self._state.queued_bytes -= nxt.nbytes
+            parts.append(nxt)
+            items += len(nxt.items)
+        if len(parts) == 1:
+            return op
+        last = parts[-1]
+        return PutOp(
+            last.seq,
+            weight=sum(part.weight for part in parts),
+            nbytes=sum(part.nbytes for part in parts),
+            table=t,
+            items=[it for part in parts for it in part.items],
+            inserted_at=last.inserted_at,
+            parts=tuple(parts),
+        )
 
     # -- failures -------------------------------------------------------------------------
 
@@ -294,6 +342,11 @@ class TaskProcessor(Checkpointer):
             if not self._evict_queued and self._state.ledger.over:
                 self._evict_queued = True
                 self.submit(EvictOp(0, weight=0), housekeeping=True)
+
+
+def _parts(op: Op) -> tuple[Op, ...]:
+    """The queued ops ``op`` stands for: its parts when pushes were joined, else itself."""
+    return op.parts if type(op) is PutOp and op.parts else (op,)
 
 
 def _item_op_of(op: Op, table: Table) -> bool:

@@ -227,8 +227,8 @@ class Table:
         slot_list: list[int],
         priorities: np.ndarray,
         sizes: np.ndarray,
-        inserted_at: float,
-        seq: int,
+        inserted_at: float | np.ndarray,
+        seq: int | np.ndarray,
         fields: list[dict[str, Any]] | None,
         replaced: list[int],
     ) -> None:
@@ -257,7 +257,7 @@ class Table:
         self,
         slots: np.ndarray,
         priorities: np.ndarray,
-        inserted_at: float,
+        inserted_at: float | np.ndarray,
         fields: list[dict[str, Any]] | None,
     ) -> None:
         """Put items :meth:`assign` gave columns in selection, once their values can be
@@ -267,9 +267,15 @@ class Table:
         if self.remover is not None:
             self.remover.insert(slots, priorities, times, fields)
         self.counters.inserts += len(slots)
-        if self.changes is not None:
-            keys = self.keys
-            self.changes.put([keys[s] or "" for s in slots.tolist()], priorities, inserted_at)
+        if self.changes is not None:  # one batch per push: pushes joined differ in time
+            keys, ends = self.keys, [len(slots)] if len(slots) else []
+            if isinstance(inserted_at, np.ndarray) and ends:
+                ends = [*(np.flatnonzero(np.diff(inserted_at)) + 1).tolist(), len(slots)]
+            start = 0
+            for end in ends:
+                part = [keys[s] or "" for s in slots[start:end].tolist()]
+                self.changes.put(part, priorities[start:end], times[start])
+                start = end
 
     def unselect(self, slots: np.ndarray, *, remover: bool) -> None:
         """Take ``slots`` out of selection (the sampler, and the remover if ``remover``),
