@@ -19,13 +19,13 @@ import numpy as np
 from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import ValidationFailed
-from rlreplay.wire.packing import array_ext, is_flat
+from rlreplay.wire.packing import array_ext, is_plain
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest, ItemIn, PushRequest
 
 __all__ = ["columns_request", "encode_body", "packed_item", "push_request"]
 
 
-def _pack_raw(obj: Any) -> msgspec.Raw | msgspec.msgpack.Ext:
+def _pack_raw(obj: Any) -> msgspec.Raw:
     """What msgspec does not encode itself: an array as its extension, anything else packed
     by the codec and spliced in."""
     if type(obj) is np.ndarray:
@@ -57,8 +57,9 @@ def encode_body(body: Any) -> bytes:
 def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
     """A push body, each value packed by the codec and spliced in as is.
 
-    Flat values (maps of strings to arrays and plain scalars, the usual kind) stay as they
-    are: msgspec encodes them with the body, in one pass and one copy. Others are packed in
+    Plain values (maps of strings to arrays, plain scalars and more such maps and lists: the
+    usual kind) stay as they are: msgspec encodes them with the body, in one pass. Others
+    (tensors, NumPy scalars, maps with other keys...) are packed in
     one call, as one list, then cut into their spans: packing each on its own costs the
     codec a packer per value.
 
@@ -75,7 +76,7 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
     """
     try:
         values: list[Any] = [item["value"] for item in items]
-        if not is_flat(values):
+        if not is_plain(values):
             values = _VALUE_SPANS.decode(packb(values))
         body_items = [
             ItemIn(item["key"], value, item.get("priority", DEFAULT_PRIORITY))

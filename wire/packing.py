@@ -9,9 +9,10 @@ walked the same way. Any other value (strings, bytes, long lists of numbers, sub
 maps nested deeper than :data:`_MAX_DEPTH`) is packed by msgpack-python, whose ``default``
 hook encodes the arrays it meets; both paths write the same bytes for the same value.
 
-The commonest value of all, a flat map of strings to arrays and plain scalars (or a list of
-such maps, as a push packs them), goes to msgspec's encoder instead, which walks it in C
-and calls back only for the arrays; it writes the same bytes again.
+The commonest values of all, maps of strings to arrays, plain scalars and more such maps
+and lists (a push body holds a list of them), go to msgspec's encoder instead, which walks
+them in C and calls back only for the arrays; it writes the same bytes again. Each array is
+then one lookup of its header and one join with its memory (:func:`array_ext`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from rlreplay.wire.arrays import (
 )
 from rlreplay.wire.headers import array_header, float_bytes, int_bytes, map_header, str_bytes
 
-__all__ = ["array_ext", "encode_default", "is_flat", "packb"]
+__all__ = ["array_ext", "encode_default", "is_plain", "packb"]
 
 _PYTHON_SCALARS = (bool, int, float, str, bytes)
 #: Maps and lists nested deeper than this are handed to msgpack-python as a whole.
@@ -155,40 +156,52 @@ def _append_other(obj: Any, parts: list[Any]) -> None:
 
 #: Value types msgspec encodes exactly as msgpack-python does (arrays through the hook).
 _FLAT_TYPES: Final = frozenset({np.ndarray, float, int, str, bool, bytes, type(None)})
-_PAYLOAD_HEADS: dict[tuple[Any, tuple[int, ...]], bytes] = {}
 
 
-def array_ext(array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
-    """A NumPy array as msgspec's extension type 1: the hook for the one type a value
-    :func:`is_flat` accepts holds that msgspec does not encode itself."""
-    key = (array.dtype, array.shape)
-    head = _PAYLOAD_HEADS.get(key)
-    if head is not None and array.flags.c_contiguous:
-        pieces: tuple[Any, ...] = (head, array)  # an array is a buffer, as join needs
-        return msgspec.msgpack.Ext(EXT_NDARRAY, b"".join(pieces))
-    payload = array_payload(array)
-    if key in _HEADS:  # a cacheable layout: keep its payload header too
-        if len(_PAYLOAD_HEADS) >= len(_HEADS) + 64:
-            _PAYLOAD_HEADS.clear()
-        _PAYLOAD_HEADS[key] = payload[: len(payload) - array.nbytes]
-    return msgspec.msgpack.Ext(EXT_NDARRAY, payload)
+def array_ext(array: np.ndarray[Any, Any]) -> msgspec.Raw:
+    """A NumPy array's whole ext-1 encoding, spliced in by msgspec: the hook for the one type
+    a value :func:`is_plain` accepts holds that msgspec does not encode itself.
+
+    A layout seen before costs one lookup and one join: joining refuses (``TypeError``) an
+    array whose memory is not C-contiguous, which then takes the general path, as does a
+    layout not cached yet.
+    """
+    try:
+        pieces: tuple[Any, ...] = (_HEADS[array.dtype, array.shape], array)  # both buffers
+        return msgspec.Raw(b"".join(pieces))
+    except (KeyError, TypeError):
+        parts: list[Any] = []
+        append_array(array, parts)
+        return msgspec.Raw(b"".join(parts))
 
 
 _FLAT_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=array_ext)
 
 
-def is_flat(obj: Any) -> bool:
-    """Whether ``obj`` is a map of str to arrays and plain scalars, or a list of such maps:
-    the usual value, which msgspec encodes in C with the bytes the hand-laid path writes."""
-    maps = obj if type(obj) is list else (obj,)
+def is_plain(obj: Any) -> bool:
+    """Whether ``obj`` holds only maps with str keys, lists, tuples, arrays and plain scalars,
+    nested at most :data:`_MAX_DEPTH` deep: the usual value (or list of values), which msgspec
+    encodes in C with the bytes the hand-laid path writes (calling back for arrays only)."""
     flat = _FLAT_TYPES
-    for value in maps:
-        if type(value) is not dict:
-            return False
-        for key, field in value.items():
-            if type(key) is not str or type(field) not in flat:
+    level: list[Any] = [obj]
+    for _ in range(_MAX_DEPTH + 1):
+        inner: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind is dict:
+                for key, value in item.items():
+                    if type(key) is not str:
+                        return False
+                    if type(value) not in flat:
+                        inner.append(value)
+            elif kind is list or kind is tuple:
+                inner.extend(value for value in item if type(value) not in flat)
+            elif kind not in flat:
                 return False
-    return True
+        if not inner:
+            return True
+        level = inner
+    return False
 
 
 def packb(obj: Any) -> bytes:
@@ -206,7 +219,7 @@ def packb(obj: Any) -> bytes:
         ValueError: The value is too deep or too large for msgpack, or an int does not fit
             in 64 bits.
     """
-    if is_flat(obj):
+    if is_plain(obj):
         try:
             return _FLAT_ENCODER.encode(obj)
         except OverflowError:  # an int past 64 bits: the hand-laid path says which

@@ -30,6 +30,7 @@ from rlreplay.wire.headers import (
     map_header,
     str_bytes,
 )
+from rlreplay.wire.packing import is_plain
 from tests.wire.test_codec import DTYPES as FIXED_WIDTH_DTYPES
 
 INT_EDGES = [
@@ -112,16 +113,35 @@ def test_values_pack_to_the_bytes_msgpack_python_writes(value: Any) -> None:
     assert packb(value) == old_packb(value)
 
 
-FLAT_MAPS = st.dictionaries(st.text(max_size=40), SCALARS | ARRAYS, max_size=8)
+PLAIN_VALUES = st.recursive(
+    SCALARS | ARRAYS,
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=40), inner, max_size=8)
+    ),
+    max_leaves=30,
+)
 
 
-@given(FLAT_MAPS | st.lists(FLAT_MAPS, max_size=6))
+@given(PLAIN_VALUES | st.lists(st.dictionaries(st.text(max_size=10), PLAIN_VALUES), max_size=6))
 @settings(max_examples=300, deadline=None)
-def test_flat_maps_and_lists_of_them_pack_as_msgpack_python_packs_them(value: Any) -> None:
-    """The usual value goes to msgspec's encoder; its bytes are the same (twice: the second
-    time an array's header comes from the cache)."""
+def test_plain_values_pack_as_msgpack_python_packs_them(value: Any) -> None:
+    """The usual value (maps with str keys, lists, arrays, scalars) goes to msgspec's
+    encoder; its bytes are the same (twice: the second time an array's header comes from
+    the cache)."""
+    assert is_plain(value)
     assert packb(value) == old_packb(value)
     assert packb(value) == old_packb(value)
+
+
+def test_values_nested_past_the_depth_bound_are_not_plain() -> None:
+    deep: Any = np.zeros(2)
+    for _ in range(40):
+        deep = {"x": deep}
+    assert not is_plain(deep)
+    assert packb(deep) == old_packb(deep)
+    assert not is_plain({1: np.zeros(2)}) and not is_plain([np.float32(1)])
 
 
 @pytest.mark.parametrize("value", [2**64, -(2**63) - 1])
