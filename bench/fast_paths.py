@@ -9,6 +9,10 @@
   CPU per batch, from a process of its own, against one server.
 * the log writer process (``--wal-writer process``), against flushes in a thread of the
   server (``--wal-writer thread``): wrk pushes with ``durability wal``.
+* the writer joining queued pushes into one op (``TaskProcessor.join_pushes``), against
+  applying them one by one: in process, 16 pushers of 64 new keys x 4 KiB into a ``hybrid``
+  table capped at 50,000 (``wal``), the two arms in alternate rounds of one process; the
+  figure is the event loop's CPU per pushed item (parsing, admission and the writer).
 
 Every figure is a median over pairs of runs, the two arms back to back (alternating which
 goes first); the ratio column is the median of the pairs' ratios on/off.
@@ -19,20 +23,25 @@ Run: ``python -m bench.fast_paths [--duration 4] [--repeats 3]``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from bench.http import (
+    KEY_MARK,
     PRELOAD,
     PUSH_BODIES,
     PUSH_ITEMS,
     SAMPLE_BODY,
     SAMPLE_ITEMS,
+    _push_template,
     free_port,
     paired,
     parse_wrk_arguments,
@@ -157,6 +166,60 @@ def _transport_pair(workdir: Path, args: argparse.Namespace) -> list[list[object
     ]
 
 
+async def _join_rounds(workdir: Path, rounds: int, pushes: int) -> tuple[float, float, float]:
+    """Median event-loop CPU µs per item with joining on and off, and the median ratio of
+    adjacent rounds (on / off)."""
+    from rlreplay.app.api.bodies import BodyFormat
+    from rlreplay.app.api.column_bodies import parse_any_push
+    from rlreplay.app.engine.engine import Engine
+    from rlreplay.app.settings import Settings
+    from rlreplay.app.tables.config import TableConfig
+    from rlreplay.workers.task_processor import TaskProcessor
+
+    template, counter = _push_template(), 0
+    join = TaskProcessor.join_pushes
+
+    def bodies(n: int) -> list[bytes]:
+        nonlocal counter
+        counter += n
+        return [template.replace(KEY_MARK, b"%010d" % (counter - i)) for i in range(n)]
+
+    eng = Engine(
+        Settings(data_dir=workdir / "join", storage_mode="hybrid", cache_memory_limit_mb=2048)
+    )
+    await eng.start()
+    await eng.create_table("fresh", TableConfig(max_size=50_000))
+
+    async def pusher(chunk: list[bytes]) -> None:
+        for body in chunk:
+            push = parse_any_push(body, BodyFormat.MSGPACK)
+            await eng.push("fresh", push.items, validated=True, body=push.raw)
+
+    async def run(batch: list[bytes]) -> float:
+        started = time.thread_time()
+        await asyncio.gather(*(pusher(batch[i::16]) for i in range(16)))
+        await eng.flush()
+        return (time.thread_time() - started) / (len(batch) * PUSH_ITEMS) * 1e6
+
+    per: tuple[list[float], list[float]] = ([], [])
+    try:
+        await run(bodies(60_000 // PUSH_ITEMS))  # full: every push also trims 64
+        for r in range(2 * rounds):
+            on = r % 2 == 0
+            TaskProcessor.join_pushes = join if on else _one_push  # type: ignore[method-assign]
+            batch = bodies(pushes)
+            per[0 if on else 1].append(await run(batch))
+    finally:
+        TaskProcessor.join_pushes = join  # type: ignore[method-assign]
+        await eng.stop()
+    ratios = [a / b for a, b in zip(*per, strict=True)]
+    return statistics.median(per[0]), statistics.median(per[1]), statistics.median(ratios)
+
+
+def _one_push(self: Any, op: Any) -> Any:
+    return op
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measures each fast path's arm and prints one table."""
     parser = argparse.ArgumentParser(prog="python -m bench.fast_paths", description=__doc__)
@@ -179,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
         ):
             if what == "push":
                 rows.append(["log writer process: push items/s (wal)", on, off, ratio])
+        on_us, off_us, ratio = asyncio.run(_join_rounds(workdir, 2 * args.repeats, 400))
+        rows.append(["writer joins queued pushes: loop CPU µs per item", on_us, off_us, ratio])
     print_table(
         f"Fast paths on and off: {args.repeats} pairs of {args.duration:g} s runs, medians "
         f"(wrk, 1 thread, {args.connections} connections; stream() prefetch 4, "
