@@ -13,14 +13,16 @@ table is full each push also evicts 64 items.
   (sequential, and 4 in flight through ``asyncio.gather``), ``stream()`` per item and with
   ``layout="columns"``. Each client run is paired with a wrk run of the very bytes that
   client call sends (wrk writes new keys into them), the two back to back; the ratio is the
-  median of the pairs' ratios client / wrk.
+  median of the pairs' ratios client / wrk. The pipelined pushes run against a second
+  server with ``--durability none`` too: Reverb keeps no log either.
 * latency: one producer, one ``push_columns`` of 64 x 4 KiB at a time, with
   ``--durability wal`` and ``none`` (two servers, one after the other), next to a bare
   ``os.write`` + ``os.fdatasync`` of the same 256 KiB to a file on the data dir's filesystem.
 * Reverb 0.14 (when its venv is there: ``RLREPLAY_REVERB_PYTHON``, else ``.venv-reverb``;
   it pins TensorFlow 2.15, hence a venv of its own): its server and its Python client, each
   in a process of its own, the same table shape; pushes through ``trajectory_writer``,
-  samples through ``TrajectoryDataset`` batched by 256.
+  samples through ``TrajectoryDataset`` batched by 256. A last table divides each client
+  figure of this run by Reverb's (pushes by its faster, 512-in-flight writer).
 
 Run: ``python -m bench.client [--duration 3] [--repeats 3] [--connections 4] [--quick]``.
 """
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sized
+from collections.abc import AsyncIterator, Callable, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -303,12 +305,18 @@ _LABELS = {
 
 
 def client_rows(
-    url: str, args: argparse.Namespace, workdir: Path, has_wrk: bool
+    url: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    has_wrk: bool,
+    modes: Sequence[str] = tuple(_PAIRS),
+    label: str = "",
 ) -> list[list[object]]:
     """Per client mode: its items/s, wrk's on the same bytes, the ratio (medians of pairs)."""
     bodies = _wrk_bodies(np.random.default_rng(1))
     rows: list[list[object]] = []
-    for mode, (body_set, path, items) in _PAIRS.items():
+    for mode in modes:
+        body_set, path, items = _PAIRS[mode]
         rates, wrk_rates, ratios = [], [], []
         for i in range(args.repeats):
             order = ("client", "wrk") if i % 2 == 0 else ("wrk", "client")
@@ -329,7 +337,7 @@ def client_rows(
             if has_wrk:
                 wrk_rates.append(pair["wrk"])
                 ratios.append(pair["client"] / pair["wrk"])
-        row: list[object] = [_LABELS[mode], statistics.median(rates)]
+        row: list[object] = [_LABELS[mode] + label, statistics.median(rates)]
         if has_wrk:
             row += [statistics.median(wrk_rates), statistics.median(ratios)]
         else:
@@ -582,13 +590,17 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             stop_process(proc)
         proc, url = _start_server(workdir, "none")
-        try:
+        try:  # pushes as Reverb makes them: with no log
+            rows += client_rows(
+                url, args, workdir, has_wrk, ("writer", "columns4"), ", durability none"
+            )
             latency += latency_rows(url, "none", args.duration)
         finally:
             stop_process(proc)
         latency.append(fsync_row(workdir, args.duration))
     print_table(
-        f"One client process vs wrk on the same bytes: hybrid, durability wal, table capped at "
+        f"One client process vs wrk on the same bytes: hybrid, durability wal (but for the "
+        f"rows that say none), table capped at "
         f"{CAPACITY:,} (fifo), new keys per push; wrk: 1 thread, {args.connections} "
         f"connections; {args.repeats} pair(s) of {args.duration:g} s runs, medians; "
         f"{os.cpu_count()} CPUs",
@@ -608,14 +620,33 @@ def main(argv: list[str] | None = None) -> None:
             "its rows skipped"
         )
         return
+    reverb = reverb_rows(python, args)
     print_table(
         f"Reverb 0.14 on the same machine: server and Python client each in a process of its "
         f"own, table capped at {CAPACITY:,} (Fifo remover, Uniform sampler), no durability "
         f"(Reverb only checkpoints); {args.repeats} run(s) of {args.duration:g} s, medians; "
         "latency: one batch of 64 x 4 KiB, append to flush",
         ["client call", "items/s", "p50 ms", "p99 ms"],
-        reverb_rows(python, args),
+        reverb,
     )
+    print_table(
+        "One rlreplay client process against Reverb's, from this run (target: 5x); pushes "
+        "against Reverb's faster writer (512 items in flight)",
+        ["rlreplay call", "rlreplay items/s", "Reverb items/s", "rlreplay / Reverb"],
+        against_reverb(rows, reverb),
+    )
+
+
+def against_reverb(rows: list[list[object]], reverb: list[list[object]]) -> list[list[object]]:
+    """rlreplay's client figures over Reverb's: pushes over its writer with 512 items in
+    flight, samples over its dataset."""
+    push, sample = float(reverb[1][1]), float(reverb[2][1])  # type: ignore[arg-type]
+    out: list[list[object]] = []
+    for row in rows:
+        label, rate = str(row[0]), float(row[1])  # type: ignore[arg-type]
+        theirs = sample if label.startswith("stream") else push
+        out.append([label, rate, theirs, rate / theirs])
+    return out
 
 
 if __name__ == "__main__":
