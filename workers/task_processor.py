@@ -250,7 +250,7 @@ class TaskProcessor(Checkpointer):
             nxt = urgent[0]
             if type(nxt) is not PutOp or nxt.table is not t or nxt.refused:
                 break
-            if wal is not None and (nxt.seq > wal.durable_lsn or wal.refusal(nxt.seq)):
+            if wal is not None and (nxt.seq > wal.durable_lsn or wal.refusal(nxt.seq) is not None):
                 break
             before = len(seen)
             seen.update(it.key for it in nxt.items)
