@@ -12,6 +12,8 @@ import itertools
 import logging
 import operator
 import time
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,6 +63,11 @@ EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
 EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
 TRIM_EVERY_BYTES = 16 * 2**20  # evicted bytes between returns of free heap memory to the OS
 _priority_of = operator.attrgetter("priority")
+
+
+def each(effects: Iterator[Any]) -> None:
+    """Run a ``map`` of calls for their effects, in C: no Python loop per item."""
+    deque(effects, maxlen=0)
 
 
 class OpApplier:
@@ -211,29 +218,32 @@ class OpApplier:
         index, values, retired, pending = t.index, t.values, t.retired, t.pending
         index_get, pending_get = index.get, pending.get
         found = list(map(index_get, keys))
-        # what replaced items leave behind: slots still in selection, values in the cache
-        old = [slot for slot in found if slot is not None]
-        if old:
+        replaced: list[int] = []
+        was_cached: list[int] = []
+        if found.count(None) == n:  # all new keys (the common push): slots in one go
+            slot_list = t.alloc_slots(keys)
+        else:
+            # what replaced items leave behind: slots still in selection, cached values
+            old = [slot for slot in found if slot is not None]
             t.rollouts.forget(old)
-        replaced = [slot for slot in old if not retired[slot]]
-        was_cached = [slot for slot in old if values[slot] is not None]
-        if was_cached and through:  # otherwise the ledger's add below replaces them
-            s.ledger.discard_many(t, was_cached)
-        if len(old) < len(found):  # new keys get slots, in one go
-            new_at = [i for i, slot in enumerate(found) if slot is None]
-            for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
-                found[i] = slot
-        slot_list = cast(list[int], found)
+            replaced = [slot for slot in old if not retired[slot]]
+            was_cached = [slot for slot in old if values[slot] is not None]
+            if was_cached and through:  # otherwise the ledger's add below replaces them
+                s.ledger.discard_many(t, was_cached)
+            if len(old) < n:  # new keys get slots, in one go
+                new_at = [i for i, slot in enumerate(found) if slot is None]
+                for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
+                    found[i] = slot
+            slot_list = cast(list[int], found)
         # the pending entries this op made, unless a later op replaced them (written
         # through, they stay while RocksDB writes the values: readers find them meanwhile)
         mine = [
-            (key, own)
+            key
             for key, e, own in zip(keys, map(pending_get, keys), seqs, strict=False)
             if e is not None and e[0] == own
         ]
         if not through:
-            for key, _ in mine:
-                del pending[key]
+            each(map(pending.__delitem__, mine))
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
         if cached_before is not None:
@@ -259,8 +269,7 @@ class OpApplier:
                 t.disk_size[slot] = size
         else:  # cached pushes, and written-through ones RocksDB refused: held here meanwhile
             t.meta_dirty[slots] = 1
-            for slot, value in zip(slot_list, new_values, strict=True):
-                values[slot] = value
+            each(map(values.__setitem__, slot_list, new_values))
             # a short-lived view of the flag bytearray (a live view would block its growth)
             np.frombuffer(t.dirty, np.uint8)[slots] = 1
             if cached_before is not None:  # replaced while cached: like a hit (CLOCK)
@@ -269,9 +278,10 @@ class OpApplier:
             t.bytes_in_cache += int(sizes.sum())
         t.select(slots, prios, ts, fields)
         if through:
-            for key, own in mine:
+            own_seq = dict(zip(keys, seqs, strict=False))
+            for key in mine:
                 entry = t.pending.get(key)
-                if entry is not None and entry[0] == own:
+                if entry is not None and entry[0] == own_seq[key]:
                     del t.pending[key]
         t.rollouts.changed.notify()
         if not replay:
@@ -298,7 +308,7 @@ class OpApplier:
         # the remover dropped them; the sampler drops the ones it still holds
         t.unselect(slots, remover=False)
         slot_list = slots.tolist()
-        keys = [t.keys[slot] for slot in slot_list]
+        keys = cast(list[str], list(map(t.keys.__getitem__, slot_list)))  # held slots
         # a pending op decides what readers see of a key
         t.visible -= len(keys) - sum(map(t.pending.__contains__, keys))
         await self._free(t, slots, slot_list, keys)

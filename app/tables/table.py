@@ -23,6 +23,8 @@ of these interleave inside a method):
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -128,8 +130,7 @@ class Table:
         slots.reverse()  # the order alloc_slot pops them in
         del free[len(free) - reused :]
         own_keys = self.keys
-        for slot, key in zip(slots, keys, strict=False):
-            own_keys[slot] = key
+        deque(map(own_keys.__setitem__, slots, keys), maxlen=0)  # reused slots, in C
         fresh = n - reused
         if fresh:
             start = len(own_keys)
@@ -173,11 +174,10 @@ class Table:
         index, own_keys, values = self.index, self.keys, self.values
         if self.changes is not None:
             self.changes.delete(keys)
-        for key in keys:
-            del index[key]
-        for slot in slot_list:
-            own_keys[slot] = None
-            values[slot] = None
+        nones = itertools.repeat(None)  # below: loops in C, not one Python step per key
+        deque(map(index.__delitem__, keys), maxlen=0)
+        deque(map(own_keys.__setitem__, slot_list, nones), maxlen=0)
+        deque(map(values.__setitem__, slot_list, nones), maxlen=0)
         self.referenced[slots] = 0
         self.meta_dirty[slots] = 0
         self.disk_size[slots] = 0
