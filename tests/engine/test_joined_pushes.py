@@ -5,6 +5,7 @@ time and log position (a crash after partial checkpoints loses nothing)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,23 @@ async def push_all_queued(eng: Engine, table: str, pushes: list[list[Any]]) -> N
     await asyncio.gather(*(eng.push(table, items) for items in pushes))
 
 
+@pytest.fixture
+def joined(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    return count_joins(monkeypatch)
+
+
+@pytest.fixture
+async def eng(tmp_path: Path) -> AsyncIterator[Engine]:
+    """A hybrid engine with an uncapped table ``t``."""
+    engine = Engine(make_settings(tmp_path / "d"))
+    await engine.start()
+    await engine.create_table("t", TableConfig())
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_queued_pushes_are_joined_with_the_result_of_one_by_one(
     tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
@@ -92,9 +110,8 @@ async def test_queued_pushes_are_joined_with_the_result_of_one_by_one(
 
 
 async def test_each_item_keeps_its_own_push_time_and_log_position(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    eng: Engine, joined: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    joined = count_joins(monkeypatch)
     seqs: dict[str, int] = {}
     times: dict[str, float] = {}
     real_push = Engine._push
@@ -109,21 +126,15 @@ async def test_each_item_keeps_its_own_push_time_and_log_position(
         return n
 
     monkeypatch.setattr(Engine, "_push", remember)
-    eng = Engine(make_settings(tmp_path / "d"))
-    await eng.start()
-    try:
-        await eng.create_table("t", TableConfig())
-        await push_all_queued(eng, "t", pushes_of(8, 4))
-        await eng.flush()
-        assert max(joined) > 1
-        t = eng._table("t")
-        known = [key for key in seqs if seqs[key]]  # those still pending when answered
-        assert known
-        for key in known:
-            assert t.put_seq[t.index[key]] == seqs[key]
-            assert t.inserted_at[t.index[key]] == times[key]
-    finally:
-        await eng.stop()
+    await push_all_queued(eng, "t", pushes_of(8, 4))
+    await eng.flush()
+    assert max(joined) > 1
+    t = eng._table("t")
+    known = [key for key in seqs if seqs[key]]  # those still pending when answered
+    assert known
+    for key in known:
+        assert t.put_seq[t.index[key]] == seqs[key]
+        assert t.inserted_at[t.index[key]] == times[key]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -155,72 +166,45 @@ async def test_joined_pushes_survive_a_crash_after_partial_checkpoints(
         await again.stop()
 
 
-async def test_a_key_pushed_again_stops_the_join(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    joined = count_joins(monkeypatch)
-    eng = Engine(make_settings(tmp_path / "d"))
-    await eng.start()
-    try:
-        await eng.create_table("t", TableConfig())
-        pushes = [
-            [item("a", 1), item("b", 1)],
-            [item("c", 2)],
-            [item("b", 3), item("d", 3)],  # b again: applied after the two before it
-            [item("a", 4, 7.0)],
-        ]
-        await push_all_queued(eng, "t", pushes)
-        state = await table_state(eng, "t")
-        assert {k: v[:2] for k, v in state.items()} == {
-            "a": (4, 7.0),
-            "b": (3, 1.0),
-            "c": (2, 1.0),
-            "d": (3, 1.0),
-        }
-        assert [k for k in sorted(state, key=lambda k: state[k][2])] == ["c", "b", "d", "a"]
-        assert sum(joined) == len(pushes)  # how they joined depends on the log's timing
-    finally:
-        await eng.stop()
+async def test_a_key_pushed_again_stops_the_join(eng: Engine, joined: list[int]) -> None:
+    pushes = [
+        [item("a", 1), item("b", 1)],
+        [item("c", 2)],
+        [item("b", 3), item("d", 3)],  # b again: applied after the two before it
+        [item("a", 4, 7.0)],
+    ]
+    await push_all_queued(eng, "t", pushes)
+    state = await table_state(eng, "t")
+    assert {k: v[:2] for k, v in state.items()} == {
+        "a": (4, 7.0),
+        "b": (3, 1.0),
+        "c": (2, 1.0),
+        "d": (3, 1.0),
+    }
+    assert [k for k in sorted(state, key=lambda k: state[k][2])] == ["c", "b", "d", "a"]
+    assert sum(joined) == len(pushes)  # how they joined depends on the log's timing
 
 
-async def test_joined_pushes_answer_every_waiting_caller(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    joined = count_joins(monkeypatch)
-    eng = Engine(make_settings(tmp_path / "d"))
-    await eng.start()
-    try:
-        await eng.create_table("t", TableConfig())
-        counts = await asyncio.gather(
-            *(eng.push("t", items, wait=True) for items in pushes_of(10, 3))
-        )
-        assert counts == [3] * 10
-        assert max(joined) > 1
-        assert eng.describe("t")["stats"]["size"] == 30
-    finally:
-        await eng.stop()
+async def test_joined_pushes_answer_every_waiting_caller(eng: Engine, joined: list[int]) -> None:
+    counts = await asyncio.gather(*(eng.push("t", items, wait=True) for items in pushes_of(10, 3)))
+    assert counts == [3] * 10
+    assert max(joined) > 1
+    assert eng.describe("t")["stats"]["size"] == 30
 
 
 async def test_the_change_feed_gets_one_batch_per_joined_push(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    eng: Engine, joined: list[int]
 ) -> None:
-    joined = count_joins(monkeypatch)
-    eng = Engine(make_settings(tmp_path / "d"))
-    await eng.start()
-    try:
-        await eng.create_table("t", TableConfig())
-        first = await read_changes(eng, "t", 0, 1000, 0.0)  # starts the feed
-        await push_all_queued(eng, "t", pushes_of(6, 5))
-        await eng.flush()
-        assert max(joined) > 1
-        events = (await read_changes(eng, "t", first.seq, 1000, 0.0)).events
-        assert [e.key for e in events] == [f"p{p}/{i}" for p in range(6) for i in range(5)]
-        t = eng._table("t")
-        for e in events:
-            assert e.op == "put"
-            assert e.inserted_at == t.inserted_at[t.index[e.key]]
-    finally:
-        await eng.stop()
+    first = await read_changes(eng, "t", 0, 1000, 0.0)  # starts the feed
+    await push_all_queued(eng, "t", pushes_of(6, 5))
+    await eng.flush()
+    assert max(joined) > 1
+    events = (await read_changes(eng, "t", first.seq, 1000, 0.0)).events
+    assert [e.key for e in events] == [f"p{p}/{i}" for p in range(6) for i in range(5)]
+    t = eng._table("t")
+    for e in events:
+        assert e.op == "put"
+        assert e.inserted_at == t.inserted_at[t.index[e.key]]
 
 
 def test_only_durable_pushes_to_one_table_with_keys_of_their_own_join(
