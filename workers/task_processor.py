@@ -21,6 +21,7 @@ import logging
 import random
 import time
 from collections import deque
+from typing import TypeGuard
 
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
@@ -201,7 +202,7 @@ class TaskProcessor(Checkpointer):
                         wal.refuse(op.seq, op.seq, exc)  # (a no-op: commit raised for that)
                         self.drop_refused()
                         continue
-                if type(op) is PutOp and self.urgent:
+                if type(op) is PutOp:
                     op = self._current = self.join_pushes(op)
                 self._applying = True
                 await self.apply(op)
@@ -241,17 +242,14 @@ class TaskProcessor(Checkpointer):
         item keeps its own push's sequence number and time, and a change feed gets a batch
         per push.
         """
-        t, wal, urgent = op.table, self._state.wal, self.urgent
+        urgent = self.urgent
+        if not urgent or not self._joins(urgent[0], op):  # a miss builds no set of keys
+            return op
         seen = {it.key for it in op.items}
         if len(seen) != len(op.items):
             return op
         parts, items = [op], len(op.items)
-        while urgent and items < JOIN_ITEMS:
-            nxt = urgent[0]
-            if type(nxt) is not PutOp or nxt.table is not t or nxt.refused:
-                break
-            if wal is not None and (nxt.seq > wal.durable_lsn or wal.refusal(nxt.seq) is not None):
-                break
+        while urgent and items < JOIN_ITEMS and self._joins(nxt := urgent[0], op):
             before = len(seen)
             seen.update(it.key for it in nxt.items)
             if len(seen) != before + len(nxt.items):
@@ -268,11 +266,19 @@ class TaskProcessor(Checkpointer):
             last.seq,
             weight=sum(part.weight for part in parts),
             nbytes=sum(part.nbytes for part in parts),
-            table=t,
+            table=op.table,
             items=[it for part in parts for it in part.items],
             inserted_at=last.inserted_at,
             parts=tuple(parts),
         )
+
+    def _joins(self, queued: Op, op: PutOp) -> TypeGuard[PutOp]:
+        """Whether ``queued`` is a push that may join ``op`` (keys aside): same table, not
+        refused, and durable already, so that no failed flush can refuse it later."""
+        if type(queued) is not PutOp or queued.table is not op.table or queued.refused:
+            return False
+        wal = self._state.wal
+        return wal is None or (queued.seq <= wal.durable_lsn and wal.refusal(queued.seq) is None)
 
     # -- failures -------------------------------------------------------------------------
 

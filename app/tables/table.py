@@ -267,7 +267,7 @@ class Table:
         if self.remover is not None:
             self.remover.insert(slots, priorities, times, fields)
         self.counters.inserts += len(slots)
-        if self.changes is not None:  # one batch per push: pushes joined differ in time
+        if self.changes is not None:  # a batch per time: each joined push has its own
             keys, ends = self.keys, [len(slots)] if len(slots) else []
             if isinstance(inserted_at, np.ndarray) and ends:
                 ends = [*(np.flatnonzero(np.diff(inserted_at)) + 1).tolist(), len(slots)]
