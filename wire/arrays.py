@@ -94,9 +94,20 @@ class BFloat16Array:
         """The array's shape."""
         return tuple(self.bits.shape)
 
+    @property
+    def ndim(self) -> int:
+        """The number of axes."""
+        return self.bits.ndim
+
+    @property
+    def dtype(self) -> str:
+        """``"bfloat16"``, the wire dtype string (NumPy has no bfloat16 dtype to give)."""
+        return BFLOAT16
+
     def to_float32(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The values as float32; exact, since every bfloat16 is a float32."""
-        widened = self.bits.astype(np.uint32) << np.uint32(16)
+        widened = self.bits.astype(np.uint32)
+        widened <<= 16  # in place: a 0-d array stays an array (an operator gives a scalar)
         return widened.view(np.float32)
 
     def to_torch(self) -> torch.Tensor:
@@ -110,6 +121,16 @@ class BFloat16Array:
         if not (bits.flags.c_contiguous and bits.flags.writeable):
             bits = bits.copy(order="C")
         return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+
+    def __len__(self) -> int:
+        """The length of the first axis (a 0-d array has none, as in NumPy)."""
+        return len(self.bits)
+
+    def __getitem__(self, index: Any) -> BFloat16Array:
+        """``x[i]``, ``x[2:5]``...: the bfloat16 values NumPy's indexing picks, as a
+        :class:`BFloat16Array` (a single value is a 0-d one), their bits copied C-contiguous.
+        Rows of a column (a :class:`~rlreplay.clients.columns.ColumnBatch`'s) come this way."""
+        return BFloat16Array(np.array(self.bits[index], order="C"))
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         """``np.asarray(x)`` gives the float32 values (exact)."""

@@ -271,6 +271,25 @@ def test_bfloat16_travels_as_bfloat16_and_converts_exactly() -> None:
     assert same(unpackb(packb(decoded)), decoded)
 
 
+def test_bfloat16_arrays_index_like_numpy_arrays() -> None:
+    tensor = torch.arange(6, dtype=torch.bfloat16).reshape(3, 2)
+    column = BFloat16Array(tensor.view(torch.int16).numpy().view(np.uint16).copy())
+    assert (len(column), column.ndim, column.dtype) == (3, 2, "bfloat16")
+    row = column[1]  # a row of a column, as a ColumnBatch's columns give them
+    assert isinstance(row, BFloat16Array) and row.shape == (2,)
+    assert bits_equal(row.to_torch(), tensor[1])
+    assert bits_equal(column[::2].to_torch(), tensor[::2])  # strided: bits copied C-contiguous
+    assert column[::2].bits.flags.c_contiguous
+    one = column[2, 1]
+    assert one.shape == () and one.ndim == 0 and np.asarray(one).item() == 5.0
+    row.bits[0] = 0  # a copy: the column keeps its values
+    assert np.asarray(column[1]).tolist() == [2.0, 3.0]
+    with pytest.raises(TypeError):
+        len(one)
+    with pytest.raises(IndexError):
+        column[3]
+
+
 def test_tensors_needing_grad_or_with_lazy_negation_encode_their_values() -> None:
     leaf = torch.arange(4, dtype=torch.float32, requires_grad=True)
     assert unpackb(packb(leaf * 2)).tolist() == [0, 2, 4, 6]
