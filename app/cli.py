@@ -157,13 +157,15 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     Returns:
         Keyword arguments of ``uvicorn.Config`` (or ``uvicorn.run``).
     """
-    from rlreplay.app.api.connections import ConnectionLimits, guarded_protocol
+    from rlreplay.app.api.connections import BODY_HOLD_BYTES, ConnectionLimits, guarded_protocol
 
     limits = ConnectionLimits(
         head_timeout_s=settings.request_head_timeout_s,
         body_timeout_s=settings.request_body_timeout_s,
         body_min_bytes_per_s=settings.request_body_min_kb_per_s * 1024,
         max_connections=settings.max_connections,
+        # a chunked body past the limit reaches the middleware, which refuses it, at once
+        body_hold_bytes=min(BODY_HOLD_BYTES, int(settings.max_request_mb * 1024 * 1024)),
     )
     return {
         **_UVICORN_FIXED,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import subprocess
@@ -26,7 +27,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from rlreplay.app.api.connections import ConnectionLimits, guarded_protocol
+from rlreplay.app.api.connections import BODY_HOLD_BYTES, ConnectionLimits, guarded_protocol
 from rlreplay.app.cli import uvicorn_options
 from rlreplay.app.settings import Settings
 from tests.live import LiveServer, running_server
@@ -41,7 +42,10 @@ LIMITS = ConnectionLimits(
     body_timeout_s=BODY_S,
     body_min_bytes_per_s=WINDOW_BYTES / BODY_S,
     max_connections=100,
+    body_hold_bytes=65_536,  # uvicorn's high-water mark: its pauses, with both parsers
 )
+#: The limits with the default hold: bodies of these tests reach the app whole.
+HOLDING = dataclasses.replace(LIMITS, body_hold_bytes=BODY_HOLD_BYTES)
 PUSH_HEAD = (
     b"POST /v1/tables/default/items HTTP/1.1\r\nHost: a\r\n"
     b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
@@ -136,6 +140,8 @@ class Harness:
         self.gate = asyncio.Event()
         self.gate.set()
         self.bodies: list[bytes | None] = []
+        #: Each body message the app received: its length and ``more_body``.
+        self.messages: list[tuple[int, bool]] = []
         protocol_class = guarded_protocol(limits, parser)  # type: ignore[arg-type]
         self.config = uvicorn.Config(
             self.app,
@@ -159,6 +165,7 @@ class Harness:
                 self.bodies.append(None)
                 return
             body += message.get("body", b"")
+            self.messages.append((len(message.get("body", b"")), message.get("more_body", False)))
             if not message.get("more_body", False):
                 break
         self.bodies.append(body)
@@ -356,6 +363,71 @@ async def test_a_connection_past_the_cap_is_closed_at_once(parser: str) -> None:
     assert answered(transport)
 
 
+async def test_a_body_reaches_the_app_whole_once_complete() -> None:
+    h = Harness("httptools", HOLDING)
+    h.gate.clear()  # the app waits: nothing pauses reading all the same
+    protocol, transport = h.connect()
+    protocol.data_received(PUSH_HEAD)
+    for i in range(10):
+        protocol.data_received(bytes([i]) * 10_000)
+        await settle()
+        assert transport.reading
+    h.gate.set()
+    await settle()
+    assert answered(transport)
+    assert h.bodies == [b"".join(bytes([i]) * 10_000 for i in range(10))]
+    assert h.messages == [(100_000, False)]  # one piece, not uvicorn's 64 KiB ones
+
+
+async def test_a_body_past_the_hold_comes_in_pieces_with_reading_paused() -> None:
+    h = Harness("httptools", dataclasses.replace(LIMITS, body_hold_bytes=30_000))
+    h.gate.clear()
+    protocol, transport = h.connect()
+    protocol.data_received(PUSH_HEAD)
+    sent = bytearray()
+    for i in range(10):
+        chunk = bytes([i]) * 10_000
+        sent += chunk
+        protocol.data_received(chunk)
+        await settle()
+        if not transport.reading:  # past the hold: the app must take the piece first
+            assert i == 3 and not h.messages
+            h.gate.set()
+            await settle()
+            assert transport.reading and h.messages == [(40_000, True)]
+    await settle()
+    assert answered(transport) and h.bodies == [bytes(sent)]
+    assert sum(n for n, _ in h.messages) == 100_000 and h.messages[-1][1] is False
+
+
+async def test_chunked_and_pipelined_bodies_arrive_whole() -> None:
+    h = Harness("httptools", HOLDING)
+    protocol, transport = h.connect()
+    chunked = (
+        b"POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    second = b"POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"
+    protocol.data_received(chunked + second)  # the second waits for the first's answer
+    for _ in range(5):
+        await settle()
+    assert answered(transport, 2) and h.bodies == [b"hello world", b"abc"]
+    protocol.data_received(b"POST /c HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
+    await settle()
+    assert answered(transport, 3) and h.bodies[-1] == b""
+
+
+async def test_a_client_gone_mid_body_is_a_disconnect_and_holds_nothing() -> None:
+    h = Harness("httptools", HOLDING)
+    protocol, transport = h.connect()
+    protocol.data_received(PUSH_HEAD + b" " * 50_000)
+    await settle()
+    transport.close()
+    await settle()
+    assert h.bodies == [None]
+    assert protocol._held == 0 and not protocol._chunks
+
+
 def test_limits_name_the_bad_value() -> None:
     with pytest.raises(ValueError, match=r"head_timeout_s \(0\) must be > 0"):
         ConnectionLimits(
@@ -365,6 +437,8 @@ def test_limits_name_the_bad_value() -> None:
         ConnectionLimits(
             head_timeout_s=1, body_timeout_s=1, body_min_bytes_per_s=0, max_connections=0
         )
+    with pytest.raises(ValueError, match=r"body_hold_bytes \(0\) must be > 0"):
+        dataclasses.replace(LIMITS, body_hold_bytes=0)
 
 
 def test_the_settings_reach_uvicorn(tmp_path: Path) -> None:
@@ -381,6 +455,10 @@ def test_the_settings_reach_uvicorn(tmp_path: Path) -> None:
     assert options["http"].limits == ConnectionLimits(
         head_timeout_s=3, body_timeout_s=4, body_min_bytes_per_s=2048, max_connections=9
     )
+    assert options["http"].limits.body_hold_bytes == BODY_HOLD_BYTES
+    # a chunked body past a lower limit is handed over, and refused, as soon as it passes it
+    small = uvicorn_options(Settings(data_dir=tmp_path, max_request_mb=1))
+    assert small["http"].limits.body_hold_bytes == 1024 * 1024
     defaults = Settings(data_dir=tmp_path)
     assert (defaults.request_head_timeout_s, defaults.keep_alive_s) == (10, 30)
     assert defaults.max_connections == 2048
