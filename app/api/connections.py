@@ -285,8 +285,10 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         """uvicorn's ``on_body``, but the chunks wait here until the body is complete or
         passes ``body_hold_bytes``."""
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return  # as uvicorn: an upgrade's body is not the app's (and it may have no cycle)
         cycle = self.cycle
-        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+        if cycle.response_complete:  # answered already: the rest of the body is dropped
             return
         self._chunks.append(body)
         self._held += len(body)

@@ -417,6 +417,29 @@ async def test_chunked_and_pipelined_bodies_arrive_whole() -> None:
     assert answered(transport, 3) and h.bodies[-1] == b""
 
 
+class EarlyAnswers(Harness):
+    """An app that answers before reading the body (as a refusal does)."""
+
+    async def app(self, scope: Any, receive: Any, send: Any) -> None:
+        self.bodies.append(None)
+        headers = [(b"content-length", b"0")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def test_the_rest_of_a_body_answered_early_is_dropped() -> None:
+    h = EarlyAnswers("httptools", HOLDING)
+    protocol, transport = h.connect()
+    protocol.data_received(PUSH_HEAD + b" " * 40_000)
+    await settle()
+    assert answered(transport)
+    protocol.data_received(b" " * 60_000)  # the rest: nobody takes it
+    assert protocol._held == 0 and not protocol._chunks
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")  # the connection goes on
+    await settle()
+    assert answered(transport, 2) and not transport.closed
+
+
 async def test_a_client_gone_mid_body_is_a_disconnect_and_holds_nothing() -> None:
     h = Harness("httptools", HOLDING)
     protocol, transport = h.connect()
