@@ -54,8 +54,9 @@ async def write_request(conn: Connection, data: bytes, timeout_s: float | None) 
 
 async def read_answer(
     request: httpx.Request, conn: Connection, timeout_s: float | None, max_header_bytes: int
-) -> tuple[Answer, bytes]:
-    """The final answer to ``request`` (interim 1xx answers skipped) and its whole body.
+) -> tuple[Answer, bytes | bytearray]:
+    """The final answer to ``request`` (interim 1xx answers skipped) and its whole body (a
+    long one in the bytearray it was read into).
 
     ``answer.keep_alive`` is cleared when the connection must not be reused after it.
 
@@ -151,7 +152,7 @@ async def _read_head(
 
 
 async def _read_chunked(conn: Connection, timeout_s: float | None, max_header_bytes: int) -> bytes:
-    pieces: list[bytes] = []
+    pieces: list[memoryview] = []
     while True:
         line = await conn.readuntil(b"\r\n", max_header_bytes, timeout_s)
         if len(line) > max_header_bytes:
@@ -165,7 +166,7 @@ async def _read_chunked(conn: Connection, timeout_s: float | None, max_header_by
         data = await conn.readexactly(size + 2, timeout_s)
         if data[-2:] != b"\r\n":
             raise ValueError("a chunk does not end with CRLF")
-        pieces.append(data[:-2])
+        pieces.append(memoryview(data)[:-2])
     trailer_bytes = 0
     while True:  # trailers, up to the blank line
         line = await conn.readuntil(b"\r\n", max_header_bytes, timeout_s)

@@ -164,7 +164,7 @@ class Requester:
             retry_after: float | None = None
             try:
                 async with self._slots:
-                    response = await self._exchange(
+                    response, answer = await self._exchange(
                         method, path, content, idempotent=idempotent, read_s=read_timeout_s
                     )
             except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
@@ -177,8 +177,8 @@ class Requester:
                     raise Unavailable(f"{method} {path} failed: {exc!r}") from exc
             else:
                 if response.is_success:
-                    return response.content if raw else self._decode(response)
-                error = self._error(response)
+                    return bytes(answer) if raw else self._decode(response, answer)
+                error = self._error(response, answer)
                 retryable = isinstance(error, Overloaded) or (
                     idempotent and type(error) is Unavailable
                 )
@@ -200,8 +200,9 @@ class Requester:
         *,
         idempotent: bool,
         read_s: float | None,
-    ) -> httpx.Response:
-        """One request and its answer (no retries), with the client's headers and timeouts.
+    ) -> tuple[httpx.Response, bytes | bytearray]:
+        """One request (no retries), with the client's headers and timeouts: the answer and its
+        body (with LeanTransport, a long body in the buffer it was read into).
 
         With our own LeanTransport the request goes straight to it: ``httpx.AsyncClient``
         would send the same bytes, but its per-request flows (auth, redirects, cookies,
@@ -211,7 +212,7 @@ class Requester:
         extensions: dict[str, Any] = dict(_IDEMPOTENT) if idempotent else {}
         timeout = self._timeout if read_s is None else httpx.Timeout(self._timeout_s, read=read_s)
         if self._lean is None:
-            return await self._http.request(
+            response = await self._http.request(
                 method,
                 self._url(path),
                 content=content,
@@ -219,6 +220,7 @@ class Requester:
                 timeout=timeout,
                 extensions=extensions,
             )
+            return response, response.content
         extensions["timeout"] = timeout.as_dict()
         headers = self._http.headers
         if content is not None:
@@ -227,27 +229,27 @@ class Requester:
         request = httpx.Request(
             method, self._url(path), headers=headers, content=content, extensions=extensions
         )
-        response = await self._lean.handle_async_request(request)
+        response, answer = await self._lean.fetch(request)
         response.request = request
-        return response
+        return response, answer
 
     @staticmethod
-    def _decode(response: httpx.Response) -> Any:
-        if response.status_code == 204 or not response.content:
+    def _decode(response: httpx.Response, answer: bytes | bytearray) -> Any:
+        if response.status_code == 204 or not answer:
             return None
         content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
         try:
             if content_type in {MSGPACK, "application/x-msgpack"}:
-                return unpackb(response.content)
-            return from_jsonable(json.loads(response.content))
+                return unpackb(answer)
+            return from_jsonable(json.loads(answer))
         except ValueError as exc:
             raise ReplayError(f"undecodable answer ({content_type or 'no type'}): {exc}") from exc
 
     @staticmethod
-    def _error(response: httpx.Response) -> ReplayError:
+    def _error(response: httpx.Response, answer: bytes | bytearray) -> ReplayError:
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         try:
-            body = Requester._decode(response)
+            body = Requester._decode(response, answer)
         except ReplayError:
             body = None
         return error_from_body(response.status_code, body, retry_after=retry_after)

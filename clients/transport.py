@@ -71,7 +71,13 @@ import httpx
 from rlreplay.clients.connection import Connection
 from rlreplay.clients.connection_pool import Address, ConnectionPool
 from rlreplay.clients.exchange import StaleConnection, read_answer, write_request
-from rlreplay.clients.http11 import MAX_HEADER_BYTES, has_token, request_body, request_head
+from rlreplay.clients.http11 import (
+    MAX_HEADER_BYTES,
+    Answer,
+    has_token,
+    request_body,
+    request_head,
+)
 
 __all__ = ["LeanTransport"]
 
@@ -134,6 +140,19 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send one request and read its whole answer (see the module docstring)."""
+        answer, body = await self._round_trip(request)
+        return _response(request, answer, bytes(body))
+
+    async def fetch(self, request: httpx.Request) -> tuple[httpx.Response, bytes | bytearray]:
+        """:meth:`handle_async_request`, the body left as it was read: the answer's status
+        and headers as an ``httpx.Response`` without content, and the body, a long one in
+        the bytearray the socket read it into. The replay client decodes it from there:
+        ``bytes`` of a sampled batch was one more copy of MiBs per answer.
+        """
+        answer, body = await self._round_trip(request)
+        return _response(request, answer, b""), body
+
+    async def _round_trip(self, request: httpx.Request) -> tuple[Answer, bytes | bytearray]:
         if self._pool.closed:
             raise RuntimeError("the transport is closed")
         url = request.url
@@ -170,7 +189,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         head: bytes,
         body: bytes,
         close_after: bool,
-    ) -> httpx.Response:
+    ) -> tuple[Answer, bytes | bytearray]:
         conn = self._pool.checkout(address)
         if conn is not None:
             try:
@@ -196,7 +215,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         head: bytes,
         body: bytes,
         close_after: bool,
-    ) -> httpx.Response:
+    ) -> tuple[Answer, bytes | bytearray]:
         """One request on ``conn``; pools the connection after a clean answer, else closes it."""
         try:
             await write_request(conn, head + body if body else head, timeouts.get("write"))
@@ -210,10 +229,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self._pool.checkin(address, conn)
         else:
             conn.close()
-        return httpx.Response(
-            answer.status,
-            headers=answer.headers,
-            content=content,
-            request=request,
-            extensions={"http_version": answer.version, "reason_phrase": answer.reason},
-        )
+        return answer, content
+
+
+def _response(request: httpx.Request, answer: Answer, content: bytes) -> httpx.Response:
+    return httpx.Response(
+        answer.status,
+        headers=answer.headers,
+        content=content,
+        request=request,
+        extensions={"http_version": answer.version, "reason_phrase": answer.reason},
+    )

@@ -118,6 +118,31 @@ async def test_sequential_requests_reuse_one_connection() -> None:
         assert [r[:2] for r in server.requests] == [("GET", "/x")] * 5
 
 
+async def test_fetch_hands_a_long_body_over_as_read_and_httpx_gets_bytes() -> None:
+    long_body = bytes(range(256)) * 4096  # 1 MiB: read straight into a buffer of its size
+    replies = [answer(b"short"), answer(long_body), answer(long_body)]
+
+    async def reply(method: str, path: str, writer: asyncio.StreamWriter) -> bool:
+        writer.write(replies.pop(0))
+        return True
+
+    async with TinyServer(reply) as server:
+        transport = LeanTransport()
+        try:
+            request = httpx.Request("GET", server.url + "/a", extensions={"timeout": {}})
+            response, body = await transport.fetch(request)
+            assert (response.status_code, body) == (200, b"short")
+            assert response.content == b""  # the body is handed over apart
+            assert response.headers["content-length"] == "5"
+            response, body = await transport.fetch(request)
+            assert type(body) is bytearray and body == long_body  # not copied into bytes
+            response = await transport.handle_async_request(request)
+            assert type(response.content) is bytes and response.content == long_body
+            assert server.accepted == 1
+        finally:
+            await transport.aclose()
+
+
 async def test_request_body_and_headers_reach_the_server() -> None:
     async with TinyServer(always(answer(b"ok"))) as server, lean_client(server.url) as http:
         body = bytes(range(256)) * 1000
