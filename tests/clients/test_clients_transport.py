@@ -264,6 +264,13 @@ async def test_gzip_answer_is_decoded_like_httpx_does() -> None:
     reply = always(answer(body, extra=b"Content-Encoding: gzip\r\n"))
     async with TinyServer(reply) as server, lean_client(server.url) as http:
         assert (await http.get("/z")).content == b"squeezed" * 100
+        transport = LeanTransport()
+        try:
+            request = httpx.Request("GET", server.url + "/z", extensions={"timeout": {}})
+            _, fetched = await transport.fetch(request)  # decoded too: a proxy may compress
+            assert fetched == b"squeezed" * 100
+        finally:
+            await transport.aclose()
 
 
 # --- Connection: close ----------------------------------------------------------------------
