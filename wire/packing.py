@@ -155,7 +155,7 @@ def _append_other(obj: Any, parts: list[Any]) -> None:
 
 
 #: Value types msgspec encodes exactly as msgpack-python does (arrays through the hook).
-_FLAT_TYPES: Final = frozenset({np.ndarray, float, int, str, bool, bytes, type(None)})
+_PLAIN_LEAVES: Final = frozenset({np.ndarray, float, int, str, bool, bytes, type(None)})
 
 
 def array_ext(array: np.ndarray[Any, Any]) -> msgspec.Raw:
@@ -175,14 +175,14 @@ def array_ext(array: np.ndarray[Any, Any]) -> msgspec.Raw:
         return msgspec.Raw(b"".join(parts))
 
 
-_FLAT_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=array_ext)
+_PLAIN_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=array_ext)
 
 
 def is_plain(obj: Any) -> bool:
     """Whether ``obj`` holds only maps with str keys, lists, tuples, arrays and plain scalars,
     nested at most :data:`_MAX_DEPTH` deep: the usual value (or list of values), which msgspec
     encodes in C with the bytes the hand-laid path writes (calling back for arrays only)."""
-    flat = _FLAT_TYPES
+    leaves = _PLAIN_LEAVES
     level: list[Any] = [obj]
     for _ in range(_MAX_DEPTH + 1):
         inner: list[Any] = []
@@ -192,11 +192,11 @@ def is_plain(obj: Any) -> bool:
                 for key, value in item.items():
                     if type(key) is not str:
                         return False
-                    if type(value) not in flat:
+                    if type(value) not in leaves:
                         inner.append(value)
             elif kind is list or kind is tuple:
-                inner.extend(value for value in item if type(value) not in flat)
-            elif kind not in flat:
+                inner.extend(value for value in item if type(value) not in leaves)
+            elif kind not in leaves:
                 return False
         if not inner:
             return True
@@ -221,7 +221,7 @@ def packb(obj: Any) -> bytes:
     """
     if is_plain(obj):
         try:
-            return _FLAT_ENCODER.encode(obj)
+            return _PLAIN_ENCODER.encode(obj)
         except OverflowError:  # an int past 64 bits: the hand-laid path says which
             pass
     parts: list[Any] = []

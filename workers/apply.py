@@ -47,6 +47,7 @@ from rlreplay.workers.ops import (
     PutOp,
     SnapshotOp,
     VersionOp,
+    queued_ops,
 )
 from rlreplay.workers.rollouts import apply_ack, apply_patch, apply_version
 from rlreplay.workers.state import (
@@ -286,7 +287,7 @@ class OpApplier:
         t.rollouts.changed.notify()
         if not replay:
             await self._trim(t)
-        for part in op.parts or (op,):
+        for part in queued_ops(op):
             t.applied(part.seq, part.weight)
         await self._evict_if_over(replay)
 

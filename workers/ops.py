@@ -50,6 +50,11 @@ class PutOp(Op):
     parts: tuple[PutOp, ...] = ()
 
 
+def queued_ops(op: Op) -> tuple[Op, ...]:
+    """The queued ops ``op`` stands for: the pushes it joined, else itself."""
+    return op.parts if type(op) is PutOp and op.parts else (op,)
+
+
 @dataclass(slots=True, eq=False)
 class DeleteOp(Op):
     """Delete keys (missing ones are ignored)."""

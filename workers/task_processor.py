@@ -39,6 +39,7 @@ from rlreplay.workers.ops import (
     PriorityOp,
     PutOp,
     VersionOp,
+    queued_ops,
 )
 from rlreplay.workers.state import (
     EngineState,
@@ -207,17 +208,17 @@ class TaskProcessor(Checkpointer):
                 self._applying = True
                 await self.apply(op)
             except Exception as exc:
-                for part in _parts(op):
+                for part in queued_ops(op):
                     if part.future is not None and not part.future.done():
                         part.future.set_exception(exc)
                 raise
             finally:
                 self._current = None
                 self._applying = False
-            for part in _parts(op):
+            for part in queued_ops(op):
                 if part.future is not None and not part.future.done():
                     part.future.set_result(None)
-            self.applied_ops += len(op.parts) if type(op) is PutOp and op.parts else 1
+            self.applied_ops += len(queued_ops(op))
             if (
                 wal is not None
                 and not self._checkpoint_queued
@@ -348,11 +349,6 @@ class TaskProcessor(Checkpointer):
             if not self._evict_queued and self._state.ledger.over:
                 self._evict_queued = True
                 self.submit(EvictOp(0, weight=0), housekeeping=True)
-
-
-def _parts(op: Op) -> tuple[Op, ...]:
-    """The queued ops ``op`` stands for: its parts when pushes were joined, else itself."""
-    return op.parts if type(op) is PutOp and op.parts else (op,)
 
 
 def _item_op_of(op: Op, table: Table) -> bool:

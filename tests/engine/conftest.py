@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +46,24 @@ def settings_factory(tmp_path: Path) -> Callable[..., Settings]:
     return factory
 
 
-@pytest.fixture(params=["memory", "disk", "hybrid"])
-async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
-    eng = Engine(
-        make_settings(
-            tmp_path / "data",
-            storage_mode=request.param,
-            cache_memory_limit_mb=0.05 if request.param == "hybrid" else 64,
-        )
-    )
+@asynccontextmanager
+async def engine_with_table(settings: Settings) -> AsyncIterator[Engine]:
+    """A started engine with an uncapped table ``t``, stopped on exit."""
+    eng = Engine(settings)
     await eng.start()
     await eng.create_table("t", TableConfig())
     try:
         yield eng
     finally:
         await eng.stop()
+
+
+@pytest.fixture(params=["memory", "disk", "hybrid"])
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
+    settings = make_settings(
+        tmp_path / "data",
+        storage_mode=request.param,
+        cache_memory_limit_mb=0.05 if request.param == "hybrid" else 64,
+    )
+    async with engine_with_table(settings) as eng:
+        yield eng

@@ -18,7 +18,7 @@ from rlreplay.app.engine.feed import read_changes
 from rlreplay.app.tables.config import RemoverSpec, TableConfig
 from rlreplay.workers.ops import CheckpointOp, PutOp
 from rlreplay.workers.task_processor import TaskProcessor
-from tests.engine.conftest import crash, item, make_settings
+from tests.engine.conftest import crash, engine_with_table, item, make_settings
 
 MODES = ["memory", "disk", "hybrid"]
 JOIN_PUSHES = TaskProcessor.join_pushes
@@ -74,13 +74,8 @@ def joined(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.fixture
 async def eng(tmp_path: Path) -> AsyncIterator[Engine]:
     """A hybrid engine with an uncapped table ``t``."""
-    engine = Engine(make_settings(tmp_path / "d"))
-    await engine.start()
-    await engine.create_table("t", TableConfig())
-    try:
+    async with engine_with_table(make_settings(tmp_path / "d")) as engine:
         yield engine
-    finally:
-        await engine.stop()
 
 
 @pytest.mark.parametrize("mode", MODES)
