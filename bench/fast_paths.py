@@ -7,6 +7,13 @@
 * the client's own HTTP/1.1 transport (``clients/transport.py``), against httpx's default
   transport (``lean_transport=False``): ``ReplayClient.stream()`` items/s and the client's
   CPU per batch, from a process of its own, against one server.
+* the whole-body hand-over (``GuardedHttpToolsProtocol``, ``app/api/connections.py``), against
+  handing a body over in pieces of 64 KiB, uvicorn's flow-control window (the server started
+  with ``BODY_HOLD_BYTES`` at 64 KiB): wrk pushes of new keys into a table capped at
+  50,000, and pushes replacing the same keys, ``durability none``.
+* the client decoding an answer in the buffer the socket read into, against a ``bytes`` copy
+  of it first (``Connection.readexactly`` wrapped in the client process): ``stream()`` CPU per
+  batch, as for the transport.
 * the log writer process (``--wal-writer process``), against flushes in a thread of the
   server (``--wal-writer thread``): wrk pushes with ``durability wal``.
 * the writer joining queued pushes into one op (``TaskProcessor.join_pushes``), against
@@ -59,8 +66,17 @@ from rlreplay.clients import ReplayClient, tune_malloc
 
 tune_malloc()
 
-async def main(url, seconds, lean):
-    async with ReplayClient(url, lean_transport=lean) as rb:
+async def main(url, seconds, arm):
+    if arm == "copy":  # the off arm of the in-place decode: a bytes copy of each long answer
+        from rlreplay.clients.connection import Connection
+
+        in_place = Connection.readexactly
+
+        async def readexactly(self, size, timeout_s):
+            return bytes(await in_place(self, size, timeout_s))
+
+        Connection.readexactly = readexactly
+    async with ReplayClient(url, lean_transport=arm != "httpx") as rb:
         got = batches = 0
         cpu0, started = time.process_time(), time.perf_counter()
         async for batch in rb.stream("default", batch_size=%d, prefetch=4):
@@ -71,16 +87,30 @@ async def main(url, seconds, lean):
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
         print(got / wall, cpu / batches * 1e6)
 
-asyncio.run(main(sys.argv[1], float(sys.argv[2]), sys.argv[3] == "lean"))
+asyncio.run(main(sys.argv[1], float(sys.argv[2]), sys.argv[3]))
 """
 
 
-def _serve(workdir: Path, name: str, *flags: str) -> tuple[str, subprocess.Popen[bytes]]:
+#: Starts the service with request bodies handed over in pieces of 64 KiB, as uvicorn does.
+_PIECEWISE = (
+    "import runpy, sys; import rlreplay.app.api.connections as c; c.BODY_HOLD_BYTES = 64 << 10; "
+    "sys.argv[0] = 'rlreplay.app'; runpy.run_module('rlreplay.app', run_name='__main__')"
+)
+
+
+def _serve(
+    workdir: Path, name: str, *flags: str, piecewise: bool = False
+) -> tuple[str, subprocess.Popen[bytes]]:
     """A server with ``flags``, its default table preloaded for samples."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    command = serve_command(
+        port, workdir / f"data-{name}", "--cache-memory-limit-mb", "2048", *flags
+    )
+    if piecewise:
+        command[1:3] = ["-c", _PIECEWISE]
     proc = start_process(
-        serve_command(port, workdir / f"data-{name}", "--cache-memory-limit-mb", "2048", *flags),
+        command,
         url,
         "/readyz",
         workdir / f"server-{name}.log",
@@ -127,9 +157,34 @@ def _server_pair(
     return [("push", push[1], push[0], push[2]), ("sample", sample[1], sample[0], sample[2])]
 
 
-def _stream_once(url: str, seconds: float, lean: bool) -> tuple[float, float]:
+def _hand_over_pair(workdir: Path, args: argparse.Namespace) -> list[list[object]]:
+    """Pushes into servers with and without the whole-body hand-over (``durability none``):
+    new keys into the capped table, and pushes replacing the same keys."""
+    none = ("--durability", "none")
+    url_off, proc_off = _serve(workdir, "pieces", *none, piecewise=True)
+    rows: list[list[object]] = []
+    try:
+        url_on, proc_on = _serve(workdir, "whole", *none)
+        try:
+            urls = (url_off + "/v1/tables/bench/items", url_on + "/v1/tables/bench/items")
+            for what, bodies in (
+                ("new keys", [_push_template() for _ in range(PUSH_BODIES)]),
+                ("replacing", [push_body(n) for n in range(PUSH_BODIES)]),
+            ):
+                off, on, ratio, _bad = paired(urls, bodies, PUSH_ITEMS, args, workdir)
+                rows.append([f"whole-body hand-over: push items/s, {what} (none)", on, off, ratio])
+        finally:
+            stop_process(proc_on)
+    finally:
+        stop_process(proc_off)
+    return rows
+
+
+def _stream_once(url: str, seconds: float, arm: str) -> tuple[float, float]:
+    """``stream()`` items/s and client CPU µs per batch, from a process of its own; ``arm``:
+    ``lean`` (as shipped), ``httpx`` (httpx's transport) or ``copy`` (no in-place decode)."""
     out = subprocess.run(
-        [sys.executable, "-c", _STREAM % SAMPLE_ITEMS, url, str(seconds), "lean" if lean else ""],
+        [sys.executable, "-c", _STREAM % SAMPLE_ITEMS, url, str(seconds), arm],
         capture_output=True,
         text=True,
         check=True,
@@ -139,31 +194,32 @@ def _stream_once(url: str, seconds: float, lean: bool) -> tuple[float, float]:
     return float(rate), float(cpu_us)
 
 
-def _transport_pair(workdir: Path, args: argparse.Namespace) -> list[list[object]]:
+def _client_pairs(workdir: Path, args: argparse.Namespace) -> list[list[object]]:
+    """The client's fast paths against one server: each off arm paired with the shipped
+    client (``lean``), alternating which goes first."""
     url, proc = _serve(workdir, "stream", "--durability", "none")
+    rows: list[list[object]] = []
+    med = statistics.median
     try:
-        rates: tuple[list[float], list[float]] = ([], [])
-        cpus: tuple[list[float], list[float]] = ([], [])
-        ratios = []
-        for i in range(args.repeats):
-            pair = [0.0, 0.0]
-            for lean in (False, True) if i % 2 == 0 else (True, False):
-                rate, cpu = _stream_once(url, args.duration, lean)
-                rates[lean].append(rate)
-                cpus[lean].append(cpu)
-                pair[lean] = rate
-            ratios.append(pair[1] / pair[0])
+        for off, what, by_cpu in (
+            ("httpx", "client transport: stream() items/s (client CPU µs per batch)", False),
+            ("copy", "client in-place decode: stream() client CPU µs per batch (items/s)", True),
+        ):
+            rates: dict[str, list[float]] = {"lean": [], off: []}
+            cpus: dict[str, list[float]] = {"lean": [], off: []}
+            first, second = (cpus, rates) if by_cpu else (rates, cpus)
+            ratios = []
+            for i in range(args.repeats):
+                for arm in (off, "lean") if i % 2 == 0 else ("lean", off):
+                    rate, cpu = _stream_once(url, args.duration, arm)
+                    rates[arm].append(rate)
+                    cpus[arm].append(cpu)
+                ratios.append(first["lean"][-1] / first[off][-1])
+            cells = [f"{med(first[a]):,.0f} ({med(second[a]):,.0f})" for a in ("lean", off)]
+            rows.append([what, *cells, med(ratios)])
     finally:
         stop_process(proc)
-    med = statistics.median
-    return [
-        [
-            "client transport: stream() items/s (client CPU µs per batch)",
-            f"{med(rates[1]):,.0f} ({med(cpus[1]):,.0f})",
-            f"{med(rates[0]):,.0f} ({med(cpus[0]):,.0f})",
-            med(ratios),
-        ]
-    ]
+    return rows
 
 
 async def _join_rounds(workdir: Path, rounds: int, pushes: int) -> tuple[float, float, float]:
@@ -235,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
             workdir, args, (*none, "--no-hot-routes"), (*none, "--hot-routes")
         ):
             rows.append([f"hot routes: {what} items/s", on, off, ratio])
-        rows += _transport_pair(workdir, args)
+        rows += _hand_over_pair(workdir, args)
+        rows += _client_pairs(workdir, args)
         wal = ("--durability", "wal")
         for what, on, off, ratio in _server_pair(
             workdir, args, (*wal, "--wal-writer", "thread"), (*wal, "--wal-writer", "process")
