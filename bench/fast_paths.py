@@ -14,6 +14,9 @@
 * the client decoding an answer in the buffer the socket read into, against a ``bytes`` copy
   of it first (``Connection.readexactly`` wrapped in the client process): ``stream()`` CPU per
   batch, as for the transport.
+* a columnar push's items joined from slices of its columns (``app/tables/unstacking.py``,
+  ``JOIN_ROW_BYTES``), against cutting them from one side-by-side buffer: in process, µs to
+  build the values of a push of 64 x 4 KiB, alternate rounds.
 * the log writer process (``--wal-writer process``), against flushes in a thread of the
   server (``--wal-writer thread``): wrk pushes with ``durability wal``.
 * the writer joining queued pushes into one op (``TaskProcessor.join_pushes``), against
@@ -272,6 +275,35 @@ async def _join_rounds(workdir: Path, rounds: int, pushes: int) -> tuple[float, 
     return statistics.median(per[0]), statistics.median(per[1]), statistics.median(ratios)
 
 
+def _unstack_rounds(rounds: int) -> tuple[float, float, float]:
+    """Median µs to build the values of a columnar push of 64 x 4 KiB with the values joined
+    from slices and cut from one buffer, and the median ratio of adjacent rounds."""
+    import numpy as np
+
+    from rlreplay.app.tables import unstacking
+
+    data = np.random.default_rng(0).integers(0, 255, (PUSH_ITEMS, 4096), dtype=np.uint8)
+    column = unstacking.ColumnIn("x", "|u1", data.shape, data.reshape(-1).data)
+    join_bytes = unstacking.JOIN_ROW_BYTES
+
+    def one_round(calls: int = 400) -> float:
+        started = time.perf_counter()
+        for _ in range(calls):
+            unstacking.unstack_values([column], PUSH_ITEMS)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    per: tuple[list[float], list[float]] = ([], [])
+    try:
+        for r in range(2 * rounds):
+            on = r % 2 == 0
+            unstacking.JOIN_ROW_BYTES = join_bytes if on else 1 << 62
+            per[0 if on else 1].append(one_round())
+    finally:
+        unstacking.JOIN_ROW_BYTES = join_bytes
+    ratios = [a / b for a, b in zip(*per, strict=True)]
+    return statistics.median(per[0]), statistics.median(per[1]), statistics.median(ratios)
+
+
 def _one_push(self: Any, op: Any) -> Any:
     return op
 
@@ -301,6 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(["log writer process: push items/s (wal)", on, off, ratio])
         on_us, off_us, ratio = asyncio.run(_join_rounds(workdir, 2 * args.repeats, 400))
         rows.append(["writer joins queued pushes: loop CPU µs per item", on_us, off_us, ratio])
+        on_us, off_us, ratio = _unstack_rounds(5 * args.repeats)
+        rows.append(["columnar push values joined from slices: µs per push", on_us, off_us, ratio])
     print_table(
         f"Fast paths on and off: {args.repeats} pairs of {args.duration:g} s runs, medians "
         f"(wrk, 1 thread, {args.connections} connections; stream() prefetch 4, "

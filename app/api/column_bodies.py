@@ -55,6 +55,7 @@ _BODY: Final[dict[BodyFormat, _Decoder]] = {
 }
 _NAMES: Final = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])
 _UNREADABLE = (msgspec.DecodeError, ValueError, RecursionError)
+_COLUMNS_FIRST: Final = (b"\xa4keys", b"\xa7columns")  # the names as msgpack fixstr
 
 
 def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
@@ -65,6 +66,10 @@ def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
         ValidationFailed: A missing, unknown or repeated field, a bad key, priority or
             column.
     """
+    if fmt is BodyFormat.MSGPACK and _columns_first(body):  # no per-item attempt to fail
+        top = _top_fields(body, fmt)
+        if top is not None and "items" not in top:
+            return parse_columns_push(body, fmt, top)
     try:
         return parse_push(body, fmt)
     except (BadRequest, ValidationFailed):
@@ -72,6 +77,12 @@ def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
         if top is None or "items" in top or not ({"columns", "keys"} & top.keys()):
             raise
     return parse_columns_push(body, fmt, top)
+
+
+def _columns_first(body: bytes) -> bool:
+    """Whether ``body`` is a small msgpack map whose first field is ``keys`` or ``columns``
+    (as the clients write the columnar form): the per-item form cannot have it."""
+    return len(body) > 8 and 0x80 <= body[0] <= 0x8F and body[1:9].startswith(_COLUMNS_FIRST)
 
 
 def _top_fields(body: bytes, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:

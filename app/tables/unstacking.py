@@ -63,6 +63,11 @@ _INT_FORMS: Final = (
     (0xCC, ">u1"), (0xCD, ">u2"), (0xCE, ">u4"), (0xCF, ">u8"),
 )  # fmt: skip
 
+#: Bytes per column per item from which items are joined from slices of the columns (one copy
+#: of the data, a Python step per item and column) rather than cut from one side-by-side
+#: buffer (three copies, in C): ``python -m bench.fast_paths`` measures both.
+JOIN_ROW_BYTES = 1024
+
 #: Cells: the bytes of one field's value for every item: rows of equal width (a header the
 #: rows share, then each row's own bytes, a view where it can be), or one ``bytes`` per item.
 _Rows = tuple[bytes, npt.NDArray[np.uint8]]
@@ -95,14 +100,20 @@ def unstack_values(columns: Sequence[ColumnIn], n: int) -> list[bytes]:
 
 
 def _rows(pieces: list[Any], n: int) -> list[bytes]:
-    """Values of fixed width: every piece written side by side into one buffer, each item's
-    bytes then cut from its row."""
+    """Values of fixed width: joined item by item from slices of each column's rows when
+    the rows are wide, else every piece written side by side into one buffer and each
+    item's bytes cut from its row."""
     parts: list[bytes | npt.NDArray[np.uint8]] = []
     for piece in pieces:
         if isinstance(piece, tuple):
             parts += piece
         else:
             parts.append(piece)
+    rows = [p for p in parts if not isinstance(p, bytes)]
+    row_bytes = sum(r.shape[1] for r in rows)
+    if row_bytes and row_bytes >= JOIN_ROW_BYTES * len(rows):
+        if all(r.flags.c_contiguous for r in rows):
+            return _joined(parts, n)
     widths = [len(p) if isinstance(p, bytes) else p.shape[1] for p in parts]
     out = np.empty((n, sum(widths)), dtype=np.uint8)
     at = 0
@@ -118,6 +129,27 @@ def _rows(pieces: list[Any], n: int) -> list[bytes]:
     if not width:
         return [b""] * n
     return [flat[start : start + width] for start in range(0, len(flat), width)]
+
+
+def _joined(parts: list[bytes | npt.NDArray[np.uint8]], n: int) -> list[bytes]:
+    """Each item's value joined from the shared pieces and a slice of each column's rows
+    (C-contiguous, at least one not empty): the data is copied once, where the side-by-side
+    buffer copies it three times."""
+    streams: list[Any] = []
+    shared: list[bytes] = []
+    for part in parts:
+        if isinstance(part, bytes) or not part.shape[1]:  # an empty row adds nothing
+            shared.append(part if isinstance(part, bytes) else b"")
+            continue
+        if shared:
+            streams.append(itertools.repeat(b"".join(shared)))
+            shared = []
+        width = part.shape[1]
+        view = part.reshape(-1).data
+        streams.append([view[start : start + width] for start in range(0, n * width, width)])
+    if shared:
+        streams.append(itertools.repeat(b"".join(shared)))
+    return list(map(b"".join, zip(*streams, strict=False)))  # the shared pieces repeat
 
 
 def _split(cells: _Cells, n: int) -> list[bytes]:
