@@ -14,8 +14,9 @@ been pushed in the per-item form. Indexing an array's first axis gives:
 
 Each field's encoding is laid out for all items at once with NumPy: its header, built once,
 is repeated on every row, and the rows' data is the column's data cut by items; the items'
-bytes are then cut from one buffer. Only ints whose msgpack form varies in length within a
-column, and the dtypes packed element by element, make per-item work.
+bytes are then cut from one buffer, or, when the rows are wide, joined from slices of the
+columns (one copy of the data). Only ints whose msgpack form varies in length within a
+column, the dtypes packed element by element, and the join make per-item work.
 """
 
 from __future__ import annotations
