@@ -64,9 +64,10 @@ _INT_FORMS: Final = (
     (0xCC, ">u1"), (0xCD, ">u2"), (0xCE, ">u4"), (0xCF, ">u8"),
 )  # fmt: skip
 
-#: Bytes per column per item from which items are joined from slices of the columns (one copy
-#: of the data, a Python step per item and column) rather than cut from one side-by-side
-#: buffer (three copies, in C): ``python -m bench.fast_paths`` measures both.
+#: Bytes per column per item (on average over the columns) from which items are joined from
+#: slices of the columns (one copy of the data, a Python step per item and column) rather than
+#: cut from one side-by-side buffer (three copies, in C): ``python -m bench.fast_paths``
+#: measures both.
 JOIN_ROW_BYTES = 1024
 
 #: Cells: the bytes of one field's value for every item: rows of equal width (a header the
