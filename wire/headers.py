@@ -18,6 +18,7 @@ __all__ = [
     "float_bytes",
     "int_bytes",
     "map_header",
+    "map_size",
     "read_ext_header",
     "str_bytes",
 ]
@@ -144,3 +145,15 @@ def read_ext_header(data: bytes | memoryview, pos: int = 0) -> tuple[int, int, i
         size = int.from_bytes(data[pos + 1 : code_at], "big")
     code = data[code_at]
     return (code - 0x100 if code >= 0x80 else code), code_at + 1, size
+
+
+def map_size(data: bytes | memoryview) -> int | None:
+    """The number of entries of the msgpack map ``data`` starts with; None if it is no map."""
+    head = data[0]
+    if 0x80 <= head <= 0x8F:
+        return head & 0x0F
+    if head == 0xDE and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big")
+    if head == 0xDF and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big")
+    return None

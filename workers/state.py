@@ -52,7 +52,7 @@ class EngineState:
         """RocksDB, open (None in memory mode, and before recovery opens it)."""
         return self.storage.store
 
-    def next_seq(self, record: list[object] | None, blob: bytes | None = None) -> int:
+    def next_seq(self, record: list[object] | None, blob: bytes | memoryview | None = None) -> int:
         """A sequence number for a new op, logging ``record`` (then ``blob``, as one more
         bin element) first when the log is on."""
         if self.wal is not None and record is not None:

@@ -45,6 +45,7 @@ from rlreplay.app.tables.config import TableConfig, check_numbers
 from rlreplay.app.tables.items import NewItem
 from rlreplay.wire.codec import jsonable_to_msgpack
 from rlreplay.wire.errors import BadRequest, ValidationFailed
+from rlreplay.wire.headers import map_size
 from rlreplay.wire.schemas import (
     MAX_KEY_BYTES,
     ClaimRequest,
@@ -64,7 +65,6 @@ __all__ = [
     "check_finite",
     "check_key",
     "check_keys",
-    "map_size",
     "parse_claim",
     "parse_delete",
     "parse_keys",
@@ -101,6 +101,9 @@ class PushBody:
     raw: bytes | None = field(default=None, compare=False)
     #: The write's idempotency key, if it has one.
     request_id: str | None = None
+    #: A msgpack columnar body's ``columns`` map as sent (the log keeps it, and replay
+    #: builds the values from it again); None otherwise.
+    columns: memoryview | None = field(default=None, compare=False)
 
 
 class _PushRequestWithWait(PushRequest):
@@ -318,18 +321,6 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
         body if fmt is BodyFormat.MSGPACK else None,
         None if push.request_id is UNSET else push.request_id,
     )
-
-
-def map_size(body: bytes) -> int | None:
-    """The number of entries of the msgpack map ``body`` starts with; None if it is no map."""
-    head = body[0]
-    if 0x80 <= head <= 0x8F:
-        return head & 0x0F
-    if head == 0xDE and len(body) >= 3:
-        return int.from_bytes(body[1:3], "big")
-    if head == 0xDF and len(body) >= 5:
-        return int.from_bytes(body[1:5], "big")
-    return None
 
 
 def _decode_msgpack_push(body: bytes) -> PushRequest:

@@ -13,8 +13,10 @@ a body that is not a map, or a field of the wrong type (a column that is not an 
 400; a column whose first axis is not ``len(keys)``, a field name that is not a string or
 appears twice, a bad key or priority is 422, the message naming the field.
 
-The log keeps such a push as the per-item ``put`` record of the values built here, not as
-the body (see :meth:`rlreplay.app.engine.engine.Engine.push`).
+The log keeps a msgpack columnar push as a ``push_columns`` record: its keys, priorities and
+``columns`` map as sent, from which replay builds the same values again (see
+:meth:`rlreplay.app.engine.engine.Engine.push`); a JSON one as the ``put`` record of the
+values built here.
 """
 
 from __future__ import annotations
@@ -29,17 +31,21 @@ from rlreplay.app.api.bodies import (
     PushBody,
     check_finite,
     check_keys,
-    map_size,
     parse_push,
     schema_refusal,
 )
 from rlreplay.app.api.encoding import BodyFormat
 from rlreplay.app.tables.items import NewItem
-from rlreplay.app.tables.unstacking import ColumnIn, unstack_values
-from rlreplay.wire.arrays import BFloat16Array, split_payload, wire_dtype
+from rlreplay.app.tables.unstacking import (
+    ColumnIn,
+    checked_column,
+    msgpack_columns,
+    unstack_values,
+)
+from rlreplay.wire.arrays import BFloat16Array, wire_dtype
 from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.errors import BadRequest, ValidationFailed
-from rlreplay.wire.headers import read_ext_header
+from rlreplay.wire.headers import map_size
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest
 
 __all__ = ["parse_any_push", "parse_columns_push"]
@@ -53,7 +59,6 @@ _BODY: Final[dict[BodyFormat, _Decoder]] = {
     BodyFormat.MSGPACK: msgspec.msgpack.Decoder(ColumnsPushRequest),
     BodyFormat.JSON: msgspec.json.Decoder(ColumnsPushRequest),
 }
-_NAMES: Final = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])
 _UNREADABLE = (msgspec.DecodeError, ValueError, RecursionError)
 _COLUMNS_FIRST: Final = (b"\xa4keys", b"\xa7columns")  # the names as msgpack fixstr
 
@@ -126,7 +131,7 @@ def parse_columns_push(
     check_keys(keys, lambda i: f"keys[{i}]")
     n = len(keys)
     if fmt is BodyFormat.MSGPACK:
-        columns = _msgpack_columns(request.columns, n)
+        columns = msgpack_columns(request.columns, n)
     else:
         columns = _json_columns(request.columns, n)
     if not columns:
@@ -134,43 +139,8 @@ def parse_columns_push(
     priorities = _priorities(request.priorities, fmt, n)
     values = unstack_values(columns, n)
     rid = None if request.request_id is msgspec.UNSET else request.request_id
-    return PushBody(list(map(NewItem, keys, values, priorities)), request.wait, None, rid)
-
-
-def _column(name: Any, dtype: str, shape: tuple[int, ...], data: memoryview, n: int) -> ColumnIn:
-    if not isinstance(name, str):
-        raise ValidationFailed(f"columns: the field name {name!r} is not a string")
-    if not shape:
-        raise ValidationFailed(f"columns[{name!r}] is 0-d: its first axis must hold {n} items")
-    if shape[0] != n:
-        raise ValidationFailed(
-            f"columns[{name!r}]: its first axis is {shape[0]} long, but there are {n} keys"
-        )
-    return ColumnIn(name, dtype, shape, data)
-
-
-def _msgpack_columns(raw: msgspec.Raw, n: int) -> list[ColumnIn]:
-    try:
-        named: dict[Any, msgspec.Raw] = _NAMES.decode(raw)
-    except msgspec.ValidationError:
-        raise BadRequest("columns must be a map of field name to array") from None
-    except _UNREADABLE as exc:  # a map as a field name
-        raise ValidationFailed(f"columns: a field name is not a string ({exc})") from exc
-    if map_size(bytes(memoryview(raw)[:5])) != len(named):
-        raise ValidationFailed("columns: a field is named twice")
-    return [_msgpack_column(name, memoryview(value), n) for name, value in named.items()]
-
-
-def _msgpack_column(name: Any, encoded: memoryview, n: int) -> ColumnIn:
-    ext = read_ext_header(encoded)
-    if ext is None or ext[0] != 1:
-        raise BadRequest(f"columns[{name!r}] must be an array (msgpack extension type 1)")
-    _, start, size = ext
-    try:
-        dtype, shape, data = split_payload(encoded[start : start + size])
-    except ValueError as exc:
-        raise BadRequest(f"columns[{name!r}]: {exc}") from None
-    return _column(name, dtype, shape, data, n)
+    raw = memoryview(request.columns) if fmt is BodyFormat.MSGPACK else None
+    return PushBody(list(map(NewItem, keys, values, priorities)), request.wait, None, rid, raw)
 
 
 class _Pairs(list[tuple[Any, Any]]):
@@ -207,7 +177,7 @@ def _json_columns(raw: msgspec.Raw, n: int) -> list[ColumnIn]:
         else:
             raise BadRequest(f'columns[{name!r}] must be an array ({{"$ndarray": ...}})')
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-        columns.append(_column(name, dtype, array.shape, data, n))
+        columns.append(checked_column(name, dtype, array.shape, data, n))
     return columns
 
 

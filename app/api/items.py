@@ -110,6 +110,7 @@ async def push_reply(
         validated=True,
         body=push.raw,
         request_id=push.request_id,
+        columns=push.columns,
     )
     metrics.count_items("push", n)
     return _accepted(n, committed=push.wait, as_msgpack=as_msgpack)

@@ -20,6 +20,7 @@ from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, PatchedItem, push_body_items
+from rlreplay.app.tables.unstacking import msgpack_columns, unstack_values
 from rlreplay.wire.schemas import PushRequest
 from rlreplay.workers.ops import (
     AckOp,
@@ -110,6 +111,8 @@ def remember_request(state: EngineState, record: list[Any]) -> None:
         request = rec.fields[1]
     elif rec.kind == records.PATCH:
         request = rec.fields[2]
+    elif rec.kind == records.PUSH_COLUMNS:
+        request = rec.fields[3].get("request")
     elif rec.kind == records.PUSH_BODY:
         push = _PUSH_REQUEST.decode(rec.fields[1])
         if push.request_id is not msgspec.UNSET:
@@ -144,6 +147,11 @@ def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
     if rec.kind == records.PUSH_BODY:
         ts, body = fields
         return PutOp(lsn, table=table, items=push_body_items(body), inserted_at=ts, weight=0)
+    if rec.kind == records.PUSH_COLUMNS:  # the values, built from the columns as the API did
+        keys, prios, ts, _extras, columns = fields
+        values = unstack_values(msgpack_columns(columns, len(keys)), len(keys))
+        items = list(map(NewItem, keys, values, prios))
+        return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
     if rec.kind == records.DELETE:
         return DeleteOp(lsn, table=table, keys=fields[0], weight=0)
     if rec.kind == records.PATCH:

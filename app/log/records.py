@@ -8,7 +8,7 @@ never half-understood. The builders here are the only code that lays records out
 
 Kinds and their fields:
 
-===============  ==========================================================================
+================ ==========================================================================
 ``create_table`` ``config``: the table's config as the contract spells it
 ``drop_table``   (none)
 ``put``          ``keys``, ``values`` (msgpack bytes), ``priorities``, ``inserted_at``,
@@ -16,12 +16,16 @@ Kinds and their fields:
 ``push_body``    ``inserted_at``, then the push body as the client sent it (the contract's
                  ``{"items": [...]}`` in msgpack), as one more element: logging the body as
                  it came spares encoding every item again
+``push_columns`` ``keys``, ``priorities``, ``inserted_at``, ``extras`` (as ``put``'s, or an
+                 empty map), then the ``columns`` map of a columnar push body as sent (field
+                 name -> array, msgpack): replay builds the items' values from it as the API
+                 did, which spares encoding every value
 ``delete``       ``keys``, and the write's ``request`` when it had an id
 ``priorities``   ``keys``, ``priorities``
 ``patch``        ``keys``, ``values`` (the merged values, msgpack bytes), ``request`` or nil
 ``ack``          ``task``, ``keys``: the task consumed those items
 ``version``      ``version``: the table's policy version moved forward
-===============  ==========================================================================
+================ ==========================================================================
 
 A write's ``request`` is ``[request_id, status, answer]``: replay remembers the id and its
 answer for the idempotency window. A ``push_body`` needs none (the body holds the id).
@@ -40,13 +44,25 @@ CREATE_TABLE = "create_table"
 DROP_TABLE = "drop_table"
 PUT = "put"
 PUSH_BODY = "push_body"
+PUSH_COLUMNS = "push_columns"
 DELETE = "delete"
 PRIORITIES = "priorities"
 PATCH = "patch"
 ACK = "ack"
 VERSION = "version"
 KINDS = frozenset(
-    {CREATE_TABLE, DROP_TABLE, PUT, PUSH_BODY, DELETE, PRIORITIES, PATCH, ACK, VERSION}
+    {
+        CREATE_TABLE,
+        DROP_TABLE,
+        PUT,
+        PUSH_BODY,
+        PUSH_COLUMNS,
+        DELETE,
+        PRIORITIES,
+        PATCH,
+        ACK,
+        VERSION,
+    }
 )
 
 
@@ -79,6 +95,18 @@ def put(
 def push_body(table: str, inserted_at: float) -> list[Any]:
     """Items were pushed in a body logged as sent: append the body as the record's blob."""
     return [PUSH_BODY, RECORD_VERSION, table, inserted_at]
+
+
+def push_columns(
+    table: str,
+    keys: list[str],
+    priorities: list[float],
+    inserted_at: float,
+    extras: dict[str, Any] | None = None,
+) -> list[Any]:
+    """Items were pushed as columns: append the body's ``columns`` map, as sent, as the
+    record's blob. ``extras``: as :func:`put`'s (the write's ``request``)."""
+    return [PUSH_COLUMNS, RECORD_VERSION, table, keys, priorities, inserted_at, extras or {}]
 
 
 def delete(table: str, keys: list[str], request: list[Any] | None = None) -> list[Any]:

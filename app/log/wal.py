@@ -162,7 +162,7 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         """The LSN the next record gets."""
         return self._next_lsn
 
-    def append(self, body: list[Any], blob: bytes | None = None) -> int:
+    def append(self, body: list[Any], blob: bytes | memoryview | None = None) -> int:
         """Frame one record into the buffer: ``[lsn, *body]``, or with ``blob``
         ``[lsn, *body, blob]`` (a bin), the blob copied once, straight into the buffer.
         Returns its LSN.

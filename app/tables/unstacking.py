@@ -26,15 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.wire.arrays import BFLOAT16, array_head, dtype_info
+from rlreplay.wire.arrays import BFLOAT16, array_head, dtype_info, split_payload
 from rlreplay.wire.codec import packb
-from rlreplay.wire.errors import ValidationFailed
-from rlreplay.wire.headers import int_bytes, map_header, str_bytes
+from rlreplay.wire.errors import BadRequest, ValidationFailed
+from rlreplay.wire.headers import int_bytes, map_header, map_size, read_ext_header, str_bytes
 
-__all__ = ["ColumnIn", "unstack_values"]
+__all__ = ["ColumnIn", "checked_column", "msgpack_columns", "unstack_values"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,9 @@ _INT_FORMS: Final = (
     (0xCC, ">u1"), (0xCD, ">u2"), (0xCE, ">u4"), (0xCF, ">u8"),
 )  # fmt: skip
 
+_NAMES: Final = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])
+_UNREADABLE: Final = (msgspec.DecodeError, ValueError, RecursionError)
+
 #: Bytes per column per item (on average over the columns) from which items are joined from
 #: slices of the columns (one copy of the data, a Python step per item and column) rather than
 #: cut from one side-by-side buffer (three copies, in C): ``python -m bench.fast_paths``
@@ -74,6 +78,63 @@ JOIN_ROW_BYTES = 1024
 #: rows share, then each row's own bytes, a view where it can be), or one ``bytes`` per item.
 _Rows = tuple[bytes, npt.NDArray[np.uint8]]
 _Cells = _Rows | list[bytes]
+
+
+# --- reading a columnar body ----------------------------------------------------------------
+
+
+def checked_column(
+    name: Any, dtype: str, shape: tuple[int, ...], data: memoryview, n: int
+) -> ColumnIn:
+    """The column ``name`` of a columnar push of ``n`` items.
+
+    Raises:
+        ValidationFailed: The name is not a string, or the first axis is not ``n`` long.
+    """
+    if not isinstance(name, str):
+        raise ValidationFailed(f"columns: the field name {name!r} is not a string")
+    if not shape:
+        raise ValidationFailed(f"columns[{name!r}] is 0-d: its first axis must hold {n} items")
+    if shape[0] != n:
+        raise ValidationFailed(
+            f"columns[{name!r}]: its first axis is {shape[0]} long, but there are {n} keys"
+        )
+    return ColumnIn(name, dtype, shape, data)
+
+
+def msgpack_columns(raw: msgspec.Raw | bytes | memoryview, n: int) -> list[ColumnIn]:
+    """The columns of a msgpack ``columns`` map (field name -> array) for ``n`` items: each
+    array's data is read where it lies in ``raw``.
+
+    Raises:
+        BadRequest: Not a map, or a field that is not an array.
+        ValidationFailed: A field named twice or not by a string, or an array whose first
+            axis is not ``n`` long.
+    """
+    try:
+        named: dict[Any, msgspec.Raw] = _NAMES.decode(raw)
+    except msgspec.ValidationError:
+        raise BadRequest("columns must be a map of field name to array") from None
+    except _UNREADABLE as exc:  # a map as a field name
+        raise ValidationFailed(f"columns: a field name is not a string ({exc})") from exc
+    if map_size(bytes(memoryview(raw)[:5])) != len(named):
+        raise ValidationFailed("columns: a field is named twice")
+    return [_msgpack_column(name, memoryview(value), n) for name, value in named.items()]
+
+
+def _msgpack_column(name: Any, encoded: memoryview, n: int) -> ColumnIn:
+    ext = read_ext_header(encoded)
+    if ext is None or ext[0] != 1:
+        raise BadRequest(f"columns[{name!r}] must be an array (msgpack extension type 1)")
+    _, start, size = ext
+    try:
+        dtype, shape, data = split_payload(encoded[start : start + size])
+    except ValueError as exc:
+        raise BadRequest(f"columns[{name!r}]: {exc}") from None
+    return checked_column(name, dtype, shape, data, n)
+
+
+# --- building the values ---------------------------------------------------------------------
 
 
 def unstack_values(columns: Sequence[ColumnIn], n: int) -> list[bytes]:

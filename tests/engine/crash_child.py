@@ -1,4 +1,5 @@
-"""Child process for the SIGKILL test: pushes and deletes forever, printing what was answered.
+"""Child process for the SIGKILL test: pushes (items, a push body, a columnar body) and
+deletes forever, printing what was answered.
 
 Lines on stdout: ``sent put K`` / ``ack put K`` / ``sent del K`` / ``ack del K``.
 """
@@ -10,11 +11,15 @@ import sys
 from pathlib import Path
 
 import msgpack
+import numpy as np
 
+from rlreplay.app.api.column_bodies import parse_any_push
+from rlreplay.app.api.encoding import BodyFormat
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, push_body_items
+from rlreplay.clients.bodies import columns_request, encode_body
 
 
 def value_of(key: str) -> bytes:
@@ -31,6 +36,13 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
         sys.stdout.flush()  # "sent" must reach the parent before the op can take effect
         if wid % 2:
             await eng.push("t", [NewItem(k, value_of(k), 1.0) for k in keys])
+        elif wid == 2:  # as the API pushes a columnar body: the log keeps its columns
+            pads = [k.encode() * 50 for k in keys]
+            columns = {"key": np.array(keys), "pad": np.array(pads)}
+            body = encode_body(columns_request(keys, columns, None, False))
+            push = parse_any_push(body, BodyFormat.MSGPACK)
+            assert [it.value for it in push.items] == [value_of(k) for k in keys]
+            await eng.push("t", push.items, validated=True, columns=push.columns)
         else:  # as the API pushes a msgpack body: the log keeps the body as sent
             pushed = [{"key": k, "value": msgpack.unpackb(value_of(k))} for k in keys]
             body = msgpack.packb({"items": pushed})
