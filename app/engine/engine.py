@@ -372,7 +372,8 @@ class Engine(EngineRollouts):
                 extras["versions"] = [it.version for it in items]
             if request is not None:
                 extras["request"] = request
-            if columns is not None and "groups" not in extras:  # the values stay unencoded
+            # a columnar push's items have no group or version: its columns say it all
+            if columns is not None and "groups" not in extras:
                 record = records.push_columns(table, keys, priorities, now, extras)
                 seq = s.next_seq(record, columns)
             else:

@@ -66,7 +66,6 @@ _INT_FORMS: Final = (
 )  # fmt: skip
 
 _NAMES: Final = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])
-_UNREADABLE: Final = (msgspec.DecodeError, ValueError, RecursionError)
 
 #: Bytes per column per item (on average over the columns) from which items are joined from
 #: slices of the columns (one copy of the data, a Python step per item and column) rather than
@@ -115,9 +114,9 @@ def msgpack_columns(raw: msgspec.Raw | bytes | memoryview, n: int) -> list[Colum
         named: dict[Any, msgspec.Raw] = _NAMES.decode(raw)
     except msgspec.ValidationError:
         raise BadRequest("columns must be a map of field name to array") from None
-    except _UNREADABLE as exc:  # a map as a field name
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:  # a map as a name
         raise ValidationFailed(f"columns: a field name is not a string ({exc})") from exc
-    if map_size(bytes(memoryview(raw)[:5])) != len(named):
+    if map_size(memoryview(raw)) != len(named):
         raise ValidationFailed("columns: a field is named twice")
     return [_msgpack_column(name, memoryview(value), n) for name, value in named.items()]
 
