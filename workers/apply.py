@@ -347,7 +347,8 @@ class OpApplier:
         cached = [slot for slot in slot_list if values[slot] is not None]
         if cached:
             s.ledger.discard_many(t, cached)
-            t.bytes_in_cache -= int(t.size[cached].sum())
+            sizes = t.size[slots] if len(cached) == len(slot_list) else t.size[cached]
+            t.bytes_in_cache -= int(sizes.sum())
         with memoryview(t.on_disk) as flags:
             on_disk = np.flatnonzero(np.frombuffer(flags, np.uint8)[slots])
         rocks = self._rocks

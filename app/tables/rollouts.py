@@ -275,13 +275,14 @@ class Rollouts:
                     unacked.pop(order, None)
                     leased.pop(order, None)
 
-    def on_free(self, slot_list: list[int]) -> None:
-        """Items freed: their slots forget them."""
+    def on_free(self, slots: np.ndarray, slot_list: list[int]) -> None:
+        """Items freed at distinct ``slots`` (the same as ``slot_list``): their slots forget
+        them. The columns are indexed by the array: NumPy converts a list on every use."""
         self.forget(slot_list)
         t = self.table
-        t.field_mask[slot_list] = 0
-        t.acked_mask[slot_list] = 0
-        t.policy_version[slot_list] = NO_VERSION
+        t.field_mask[slots] = 0
+        t.acked_mask[slots] = 0
+        t.policy_version[slots] = NO_VERSION
         if self.groups:
             for slot in slot_list:
                 self.groups.pop(slot, None)

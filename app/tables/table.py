@@ -170,7 +170,7 @@ class Table:
     def free_slots(self, slots: np.ndarray, slot_list: list[int], keys: list[str]) -> None:
         """Forget the keys at distinct ``slots`` (the same as ``slot_list``), which hold
         ``keys``; their columns are reset here, their slots reused by the next keys."""
-        self.rollouts.on_free(slot_list)
+        self.rollouts.on_free(slots, slot_list)
         index, own_keys, values = self.index, self.keys, self.values
         if self.changes is not None:
             self.changes.delete(keys)
