@@ -62,6 +62,7 @@ __all__ = [
     "tensor_to_wire",
     "torch_tensor_type",
     "wire_dtype",
+    "zero_padding",
 ]
 
 EXT_NDARRAY = 1
@@ -180,6 +181,17 @@ def wire_dtype(dtype: np.dtype[Any]) -> str:
 def _c_contiguous(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     # np.ascontiguousarray turns 0-d arrays into 1-d ones; copy(order="C") keeps the shape.
     return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def zero_padding(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array``, a native-order array of its own, with the padding bytes of x87 extended
+    precision (80 bits in 12 or 16 bytes) set to zero: a long double scalar's padding is
+    whatever memory held, and the same number should travel as the same bytes."""
+    dtype = array.dtype
+    width = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    if dtype.kind in "fc" and width in (12, 16) and np.finfo(dtype).nmant == 63:
+        array.reshape(-1).view(np.uint8).reshape(-1, width)[:, 10:] = 0
+    return array
 
 
 # --- encoding --------------------------------------------------------------------------------
@@ -408,7 +420,8 @@ def split_payload(payload: bytes | memoryview) -> tuple[str, tuple[int, ...], me
     Raises:
         ValueError: The payload is not ``[dtype, shape, data]`` with ``data`` a msgpack
             ``bin``, the dtype is unknown or not allowed, the shape is not a list of at most
-            64 non-negative ints, or the data length is not ``prod(shape) * itemsize``.
+            64 non-negative ints, the data length is not ``prod(shape) * itemsize``, or an
+            empty array's other axes pass what NumPy can hold.
     """
     try:
         parts = _VIEWING.decode(payload)
@@ -422,6 +435,9 @@ def split_payload(payload: bytes | memoryview) -> tuple[str, tuple[int, ...], me
     data = raw[skip:]
     if len(data) != math.prod(parts.shape) * itemsize:
         raise _wrong_size(dtype, parts.shape, itemsize, len(data))
+    # NumPy makes no array, even an empty one, whose other axes pass its address space
+    if not data and math.prod(filter(None, parts.shape)) * itemsize > sys.maxsize:
+        raise ValueError(f"array shape {list(parts.shape)} is past what NumPy can hold")
     return dtype, parts.shape, data
 
 

@@ -34,6 +34,7 @@ from rlreplay.wire.arrays import (
     bfloat16_payload,
     tensor_to_wire,
     torch_tensor_type,
+    zero_padding,
 )
 from rlreplay.wire.headers import array_header, float_bytes, int_bytes, map_header, str_bytes
 
@@ -53,7 +54,7 @@ def _scalar_or_array(value: np.generic) -> Any:
     python_value = value.item()
     if isinstance(python_value, _PYTHON_SCALARS):
         return python_value
-    return msgpack.ExtType(EXT_NDARRAY, array_payload(np.asarray(value)))
+    return msgpack.ExtType(EXT_NDARRAY, array_payload(zero_padding(np.array(value))))
 
 
 def encode_default(obj: Any) -> Any:
@@ -142,7 +143,7 @@ def _append_other(obj: Any, parts: list[Any]) -> None:
         if isinstance(value, _PYTHON_SCALARS):
             _append(value, parts, _MAX_DEPTH)
         else:
-            append_array(np.asarray(obj), parts)
+            append_array(zero_padding(np.array(obj)), parts)
         return
     if isinstance(obj, BFloat16Array):
         append_bfloat16(obj, parts)

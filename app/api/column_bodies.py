@@ -61,6 +61,7 @@ _BODY: Final[dict[BodyFormat, _Decoder]] = {
 }
 _UNREADABLE = (msgspec.DecodeError, ValueError, RecursionError)
 _COLUMNS_FIRST: Final = (b"\xa4keys", b"\xa7columns")  # the names as msgpack fixstr
+_NULL: Final = msgspec.Raw(b"null")
 
 
 def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
@@ -77,7 +78,11 @@ def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
             return parse_columns_push(body, fmt, top)
     try:
         return parse_push(body, fmt)
-    except (BadRequest, ValidationFailed):
+    except BadRequest:
+        raise
+    except ValidationFailed:
+        # the per-item parser stops at the first unknown field ("keys"), before it reads
+        # the rest: a malformed body answers 400 here, not that 422
         top = _top_fields(body, fmt)
         if top is None or "items" in top or not ({"columns", "keys"} & top.keys()):
             raise
@@ -91,10 +96,24 @@ def _columns_first(body: bytes) -> bool:
 
 
 def _top_fields(body: bytes, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:
+    """The body's fields, unread; None when it is not a map of names.
+
+    Raises:
+        BadRequest: The body is not well-formed JSON or msgpack.
+    """
     try:
         top: dict[str, msgspec.Raw] = _TOP[fmt].decode(body)
-    except (*_UNREADABLE, msgspec.ValidationError):
+    except msgspec.ValidationError:
         return None
+    except _UNREADABLE as exc:
+        if fmt is BodyFormat.JSON:  # JSON that only Python's parser reads, as the per-item form
+            try:
+                obj = json.loads(body)
+            except (ValueError, RecursionError):
+                pass
+            else:
+                return dict.fromkeys(obj, _NULL) if isinstance(obj, dict) else None
+        raise BadRequest(f"malformed {fmt.value} push body: {exc}") from exc
     return top
 
 
@@ -197,11 +216,15 @@ def _priorities(raw: msgspec.Raw | msgspec.UnsetType, fmt: BodyFormat, n: int) -
         raise BadRequest("priorities must be a list of numbers or a 1-D array")
     if len(given) != n:
         raise ValidationFailed(f"priorities has {len(given)} entries, but there are {n} keys")
+    priorities = []
     for i, p in enumerate(given):
         if type(p) not in (int, float):
             raise BadRequest(f"priorities[{i}] must be a number")
         if not p >= 0:  # NaN too
             raise ValidationFailed(f"priorities[{i}] must be a finite number >= 0, not {p}")
-    priorities = [float(p) for p in given]
+        try:
+            priorities.append(float(p))
+        except OverflowError:  # a JSON integer past a float's range
+            raise ValidationFailed(f"priorities[{i}] is out of a float's range") from None
     check_finite(priorities, lambda i: f"priorities[{i}]")
     return priorities

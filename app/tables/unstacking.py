@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.wire.arrays import BFLOAT16, array_head, dtype_info, split_payload
+from rlreplay.wire.arrays import BFLOAT16, array_head, dtype_info, split_payload, zero_padding
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import BadRequest, ValidationFailed
 from rlreplay.wire.headers import int_bytes, map_header, map_size, read_ext_header, str_bytes
@@ -229,6 +229,7 @@ def _cells(column: ColumnIn, n: int) -> _Cells:
     if not element_shape and (kind == "c" or (kind == "f" and itemsize > 8)):
         # a NumPy scalar is in the machine's byte order, and so is the 0-d array it becomes
         native = np.frombuffer(column.data, dtype=dtype).astype(dtype.newbyteorder("="))
+        zero_padding(native)  # as the scalar's packing does
         dtype_str, data = native.dtype.str, native.view(np.uint8)
     if element_shape or dtype_str == BFLOAT16 or kind == "c" or (kind == "f" and itemsize > 8):
         element_bytes = len(data) // n
@@ -270,6 +271,15 @@ def _int_cells(values: npt.NDArray[Any]) -> _Cells:
 
 def _packed_one_by_one(column: ColumnIn, values: npt.NDArray[Any]) -> list[bytes]:
     """Cells of the dtypes whose scalars the codec turns into other Python objects."""
+    if values.dtype.kind == "U":  # NumPy fails with a SystemError on a code point past Unicode
+        codes = np.ascontiguousarray(values).view(
+            np.dtype("u4").newbyteorder(values.dtype.byteorder)
+        )
+        if (codes > 0x10FFFF).any():
+            raise ValidationFailed(
+                f"columns[{column.name!r}]: its {column.dtype} elements hold a code point "
+                "past U+10FFFF"
+            )
     try:
         return [packb(value) for value in values]
     except (TypeError, ValueError) as exc:

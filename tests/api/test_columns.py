@@ -222,7 +222,11 @@ async def test_values_that_do_not_stack_are_refused_and_the_sample_consumes_noth
         max_times_sampled=1,
         rate_limiter={"type": "queue", "size": 10},
     )
-    items = [{"key": "k0", "value": first}, {"key": "k1", "value": second}]
+    items = [
+        {"key": "k0", "value": first},
+        {"key": "k1", "value": second},
+        {"key": "k2", "value": first},
+    ]
     await post(client, "/v1/tables/q/items", {"items": items, "wait": True})
     for fmt in ("msgpack", "json"):
         status, answer = await post(
@@ -236,12 +240,13 @@ async def test_values_that_do_not_stack_are_refused_and_the_sample_consumes_noth
         )
         assert status == 422 and named in answer["error"]["message"]
     stats = (await client.get("/v1/tables/q")).json()["stats"]
-    assert stats["size"] == 2 and stats["samples"] == 0
-    # neither retired nor counted by the queue limiter: both come out once, at once
-    status, answer = await post(client, "/v1/tables/q/sample", {"batch_size": 2, "timeout_ms": 0})
+    assert stats["size"] == 3 and stats["samples"] == 0
+    # neither retired nor counted by the queue limiter, nor moved in FIFO order: each comes
+    # out once, at once, in the order pushed
+    status, answer = await post(client, "/v1/tables/q/sample", {"batch_size": 3, "timeout_ms": 0})
     assert status == 200, answer
-    assert [item["key"] for item in answer["items"]] == ["k0", "k1"]
-    assert [item["times_sampled"] for item in answer["items"]] == [1, 1]
+    assert [item["key"] for item in answer["items"]] == ["k0", "k1", "k2"]
+    assert [item["times_sampled"] for item in answer["items"]] == [1, 1, 1]
 
 
 async def test_a_sample_without_values_has_no_columns(client: httpx.AsyncClient) -> None:
@@ -339,3 +344,52 @@ async def test_columnar_bodies_and_answers_match_the_documented_schemas(
     check(r.json(), "ItemListOrItemColumns")
     with pytest.raises(jsonschema.ValidationError):
         check({"keys": ["a"], "columns": {"obs": [1, 2]}}, "PushRequestOrColumnsPushRequest")
+
+
+def _ext(dtype: str, shape: list[int], data: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(1, msgpack.packb([dtype, shape, data]))
+
+
+_GOOD = msgpack.packb({"keys": ["t"], "columns": {"x": _ext("<f8", [1], bytes(8))}})
+_JSON_COLUMN = '{"$ndarray": {"dtype": "<f8", "shape": [1], "data": "AAAAAAAAAAA="}}'
+RAW_BODIES = [
+    ("truncated", MSGPACK, _GOOD[:-3], 400, "malformed"),
+    ("trailing_byte", MSGPACK, _GOOD + b"\xc0", 400, "malformed"),
+    ("json_truncated", "application/json", b'{"keys": ["t"], "columns": {}', 400, "malformed"),
+    (
+        "code_point_past_unicode",
+        MSGPACK,
+        msgpack.packb({"keys": ["t"], "columns": {"s": _ext("<U1", [1], b"\xff" * 4)}}),
+        422,
+        "'s'",
+    ),
+    (
+        "empty_but_past_numpy",
+        MSGPACK,
+        msgpack.packb({"keys": ["t"], "columns": {"e": _ext("<f8", [1, 2**62, 0], b"")}}),
+        400,
+        "past what NumPy can hold",
+    ),
+    (
+        "priority_past_a_float",
+        "application/json",
+        f'{{"keys": ["t"], "columns": {{"x": {_JSON_COLUMN}}}, "priorities": [1{"0" * 400}]}}',
+        422,
+        "priorities[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "media", "body", "status", "named"), RAW_BODIES, ids=lambda x: x)
+async def test_raw_columnar_bodies_get_the_contracts_refusal(
+    client: httpx.AsyncClient, case: str, media: str, body: bytes | str, status: int, named: str
+) -> None:
+    await post(client, "/v1/tables/default/items", {"items": [{"key": "kept", "value": 1}]})
+    r = await client.post("/v1/tables/default/items", content=body, headers={"content-type": media})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == ("bad_request" if status == 400 else "validation_error")
+    assert named in error["message"]
+    r = await client.get("/v1/tables/default/items/kept")
+    assert r.status_code == 200 and r.json()["value"] == 1
+    assert (await client.get("/v1/tables/default/items/t")).status_code == 404

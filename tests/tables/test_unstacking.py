@@ -86,3 +86,18 @@ def test_wide_rows_are_joined_and_narrow_ones_are_not(monkeypatch: pytest.Monkey
         values = unstack_values(_column_ins(batch), 3)
         assert values == [packb({k: a[i] for k, a in batch.items()}) for i in range(3)]
         assert calls == expect, batch.keys()
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+def test_long_double_scalars_travel_without_their_padding(dtype: Any) -> None:
+    """x87 long doubles fill 10 of their 12 or 16 bytes: the rest is whatever memory held,
+    and both forms send zeros there, so one number has one encoding."""
+    column = np.array([1.5, -2.25], dtype=dtype)
+    if np.finfo(dtype).nmant != 63:
+        pytest.skip("long double is not x87 extended precision on this machine")
+    width = column.dtype.itemsize // (2 if column.dtype.kind == "c" else 1)
+    column.view(np.uint8).reshape(-1, width)[:, 10:] = 7
+    values = unstack_values(_column_ins({"x": column}), 2)
+    for i in range(2):
+        assert values[i] == packb({"x": column[i]})
+        assert b"\x07" not in values[i][-column.dtype.itemsize :]
