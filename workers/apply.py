@@ -201,8 +201,10 @@ class OpApplier:
             return
         items = op.items
         keys = [it.key for it in items]
-        if len(set(keys)) != len(keys):  # the last of a repeated key wins
-            items = list({it.key: it for it in items}.values())
+        if len(set(keys)) != len(keys):  # the last of a repeated key wins, in its place:
+            # pushed again, a key moves to the newest end of the order, as in two pushes
+            last = {key: i for i, key in enumerate(keys)}
+            items = [items[i] for i in sorted(last.values())]
             keys = [it.key for it in items]
         n = len(items)
         through = not s.storage.caches_pushes

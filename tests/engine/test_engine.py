@@ -128,6 +128,27 @@ async def test_max_size_removes_oldest_with_fifo_remover(tmp_path: Path) -> None
         await eng.stop()
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "memory"])
+async def test_a_key_repeated_in_one_push_takes_the_place_of_its_last(
+    tmp_path: Path, mode: str
+) -> None:
+    """As pushed one at a time: the last value, at the newest end of FIFO order."""
+    eng = Engine(make_settings(tmp_path / "d", storage_mode=mode))
+    await eng.start()
+    try:
+        config = TableConfig(sampler=SamplerSpec(type="fifo"), max_size=2)
+        await eng.create_table("one", config)
+        await eng.push("one", [item("a", 1), item("b"), item("a", 2), item("c")], wait=True)
+        got = await eng.get_many("one", ["a", "b", "c"])
+        assert [g is not None for g in got] == [True, False, True]
+        assert msgpack.unpackb(got[0].value) == 2
+        await eng.create_table("all", TableConfig(sampler=SamplerSpec(type="fifo")))
+        await eng.push("all", [item("a", 1), item("b"), item("a", 2)], wait=True)
+        assert [s.key for s in await eng.sample("all", 1)] == ["b"]  # the oldest
+    finally:
+        await eng.stop()
+
+
 @pytest.mark.parametrize("mode", ["hybrid", "disk", "memory"])
 async def test_a_capped_table_trimmed_in_batches_keeps_its_accounts(
     tmp_path: Path, mode: str
