@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "RequestIds", "scoped_id"]
+__all__ = ["Answer", "RequestIds", "answer_count", "scoped_id"]
 
 #: An answer as the window keeps it: the HTTP status and the body's plain data.
 Answer = tuple[int, dict[str, Any]]
@@ -28,6 +28,11 @@ class _Entry:
     at: float  # unix time of the first request
     answer: Answer | None = None  # None while the first request is in flight
     done: asyncio.Future[Answer] | None = field(default=None)
+
+
+def answer_count(body: dict[str, Any]) -> int:
+    """The count a write's answer body gives: ``committed`` or ``accepted``."""
+    return int(body.get("committed", body.get("accepted")) or 0)
 
 
 def scoped_id(kind: str, request_id: str) -> str:

@@ -56,6 +56,7 @@ from rlreplay.wire.schemas import (
     PushCommitted,
     PushRequest,
 )
+from rlreplay.workers.request_ids import answer_count
 
 __all__ = [
     "batch_delete_reply",
@@ -103,7 +104,7 @@ async def push_reply(
 ) -> Reply:
     """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     push = parse_any_push(body, fmt)
-    n = await engine.push(
+    status, answer = await engine.push_answer(
         table,
         push.items,
         wait=push.wait,
@@ -112,8 +113,8 @@ async def push_reply(
         request_id=push.request_id,
         columns=push.columns,
     )
-    metrics.count_items("push", n)
-    return _accepted(n, committed=push.wait, as_msgpack=as_msgpack)
+    metrics.count_items("push", answer_count(answer))
+    return encode_reply(answer, msgpack_body=as_msgpack, status=status)
 
 
 @router.post(
@@ -189,9 +190,11 @@ async def batch_delete_reply(
     """The work of :func:`batch_delete_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     delete = parse_delete(body, fmt)
     rid = None if delete.request_id is UNSET else delete.request_id
-    n = await engine.delete(table, delete.keys, wait=delete.wait, request_id=rid)
-    metrics.count_items("delete", n)
-    return _accepted(n, committed=delete.wait, as_msgpack=as_msgpack)
+    status, answer = await engine.delete_answer(
+        table, delete.keys, wait=delete.wait, request_id=rid
+    )
+    metrics.count_items("delete", answer_count(answer))
+    return encode_reply(answer, msgpack_body=as_msgpack, status=status)
 
 
 @router.get(
@@ -253,10 +256,3 @@ async def priorities_reply(
     updated, missing = await engine.update_priorities(table, priorities)
     metrics.count_items("priorities", updated)
     return encode_reply({"updated": updated, "missing": missing}, msgpack_body=as_msgpack)
-
-
-def _accepted(n: int, *, committed: bool, as_msgpack: bool) -> Reply:
-    """202 ``{"accepted": n}``, or 200 ``{"committed": n}`` once the writer applied them."""
-    if committed:
-        return encode_reply({"committed": n}, msgpack_body=as_msgpack)
-    return encode_reply({"accepted": n}, msgpack_body=as_msgpack, status=202)

@@ -51,6 +51,7 @@ from rlreplay.wire.schemas import (
     VersionAnswer,
     VersionRequest,
 )
+from rlreplay.workers.request_ids import answer_count
 
 __all__ = ["claim_reply", "patch_reply", "router"]
 
@@ -95,7 +96,7 @@ async def patch_reply(
     status, answer = await engine.patch(
         table, patch.items, wait=patch.wait, request_id=patch.request_id
     )
-    metrics.count_items("patch", int(answer.get("committed", answer.get("accepted")) or 0))
+    metrics.count_items("patch", answer_count(answer))
     return encode_reply(answer, msgpack_body=as_msgpack, status=status)
 
 

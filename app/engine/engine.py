@@ -47,6 +47,7 @@ from rlreplay.workers.ops import (
     PriorityOp,
     PutOp,
 )
+from rlreplay.workers.request_ids import Answer, answer_count
 from rlreplay.workers.state import EngineState, cache_charge
 from rlreplay.workers.storage import storage_for
 from rlreplay.workers.task_processor import TaskProcessor
@@ -287,19 +288,48 @@ class Engine(EngineRollouts):
         again); the log keeps it as sent, with the keys and priorities, instead of every
         value.
         """
-        if request_id is not None:
-            n = len(items)
+        if request_id is None:
+            return await self._push(table, items, wait, timeout_s, validated, body, None, columns)
+        _status, answer = await self.push_answer(
+            table,
+            items,
+            wait=wait,
+            timeout_s=timeout_s,
+            validated=validated,
+            body=body,
+            request_id=request_id,
+            columns=columns,
+        )
+        return answer_count(answer)
 
-            async def serve(request: list[Any] | None) -> tuple[int, dict[str, Any]]:
-                answer = (200, {"committed": n}) if wait else (202, {"accepted": n})
-                if request is not None:
-                    request[1:3] = list(answer)
-                await self._push(table, items, wait, timeout_s, validated, body, request, columns)
-                return answer
+    async def push_answer(
+        self,
+        table: str,
+        items: Sequence[NewItem],
+        *,
+        wait: bool = False,
+        timeout_s: float | None = None,
+        validated: bool = False,
+        body: bytes | None = None,
+        request_id: str | None = None,
+        columns: bytes | memoryview | None = None,
+    ) -> Answer:
+        """:meth:`push`, answered as the contract says: ``(200, {"committed": n})`` or
+        ``(202, {"accepted": n})``; a repeat of ``request_id`` gets the first answer, status
+        included, whatever its own ``wait``."""
+        if request_id is None:
+            n = await self._push(table, items, wait, timeout_s, validated, body, None, columns)
+            return (200, {"committed": n}) if wait else (202, {"accepted": n})
+        n = len(items)
 
-            _status, answer = await self.once("push", request_id, serve)
-            return int(answer.get("committed", answer.get("accepted")) or 0)
-        return await self._push(table, items, wait, timeout_s, validated, body, None, columns)
+        async def serve(request: list[Any] | None) -> Answer:
+            answer: Answer = (200, {"committed": n}) if wait else (202, {"accepted": n})
+            if request is not None:
+                request[1:3] = list(answer)
+            await self._push(table, items, wait, timeout_s, validated, body, request, columns)
+            return answer
+
+        return await self.once("push", request_id, serve)
 
     async def _push(
         self,
@@ -405,10 +435,22 @@ class Engine(EngineRollouts):
     ) -> int:
         """Accept deletes of ``keys`` (missing ones are no-ops); visible to readers on return.
         ``request_id``: a repeat of it within the window changes nothing."""
+        _status, answer = await self.delete_answer(table, keys, wait=wait, request_id=request_id)
+        return answer_count(answer)
+
+    async def delete_answer(
+        self,
+        table: str,
+        keys: Sequence[str],
+        *,
+        wait: bool = False,
+        request_id: str | None = None,
+    ) -> Answer:
+        """:meth:`delete`, answered as :meth:`push_answer` is."""
         n = len(keys)
 
-        async def serve(request: list[Any] | None) -> tuple[int, dict[str, Any]]:
-            answer = (200, {"committed": n}) if wait else (202, {"accepted": n})
+        async def serve(request: list[Any] | None) -> Answer:
+            answer: Answer = (200, {"committed": n}) if wait else (202, {"accepted": n})
             if request is not None:
                 request[1:3] = list(answer)
             t = self._table(table)
@@ -422,8 +464,7 @@ class Engine(EngineRollouts):
             await self._committed(seq, fut)
             return answer
 
-        _status, answer = await self.once("delete", request_id, serve)
-        return int(answer.get("committed", answer.get("accepted")) or 0)
+        return await self.once("delete", request_id, serve)
 
     async def update_priorities(
         self, table: str, priorities: Mapping[str, float]
