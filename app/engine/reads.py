@@ -13,6 +13,7 @@ import numpy as np
 
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
 from rlreplay.app.storage.layout import value_key
+from rlreplay.app.tables.draws import draw, undraw
 from rlreplay.app.tables.items import (
     Item,
     ItemBatch,
@@ -190,11 +191,12 @@ class EngineReads(EngineCore):
                         f"table {table!r} had no item to sample within {timeout:g} s"
                     )
                 await self._caught_up(t, deadline, timeout)
-            slots, probs, exhausted = t.draw(batch_size, self._rng)
+            drawn = draw(t, batch_size, self._rng)
+            slots, probs, exhausted = drawn.slots, drawn.probabilities, drawn.exhausted
             if include_values:
                 nbytes = int(t.size[slots].sum())
                 if nbytes > self._max_answer_bytes:
-                    t.undraw(slots, exhausted)
+                    undraw(t, drawn)
                     raise self._too_big(nbytes, f"a sample of {len(slots)} items")
         except BaseException:
             if t.gate.limited:
@@ -223,7 +225,7 @@ class EngineReads(EngineCore):
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                         await self._fill_sampled_misses(t, slot_list, batch)
                 except TimeoutError:
-                    t.undraw(slots, exhausted)
+                    undraw(t, drawn)
                     t.counters.samples -= len(slots)
                     if t.gate.limited:
                         t.gate.refund_sample(batch_size)
@@ -235,7 +237,7 @@ class EngineReads(EngineCore):
                 try:
                     batch.columns = stack_values(batch.keys, cast("list[bytes]", batch.values))
                 except ValidationFailed:
-                    t.undraw(slots, exhausted)
+                    undraw(t, drawn)
                     t.counters.samples -= len(slots)
                     if t.gate.limited:
                         t.gate.refund_sample(batch_size)

@@ -68,6 +68,23 @@ class Selector(ABC):
     def __len__(self) -> int:
         """Number of slots held."""
 
+    def place(self, slots: Slots) -> Any:
+        """Where ``slots`` (held) stand in this selector's order, for :meth:`put_back`: a
+        draw asks before it takes them out. A selector without an order keeps nothing."""
+        return None
+
+    def put_back(
+        self,
+        slots: Slots,
+        priorities: Floats,
+        inserted_at: Floats,
+        fields: Sequence[Mapping[str, Any]] | None,
+        place: Any,
+    ) -> None:
+        """Hold ``slots`` again where :meth:`place` found them: a draw whose answer is refused
+        takes back what it retired. By default they are inserted (no order to keep)."""
+        self.insert(slots, priorities, inserted_at, fields)
+
     def draw_mass(self) -> float:
         """The total that draws are proportional to: ``P(i) = mass_i / draw_mass()``.
 

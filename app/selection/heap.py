@@ -55,6 +55,21 @@ class _HeapSelector(Selector):
             slots, self._sign * np.asarray(priorities, dtype=np.float64), self._tickets(len(slots))
         )
 
+    def place(self, slots: Slots) -> Any:
+        """Their tie numbers: their turn among equal priorities."""
+        return self._tree.ties(slots)
+
+    def put_back(
+        self,
+        slots: Slots,
+        priorities: Floats,
+        inserted_at: Floats,
+        fields: Sequence[Mapping[str, Any]] | None,
+        place: Any,
+    ) -> None:
+        """Back with their tie numbers, so they keep their turn among equal priorities."""
+        self._tree.put(slots, self._sign * np.asarray(priorities, dtype=np.float64), place)
+
     def sample(self, n: int, rng: np.random.Generator) -> tuple[Slots, Floats]:
         """The best slot, ``n`` times, with probability 1."""
         return np.full(n, self._tree.best(), dtype=np.int64), np.ones(n)

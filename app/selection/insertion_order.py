@@ -61,6 +61,34 @@ class InsertionLog:
         self._hi += k
         self._ticket_of[slots] = tickets
 
+    def tickets(self, slots: Slots) -> Slots:
+        """The tickets of held ``slots``, for :meth:`put_back`."""
+        tickets: Slots = self._ticket_of[slots].copy()
+        return tickets
+
+    def put_back(self, slots: Slots, tickets: Slots) -> None:
+        """Holds ``slots`` again (not held now) in the places their ``tickets`` had.
+
+        O(n log n): the log is rebuilt in ticket order. It runs only when a draw is taken
+        back, which a refused answer does.
+        """
+        if not len(slots):
+            return
+        live = self.ordered()  # before the tickets are back: their stale entries stay out
+        held = np.concatenate([live, slots])
+        held_tickets = np.concatenate([self._ticket_of[live], tickets])
+        by_ticket = np.argsort(held_tickets, kind="stable")
+        self._ticket_of = grown(self._ticket_of, int(slots.max()) + 1, -1)
+        self._ticket_of[slots] = tickets
+        self._live += len(slots)
+        n = len(held)
+        if 2 * n > len(self._log_slots):
+            self._log_slots = np.empty(2 * n, dtype=np.int64)
+            self._log_tickets = np.empty(2 * n, dtype=np.int64)
+        self._log_slots[:n] = held[by_ticket]
+        self._log_tickets[:n] = held_tickets[by_ticket]
+        self._lo, self._hi = 0, n
+
     def discard(self, slots: Slots) -> None:
         """Forgets ``slots``; each must be held."""
         self._ticket_of[slots] = -1
@@ -175,6 +203,21 @@ class _InsertionOrderSelector(Selector):
     def update(self, slots: Slots, priorities: Floats) -> None:
         """Priorities do not change the order."""
         return None
+
+    def place(self, slots: Slots) -> Slots:
+        """Their tickets in the insertion log."""
+        return self._log.tickets(slots)
+
+    def put_back(
+        self,
+        slots: Slots,
+        priorities: Floats,
+        inserted_at: Floats,
+        fields: Sequence[Mapping[str, Any]] | None,
+        place: Any,
+    ) -> None:
+        """Back where they were in insertion order."""
+        self._log.put_back(slots, place)
 
     def _pick(self) -> int:
         raise NotImplementedError

@@ -61,6 +61,11 @@ class TournamentTree:
         result[inside] = self._winners[leaves[inside]] != 0
         return result
 
+    def ties(self, slots: Slots) -> npt.NDArray[np.int64]:
+        """The tie numbers of held ``slots``."""
+        ties: npt.NDArray[np.int64] = self._ties[slots + 1].copy()
+        return ties
+
     def put(self, slots: Slots, keys: Floats, ties: npt.NDArray[np.int64]) -> None:
         """Holds ``slots`` (new or not) with these keys and tie numbers; slots must be distinct."""
         if len(slots) == 0:

@@ -13,10 +13,11 @@ of these interleave inside a method):
 * The engine's admission (on accepting a push, delete or priority update) records the op
   in :attr:`Table.pending`, :attr:`Table.visible` and the accepted sequence number, which
   readers merge over the applied state; the writer takes those entries out as it applies.
-* A sample, once every op accepted before it is applied, draws with :meth:`Table.draw`:
-  that counts ``times_sampled`` and takes items used up by ``max_times_sampled`` out of
-  selection (``retired``); their deletes then go through the writer like any other.
-  :meth:`Table.undraw` takes a draw back when its answer is refused.
+* A sample, once every op accepted before it is applied, draws with
+  :func:`~rlreplay.app.tables.draws.draw`: that counts ``times_sampled`` and takes items
+  used up by ``max_times_sampled`` out of selection (``retired``); their deletes then go
+  through the writer like any other. :func:`~rlreplay.app.tables.draws.undraw` takes a
+  draw back when its answer is refused.
 * Cache hits set the CLOCK bit (:attr:`Table.referenced`).
 """
 
@@ -319,53 +320,6 @@ class Table:
         if self.changes is not None:
             held = [(k, p) for k, p in zip(keys, priorities, strict=True) if k in self.index]
             self.changes.priority([k for k, _ in held], [p for _, p in held])
-
-    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """Draw ``n`` picks: their slots, probabilities, and the keys of the items the draw
-        used up (``max_times_sampled``), which it took out of selection.
-
-        Draws are Reverb's: one after another, each seeing the previous ones' effect, so a
-        retired item is never handed out again (vectorised while nothing retires).
-        """
-        mts = self.config.max_times_sampled
-        if mts == 0:
-            slots, probs = self.sampler.sample(n, rng)
-            np.add.at(self.times_sampled, slots, 1)
-            self.meta_dirty[slots] = 1
-            return slots, probs, []
-        got_slots: list[int] = []
-        got_probs: list[float] = []
-        exhausted: list[str] = []
-        while len(got_slots) < n and len(self.sampler) > 0:
-            slots, probs = self.sampler.sample(n - len(got_slots), rng)
-            for slot, prob in zip(slots.tolist(), probs.tolist(), strict=True):
-                if self.retired[slot]:
-                    break  # the state changed under this draw: draw the rest again
-                self.times_sampled[slot] += 1
-                self.meta_dirty[slot] = 1
-                got_slots.append(slot)
-                got_probs.append(prob)
-                if self.times_sampled[slot] >= mts:
-                    self.unselect(np.asarray([slot], dtype=np.int64), remover=True)
-                    key = self.keys[slot]
-                    assert key is not None
-                    exhausted.append(key)
-        return np.asarray(got_slots, dtype=np.int64), np.asarray(got_probs), exhausted
-
-    def undraw(self, slots: np.ndarray, exhausted: list[str]) -> None:
-        """Take back a draw whose answer is refused: ``times_sampled`` as it was, and the
-        items it retired back in selection (at the end of the remover's order)."""
-        np.subtract.at(self.times_sampled, slots, 1)
-        for key in exhausted:
-            slot = self.index.get(key)
-            if slot is None or not self.retired[slot]:
-                continue
-            self.retired[slot] = 0
-            one = np.asarray([slot], dtype=np.int64)
-            fields = [self.fields.get(slot, {})] if self.index_fields else None
-            self.sampler.insert(one, self.priority[one], self.inserted_at[one], fields)
-            if self.remover is not None:
-                self.remover.insert(one, self.priority[one], self.inserted_at[one], fields)
 
     def restore(
         self, rows: list[tuple[Any, ...]], *, on_disk: bool, fields: list[dict[str, Any]]
