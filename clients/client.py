@@ -233,6 +233,7 @@ class ReplayClient(RolloutCalls):
                 await w.append(key, value, priority)
 
         Raises:
+            TypeError: ``max_in_flight`` or ``batch_items`` is not an int.
             ValueError: ``max_in_flight`` or ``batch_items`` is below 1.
         """
 

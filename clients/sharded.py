@@ -295,6 +295,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
         """A pipelined writer (``ReplayClient.writer``); each batch is split by server.
 
         Raises:
+            TypeError: ``max_in_flight`` or ``batch_items`` is not an int.
             ValueError: ``max_in_flight`` or ``batch_items`` is below 1.
         """
 

@@ -16,17 +16,19 @@ backpressure. A push that fails (after the client's own retries) does not stop t
 its error is raised by the next :meth:`~Writer.append` or :meth:`~Writer.flush`, once,
 noting how many items it lost. Exiting the ``async with`` block flushes.
 
-Order: pushes in flight together may be applied in either order, but an item whose key is
-still in flight in an earlier push waits for that push's answer before its own is sent, so
-the last value appended for a key is the one stored.
+Order: batches are sent in the order their items were appended, whichever task appends.
+Pushes in flight together may be applied in either order, but a batch holding a key that is
+still in flight in an earlier push waits for that push's answer (and later batches wait
+behind it), so the last value appended for a key is the one stored.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from rlreplay.clients.bodies import packed_item
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ItemIn
@@ -35,6 +37,13 @@ __all__ = ["Writer"]
 
 #: Sends one batch of items and returns how many the server accepted.
 Send = Callable[[list[ItemIn]], Awaitable[int]]
+
+
+class _Batch(NamedTuple):
+    items: list[ItemIn]
+    keys: frozenset[str]
+    #: True once the batch is sent; False when the block exited before it was.
+    sent: asyncio.Future[bool]
 
 
 class Writer:
@@ -48,14 +57,18 @@ class Writer:
     """
 
     def __init__(self, send: Send, *, max_in_flight: int = 8, batch_items: int = 64) -> None:
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight ({max_in_flight}) must be >= 1")
-        if batch_items < 1:
-            raise ValueError(f"batch_items ({batch_items}) must be >= 1")
+        for name, count in (("max_in_flight", max_in_flight), ("batch_items", batch_items)):
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise TypeError(f"{name} ({count!r}) must be an int")
+            if count < 1:
+                raise ValueError(f"{name} ({count}) must be >= 1")
         self._send = send
         self._max_in_flight = max_in_flight
         self._batch_items = batch_items
         self._buffer: list[ItemIn] = []
+        # Batches out of the buffer, not sent yet, oldest first: only the oldest may be sent
+        # next, so a later batch never overtakes an earlier one holding the same key.
+        self._queued: deque[_Batch] = deque()
         self._in_flight: dict[asyncio.Task[int], frozenset[str]] = {}
         self._errors: list[BaseException] = []
         self._closed = False
@@ -71,15 +84,21 @@ class Writer:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Flushes; when the block raised, only waits for the pushes in flight (their
-        errors give way to the block's) and drops the buffered items."""
-        if exc_type is None:
-            await self.flush()
+        """Flushes. When the block raised an exception, sends nothing more (buffered items and
+        batches waiting to be sent are dropped) and waits for the pushes in flight, whose
+        errors give way to the block's. When the block (or this flush) was cancelled or
+        interrupted, cancels the pushes in flight and returns without waiting for their
+        answers: their items may or may not be stored."""
+        self._closed = True  # first: whatever happens below, later appends are refused
+        if exc is None:
+            try:
+                await self.flush()
+            except BaseException as error:
+                if not isinstance(error, Exception):
+                    await self._abort(cancel=True)
+                raise
         else:
-            self._buffer.clear()
-            await self._wait(set(self._in_flight))
-            self._errors.clear()
-        self._closed = True
+            await self._abort(cancel=not isinstance(exc, Exception))
 
     @property
     def in_flight(self) -> int:
@@ -89,16 +108,23 @@ class Writer:
     async def append(self, key: str, value: Any, priority: float = DEFAULT_PRIORITY) -> None:
         """Buffer one item (its value packed now); a full batch is sent.
 
+        When this call raises a push's error, or for a value with no wire form, the item given
+        to this call is not taken: append it again to store it. A taken item is sent even when
+        this call is cancelled while its batch waits for a slot, unless the block exits first.
+
         Raises:
             ReplayError: A push sent earlier failed (raised once; its items are lost).
             TypeError: The value has no wire form.
-            RuntimeError: The writer's block has exited.
+            RuntimeError: The writer's block has exited, or exited before this item's batch
+                was sent (the batch is dropped).
         """
         self._check_open()
         self._raise_error()
         self._buffer.append(packed_item(key, value, priority))
         if len(self._buffer) >= self._batch_items:
-            await self._send_buffer()
+            batch = self._queue_buffer()
+            if not await batch.sent:
+                raise RuntimeError("the writer's async with block exited before this item was sent")
 
     async def flush(self) -> None:
         """Send what is buffered and return once every push is answered.
@@ -107,8 +133,10 @@ class Writer:
             ReplayError: A push failed (the first error; the number of items lost noted).
         """
         if self._buffer:
-            await self._send_buffer()
-        await self._wait(set(self._in_flight))
+            self._queue_buffer()
+        # A queued batch waits only for pushes in flight, so this drains the queue too.
+        while self._in_flight:
+            await asyncio.wait(set(self._in_flight))
         if self._errors:
             first, *others = self._errors
             self._errors.clear()
@@ -116,16 +144,31 @@ class Writer:
                 first.add_note(f"{len(others)} more batches failed too")
             raise first
 
-    async def _send_buffer(self) -> None:
-        batch, self._buffer = self._buffer, []
-        keys = frozenset(item.key for item in batch)
-        while True:
-            earlier = {task for task, sent in self._in_flight.items() if sent & keys}
-            if not earlier and len(self._in_flight) < self._max_in_flight:
-                break
-            await self._wait(earlier or set(self._in_flight), first=not earlier)
-        task = asyncio.create_task(self._push(batch))
-        self._in_flight[task] = keys
+    def _queue_buffer(self) -> _Batch:
+        items, self._buffer = self._buffer, []
+        keys = frozenset(item.key for item in items)
+        batch = _Batch(items, keys, asyncio.get_running_loop().create_future())
+        self._queued.append(batch)
+        self._send_queued()
+        return batch
+
+    def _send_queued(self) -> None:
+        """Send the oldest queued batches while a slot is free and no push in flight holds one
+        of their keys; called whenever a batch is queued or a push is answered."""
+        while self._queued and len(self._in_flight) < self._max_in_flight:
+            batch = self._queued[0]
+            if any(keys & batch.keys for keys in self._in_flight.values()):
+                return
+            self._queued.popleft()
+            task = asyncio.create_task(self._push(batch.items))
+            self._in_flight[task] = batch.keys
+            task.add_done_callback(self._answered)
+            if not batch.sent.done():  # done: its append was cancelled, the batch goes anyway
+                batch.sent.set_result(True)
+
+    def _answered(self, task: asyncio.Task[int]) -> None:
+        del self._in_flight[task]
+        self._send_queued()
 
     async def _push(self, batch: list[ItemIn]) -> int:
         try:
@@ -140,13 +183,20 @@ class Writer:
         self.pushed += accepted
         return accepted
 
-    async def _wait(self, tasks: set[asyncio.Task[int]], *, first: bool = False) -> None:
-        """Wait for ``tasks`` (any one of them with ``first``), then forget the finished."""
+    async def _abort(self, *, cancel: bool) -> None:
+        """Send nothing more; wait for the pushes in flight, or cancel them first."""
+        self._buffer.clear()
+        while self._queued:
+            sent = self._queued.popleft().sent
+            if not sent.done():
+                sent.set_result(False)
+        tasks = set(self._in_flight)
+        if cancel:
+            for task in tasks:
+                task.cancel()
         if tasks:
-            mode = asyncio.FIRST_COMPLETED if first else asyncio.ALL_COMPLETED
-            await asyncio.wait(tasks, return_when=mode)
-        for task in [task for task in self._in_flight if task.done()]:
-            del self._in_flight[task]
+            await asyncio.wait(tasks)
+        self._errors.clear()
 
     def _raise_error(self) -> None:
         if self._errors:
