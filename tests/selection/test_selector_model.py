@@ -97,6 +97,13 @@ operations = st.lists(
         ),
         st.tuples(st.just("sample"), st.integers(1, 8)),
         st.tuples(st.just("evict"), st.integers(1, 3)),
+        st.tuples(
+            st.just("put_back"),
+            st.tuples(
+                st.lists(st.integers(0, 10_000), min_size=1, max_size=4),
+                st.lists(st.tuples(priorities, st.integers(0, 40), scores), max_size=3),
+            ),
+        ),
     ),
     max_size=40,
 )
@@ -174,6 +181,24 @@ def apply(
         for slot in victims:
             del held[slot]
             model.free.append(slot)
+    elif kind == "put_back" and held:
+        # a refused sample: slots taken out with their places, items pushed meanwhile, then
+        # the slots held again where they were (the model keeps their insertion numbers)
+        ordered = sorted(held)
+        taken = np.array(sorted({ordered[i % len(ordered)] for i in arg[0]}), dtype=np.int64)
+        kept = {slot: held.pop(slot) for slot in taken.tolist()}
+        place = selector.place(taken)
+        selector.remove(taken)
+        if arg[1]:
+            apply(name, selector, model, ("insert", arg[1]), rng)
+        fields = [{"score": kept[s].score, "other": 1} for s in taken.tolist()]
+        priorities_ = np.array([kept[s].priority for s in taken.tolist()])
+        times = np.array([kept[s].time for s in taken.tolist()])
+        selector.put_back(taken, priorities_, times, fields, place)
+        if type(selector).place is Selector.place:  # no order kept: inserted again, as new
+            for slot in taken.tolist():
+                kept[slot].inserted = kept[slot].touched = model.tick()
+        held.update(kept)
     elif kind == "sample":
         check(name, selector, model, rng, arg)
         return
