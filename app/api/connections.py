@@ -25,6 +25,17 @@ contract's rules added:
 A connection that misses its deadline is closed; a request cut off in its body sees
 ``http.disconnect``, as if the client had gone away.
 
+The service never switches protocols (uvicorn runs with websockets off), so it ignores an
+``Upgrade`` header as RFC 9110 allows: such a request (``curl --http2`` sends ``Upgrade:
+h2c``) is answered as HTTP/1.1, its body framed by its ``Content-Length`` or chunks, and the
+requests pipelined behind it answered in order. llhttp stops at an upgrade's head, so the
+httptools protocol parses the head again without its ``Upgrade`` header, with what follows;
+h11 refuses the switch itself when the answer is not a ``101``. ``CONNECT`` is refused.
+
+A request the parser refuses (not HTTP/1.1, a bad ``Content-Length``, a ``CONNECT``) is
+answered 400, and one whose head is still incomplete past ``max_head_bytes`` 431, with the
+contract's error body (code ``bad_request``), and the connection is closed.
+
 With httptools, a request body also reaches the app in one piece: the connection gathers
 its chunks (up to ``body_hold_bytes``) and hands them over, joined, when the body is
 complete. uvicorn hands over every 64 KiB instead: each piece copied twice, a wake-up of
@@ -43,17 +54,22 @@ of thousands of sockets is a few log lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import math
 import resource
 from collections import Counter
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar, Literal, cast
 
 import h11
+import httptools
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 __all__ = ["BODY_HOLD_BYTES", "ConnectionLimits", "guarded_protocol", "raise_descriptor_limit"]
 
@@ -75,6 +91,16 @@ _IDLE = 2  # nothing: between requests, or the whole request is in
 BODY_HOLD_BYTES = 8 << 20
 
 
+def _error_body(message: str) -> bytes:
+    """The contract's error body (``wire.errors`` is out of this layer's reach)."""
+    return json.dumps({"error": {"code": "bad_request", "message": message}}).encode()
+
+
+_NOT_HTTP = _error_body("the request is not valid HTTP/1.1")
+_CONNECT = _error_body("CONNECT is not supported")
+_HEAD_TOO_LARGE = _error_body("the request head is too large")
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """The deadlines and the cap that :func:`guarded_protocol` enforces."""
@@ -89,6 +115,8 @@ class ConnectionLimits:
     max_connections: int
     #: Bytes of a request body a connection gathers before the app gets them (httptools).
     body_hold_bytes: int = BODY_HOLD_BYTES
+    #: Bytes past which a request head still incomplete is refused with 431.
+    max_head_bytes: int = 64 << 10
 
     def __post_init__(self) -> None:
         for name in ("head_timeout_s", "body_timeout_s"):
@@ -101,6 +129,8 @@ class ConnectionLimits:
             raise ValueError(f"max_connections ({self.max_connections}) must be > 0")
         if self.body_hold_bytes <= 0:
             raise ValueError(f"body_hold_bytes ({self.body_hold_bytes}) must be > 0")
+        if self.max_head_bytes <= 0:
+            raise ValueError(f"max_head_bytes ({self.max_head_bytes}) must be > 0")
 
     @property
     def check_every_s(self) -> float:
@@ -150,8 +180,8 @@ class _Closures:
 class _Guard:
     """The rules, shared by both parsers; a subclass moves ``_phase`` as its parser goes.
 
-    Attributes of uvicorn's protocols it uses: ``loop``, ``transport``, ``flow``, ``cycle``
-    and ``connections``.
+    Attributes of uvicorn's protocols it uses: ``loop``, ``transport``, ``flow``, ``cycle``,
+    ``connections`` and ``server_state``.
     """
 
     limits: ClassVar[ConnectionLimits]
@@ -162,6 +192,7 @@ class _Guard:
     flow: FlowControl
     cycle: Any
     connections: set[Any]
+    server_state: ServerState
 
     _phase = _HEAD
     #: When the head began, or when the body's current window began.
@@ -242,6 +273,26 @@ class _Guard:
         self.closures.add(reason, self.loop)
         self.transport.close()
 
+    def _refuse(self, status: int, body: bytes) -> None:
+        """Answers ``status`` with the error ``body`` and closes the connection."""
+        if self.transport.is_closing():
+            return
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+        lines += [
+            name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers
+        ]
+        lines.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+        lines.append(b"connection: close\r\n\r\n")
+        self.transport.write(b"".join(lines) + body)
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refuses, with the contract's body."""
+        self._refuse(400, _NOT_HTTP)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """Nothing: an ``Upgrade`` the server ignores is no fault (every ``curl --http2``)."""
+
     # Both protocols: the guard comes first in their bases, so super() is uvicorn's protocol.
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -260,9 +311,71 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
     # The hooks below run for every request: they call the base class directly (cheaper
     # than super()) and inline the phase changes.
 
+    #: The head of an upgrade just declined, re-written without its ``Upgrade`` headers
+    #: (``b""``: a ``CONNECT``, refused), for ``data_received`` to parse again.
+    _declined: bytes | None = None
+    #: The byte count at the end of the chunk being parsed, and where the count of the head
+    #: being parsed starts: the end of the chunk in which the last request ended (so a head
+    #: behind others in its chunk may pass ``max_head_bytes`` by part of a chunk).
+    _chunk_end = 0
+    _head_mark = 0
+
     def data_received(self, data: bytes) -> None:
-        HttpToolsProtocol.data_received(self, data)
-        self._received += len(data)  # after: a body's first window counts the head's chunk
+        """uvicorn's ``data_received``, but an upgrade the server does not honour is parsed
+        again as a plain request, and a head still incomplete past ``max_head_bytes`` is
+        refused."""
+        received = self._chunk_end = self._received + len(data)
+        self._unset_keepalive_if_required()
+        rest: bytes | memoryview = data
+        while True:
+            try:
+                self.parser.feed_data(rest)
+                break
+            except httptools.HttpParserError:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("")
+                return
+            except httptools.HttpParserUpgrade as exc:
+                head, self._declined = self._declined, None
+                if head is None:  # a websocket upgrade, when uvicorn has websockets on
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                    return
+                if not head:
+                    self._refuse(400, _CONNECT)
+                    return
+                self.parser = self._fresh_parser()
+                try:
+                    self.parser.feed_data(head)
+                except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+                    self._refuse(400, _NOT_HTTP)  # still an upgrade: no loop
+                    return
+                # llhttp stopped past the head: the body and what follows, not copied
+                rest = memoryview(rest)[exc.args[0] :]
+        self._received = received  # after: a body's first window counts the head's chunk
+        if self._phase == _HEAD and received - self._head_mark > self.limits.max_head_bytes:
+            self.logger.warning("Invalid HTTP request received.")
+            self._refuse(431, _HEAD_TOO_LARGE)
+
+    def _fresh_parser(self) -> httptools.HttpRequestParser:
+        parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn does
+            parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        return parser
+
+    def _without_upgrade(self) -> bytes:
+        """The head just parsed, without its ``Upgrade`` headers (``b""`` for a CONNECT,
+        which llhttp takes for a tunnel whatever its headers)."""
+        method = self.parser.get_method()
+        if method == b"CONNECT":
+            return b""
+        version = self.parser.get_http_version().encode()
+        lines = [method + b" " + self.url + b" HTTP/" + version + b"\r\n"]
+        lines += [
+            name + b": " + value + b"\r\n" for name, value in self.headers if name != b"upgrade"
+        ]
+        lines.append(b"\r\n")
+        return b"".join(lines)
 
     def on_message_begin(self) -> None:
         if self._phase == _IDLE:
@@ -275,6 +388,10 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
     _held = 0
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and not self._should_upgrade():
+            # no cycle: llhttp skips the body of an upgrade, so the head is parsed again
+            self._declined = self._without_upgrade()
+            return
         self._phase = _BODY
         self._since = self.loop.time()
         self._window_mark = self._received
@@ -298,7 +415,10 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
             cycle.message_event.set()
 
     def on_message_complete(self) -> None:
+        if self._declined is not None:
+            return  # a declined upgrade's, without a body: its head is parsed again
         self._phase = _IDLE
+        self._head_mark = self._chunk_end
         if self._held and not self.cycle.response_complete:
             self._hand_over(self.cycle)
         self._chunks = []
@@ -320,6 +440,20 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
         self._held = 0
 
 
+class _H11Connection(h11.Connection):
+    """h11's connection, keeping the status h11 suggests for the error it raised last (431
+    for a head past its bound), which uvicorn drops."""
+
+    error_status = 400
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.error_status = exc.error_status_hint
+            raise
+
+
 class GuardedH11Protocol(_Guard, H11Protocol):
     """uvicorn's h11 protocol with the deadlines and the cap of :mod:`rlreplay.app.api.connections`.
 
@@ -327,6 +461,30 @@ class GuardedH11Protocol(_Guard, H11Protocol):
     when the previous answer is complete, so the phase follows ``their_state`` after each
     chunk and after each answer.
     """
+
+    conn: _H11Connection
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # h11 bounds an incomplete head itself (16 KiB unless configured): the same as httptools
+        bound = self.config.h11_max_incomplete_event_size or self.limits.max_head_bytes
+        self.conn = _H11Connection(h11.SERVER, bound)
+
+    def send_400_response(self, msg: str) -> None:
+        if self.conn.error_status == 431:
+            self._refuse(431, _HEAD_TOO_LARGE)
+        else:
+            self._refuse(400, _NOT_HTTP)
+
+    def _should_upgrade(self) -> bool:
+        # refused as with httptools, where llhttp takes what follows a CONNECT for a tunnel
+        return self.scope["method"] == "CONNECT" or H11Protocol._should_upgrade(self)
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        if event.method == b"CONNECT":
+            self._refuse(400, _CONNECT)
+        else:
+            H11Protocol.handle_websocket_upgrade(self, event)
 
     def data_received(self, data: bytes) -> None:
         self._head_started()

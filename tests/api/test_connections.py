@@ -131,14 +131,18 @@ class FakeTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
 
 class Harness:
     """Connections of one guarded protocol class to :func:`gated_app`."""
 
-    def __init__(self, parser: str, limits: ConnectionLimits = LIMITS) -> None:
+    def __init__(self, parser: str, limits: ConnectionLimits = LIMITS, ws: str = "none") -> None:
         self.loop = FakeLoop(asyncio.get_running_loop())
         self.gate = asyncio.Event()
         self.gate.set()
+        self.paths: list[str] = []
         self.bodies: list[bytes | None] = []
         #: Each body message the app received: its length and ``more_body``.
         self.messages: list[tuple[int, bool]] = []
@@ -148,6 +152,7 @@ class Harness:
             http=protocol_class,
             lifespan="off",
             interface="asgi3",
+            ws=ws,
             log_config=None,
             timeout_keep_alive=30,
         )
@@ -157,6 +162,7 @@ class Harness:
     async def app(self, scope: Any, receive: Any, send: Any) -> None:
         """Waits for the gate, reads the body (None when the client went away), answers
         its length."""
+        self.paths.append(scope["path"])
         await self.gate.wait()
         body = b""
         while True:
@@ -192,6 +198,15 @@ async def settle() -> None:
 
 def answered(transport: FakeTransport, count: int = 1) -> bool:
     return bytes(transport.written).count(b"HTTP/1.1 200 OK") == count
+
+
+def refusal(transport: FakeTransport) -> tuple[int, dict[bytes, bytes], Any]:
+    """The status, headers and decoded JSON body of the only answer on ``transport``."""
+    head, _, body = bytes(transport.written).partition(b"\r\n\r\n")
+    status_line, *lines = head.split(b"\r\n")
+    headers = dict(line.split(b": ", 1) for line in lines)
+    assert int(headers[b"content-length"]) == len(body)
+    return int(status_line.split()[1]), headers, json.loads(body)
 
 
 @pytest.mark.parametrize("parser", PARSERS)
@@ -451,6 +466,156 @@ async def test_a_client_gone_mid_body_is_a_disconnect_and_holds_nothing() -> Non
     assert protocol._held == 0 and not protocol._chunks
 
 
+# An Upgrade is ignored (RFC 9110 7.8): the request is plain HTTP/1.1, body and all.
+UPGRADE = b"Connection: Upgrade\r\nUpgrade: %s\r\n"
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@pytest.mark.parametrize("upgrade", [b"h2c", b"websocket"])
+async def test_the_body_of_an_upgrade_request_is_its_body_not_a_request(
+    parser: str, upgrade: bytes
+) -> None:
+    h = Harness(parser)
+    protocol, transport = h.connect()
+    hidden = b"POST /hidden HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"
+    head = b"POST /a HTTP/1.1\r\nHost: a\r\n" + UPGRADE % upgrade
+    protocol.data_received(head + b"Content-Length: %d\r\n\r\n" % len(hidden))
+    await settle()
+    protocol.data_received(hidden)  # the body comes in a later packet
+    await settle()
+    assert h.paths == ["/a"] and h.bodies == [hidden]
+    assert answered(transport) and not transport.closed
+    protocol.data_received(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")  # the connection goes on
+    await settle()
+    assert h.paths == ["/a", "/b"] and answered(transport, 2)
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_requests_pipelined_behind_upgrade_requests_are_answered_in_order(
+    parser: str,
+) -> None:
+    h = Harness(parser)
+    protocol, transport = h.connect()
+    protocol.data_received(
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\n" + UPGRADE % b"websocket" + b"\r\n"
+        b"GET /readyz HTTP/1.1\r\nHost: a\r\n\r\n"
+        b"POST /c HTTP/1.1\r\nHost: a\r\n" + UPGRADE % b"h2c" + b"Transfer-Encoding: chunked\r\n"
+        b"\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+        b"GET /d HTTP/1.1\r\nHost: a\r\n\r\n"
+    )
+    for _ in range(5):
+        await settle()
+    assert h.paths == ["/healthz", "/readyz", "/c", "/d"]
+    assert h.bodies == [b"", b"", b"hello world", b""]
+    assert answered(transport, 4) and not transport.closed
+    answers = bytes(transport.written).split(b"HTTP/1.1 200 OK")[1:]
+    assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [b"0", b"0", b"11", b"0"]
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_many_upgrade_requests_in_one_packet_are_all_answered(parser: str) -> None:
+    h = Harness(parser)
+    protocol, transport = h.connect()
+    requests = [b"GET /%d HTTP/1.1\r\nHost: a\r\n%s\r\n" % (i, UPGRADE % b"h2c") for i in range(50)]
+    protocol.data_received(b"".join(requests))
+    for _ in range(50):
+        await settle()
+    assert h.paths == [f"/{i}" for i in range(50)] and answered(transport, 50)
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_a_websocket_upgrade_still_switches_when_websockets_are_on(parser: str) -> None:
+    h = Harness(parser, ws="websockets-sansio")
+    protocol, transport = h.connect()
+    protocol.data_received(
+        b"GET /ws HTTP/1.1\r\nHost: a\r\n"
+        + UPGRADE % b"websocket"
+        + b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    assert isinstance(transport.protocol, h.config.ws_protocol_class)  # type: ignore[arg-type]
+    assert h.paths == [] and transport.written == b""  # uvicorn's websocket protocol answers
+    transport.close()
+    await settle()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_connect_is_refused_with_the_error_body(parser: str) -> None:
+    h = Harness(parser)
+    protocol, transport = h.connect()
+    protocol.data_received(
+        b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"
+    )
+    await settle()
+    status, headers, body = refusal(transport)
+    assert (status, body["error"]["code"]) == (400, "bad_request")
+    assert "CONNECT" in body["error"]["message"]
+    assert headers[b"connection"] == b"close" and transport.closed and h.paths == []
+
+
+NOT_HTTP = {
+    "garbage": b"\x00\x01garbage\r\n\r\n",
+    "content_length_abc": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n",
+    "content_length_negative": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+    "content_length_twice": (
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+    ),
+    "bad_chunk_size": b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "unknown_method": b"FROB / HTTP/1.1\r\nHost: a\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("parser", "case"),
+    # h11 takes any token for a method: the app answers FROB
+    [(p, c) for p in PARSERS for c in NOT_HTTP if (p, c) != ("h11", "unknown_method")],
+)
+async def test_a_request_the_parser_refuses_gets_the_error_body(parser: str, case: str) -> None:
+    h = Harness(parser)
+    h.state.default_headers = [(b"date", b"Mon, 01 Jan 2024 00:00:00 GMT")]
+    protocol, transport = h.connect()
+    protocol.data_received(NOT_HTTP[case])
+    await settle()
+    status, headers, body = refusal(transport)
+    assert (status, body["error"]["code"]) == (400, "bad_request")
+    assert body["error"]["message"] == "the request is not valid HTTP/1.1"
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"connection"] == b"close" and headers[b"date"].startswith(b"Mon")
+    assert transport.closed
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_a_head_past_64_kib_is_refused_with_431(parser: str) -> None:
+    h = Harness(parser)
+    protocol, transport = h.connect()
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: ")
+    for _ in range(63):
+        protocol.data_received(b"a" * 1024)
+    protocol.data_received(b"\r\n\r\n")  # 63 KiB and a bit: answered
+    await settle()
+    assert answered(transport) and not transport.closed
+    transport.written.clear()
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: ")
+    for _ in range(63):
+        protocol.data_received(b"a" * 1024)
+    assert not transport.closed
+    protocol.data_received(b"a" * 2048)
+    status, headers, body = refusal(transport)
+    assert (status, body["error"]["code"]) == (431, "bad_request")
+    assert headers[b"connection"] == b"close" and transport.closed
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+async def test_a_head_behind_a_large_body_is_not_counted_with_it(parser: str) -> None:
+    h = Harness(parser, HOLDING)
+    protocol, transport = h.connect()
+    protocol.data_received(PUSH_HEAD + b" " * 100_000 + b"GET /b HTTP/1.1\r\n")
+    await settle()
+    protocol.data_received(b"Host: a\r\n\r\n")
+    for _ in range(5):
+        await settle()
+    assert answered(transport, 2) and h.paths == ["/v1/tables/default/items", "/b"]
+
+
 def test_limits_name_the_bad_value() -> None:
     with pytest.raises(ValueError, match=r"head_timeout_s \(0\) must be > 0"):
         ConnectionLimits(
@@ -462,6 +627,8 @@ def test_limits_name_the_bad_value() -> None:
         )
     with pytest.raises(ValueError, match=r"body_hold_bytes \(0\) must be > 0"):
         dataclasses.replace(LIMITS, body_hold_bytes=0)
+    with pytest.raises(ValueError, match=r"max_head_bytes \(0\) must be > 0"):
+        dataclasses.replace(LIMITS, max_head_bytes=0)
 
 
 def test_the_settings_reach_uvicorn(tmp_path: Path) -> None:
