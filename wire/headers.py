@@ -3,7 +3,7 @@
 The codec's encoder (:mod:`rlreplay.wire.packing`) and the server's columnar bodies build
 msgpack around array data without a packer: these functions give the bytes msgpack-python
 (``use_bin_type=True``) writes for the same value, so a value has one encoding whoever
-packs it. ``tests/wire/test_headers.py`` compares them with msgpack-python.
+packs it. ``tests/wire/test_packing.py`` compares them with msgpack-python.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "map_size",
     "read_ext_header",
     "str_bytes",
+    "str_header",
 ]
 
 _INT_BYTES: Final = tuple(bytes((n,)) for n in range(0x80))
@@ -91,6 +92,11 @@ def str_bytes(text: str) -> bytes:
     if n < 32:
         return bytes((0xA0 | n,)) + data
     return _sized(n, 0xA0, 32, (0xD9, 0xDA, 0xDB)) + data
+
+
+def str_header(size: int) -> bytes:
+    """The header of a msgpack str of ``size`` bytes of UTF-8."""
+    return _sized(size, 0xA0, 32, (0xD9, 0xDA, 0xDB))
 
 
 def bin_header(size: int) -> bytes:

@@ -23,6 +23,8 @@ import numpy as np
 
 from rlreplay.app.tables.items import Item, SampleBatch
 from rlreplay.wire.codec import msgpack_to_jsonable
+from rlreplay.wire.headers import array_header, str_bytes, str_header
+from rlreplay.wire.schemas import MAX_KEY_BYTES
 
 __all__ = [
     "item_json",
@@ -56,30 +58,9 @@ def _tail(*fields: tuple[str, str]) -> tuple[struct.Struct, tuple[bytes, ...]]:
 #: priority, inserted_at, times_sampled of an Item, names included.
 _ITEM_TAIL, _ITEM_NAMES = _tail(("priority", "d"), ("inserted_at", "d"), ("times_sampled", "Q"))
 #: priority, probability, weight, times_sampled of a SampledItem, names included.
-_SAMPLED_TAIL, _SAMPLED_NAMES = _tail(
+_, _SAMPLED_NAMES = _tail(
     ("priority", "d"), ("probability", "d"), ("weight", "d"), ("times_sampled", "Q")
 )
-
-
-def _str(text: str) -> bytes:
-    """A msgpack str, packed here: ``msgpack.packb`` builds a Packer (and its buffer) per call."""
-    data = text.encode("utf-8")
-    n = len(data)
-    if n < 32:
-        return bytes((0xA0 | n,)) + data
-    if n < 0x100:
-        return b"\xd9" + bytes((n,)) + data
-    if n < 0x10000:
-        return b"\xda" + n.to_bytes(2, "big") + data
-    return b"\xdb" + n.to_bytes(4, "big") + data
-
-
-def _array_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 0x10000:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _item_parts(item: Item, out: list[bytes]) -> None:
@@ -87,7 +68,7 @@ def _item_parts(item: Item, out: list[bytes]) -> None:
     extra = _rollout_parts(item.group, item.version)
     out += (
         _ITEM_HEAD if not extra else bytes((0x85 + len(extra) // 2,)) + b"\xa3key",
-        _str(item.key),
+        str_bytes(item.key),
         _VALUE,
         item.value,
         _ITEM_TAIL.pack(p, item.priority, i, item.inserted_at, t, item.times_sampled),
@@ -103,7 +84,7 @@ def _rollout_parts(group: str | None, version: int | None) -> list[bytes]:
     """``"group"`` and ``"version"`` entries of an item's map, those it has."""
     out: list[bytes] = []
     if group is not None:
-        out += (_GROUP, _str(group))
+        out += (_GROUP, str_bytes(group))
     if version is not None:
         out += (_VERSION, b"\xcf" + version.to_bytes(8, "big"))
     return out
@@ -118,7 +99,7 @@ def item_msgpack(item: Item) -> bytes:
 
 def items_msgpack(items: Sequence[Item | None]) -> bytes:
     """``{"items": [item or nil, ...]}`` in the order given."""
-    out = [_ITEMS_MAP, _array_header(len(items))]
+    out = [_ITEMS_MAP, array_header(len(items))]
     for item in items:
         if item is None:
             out.append(_NIL)
@@ -135,11 +116,14 @@ _SAMPLED_ROW = np.dtype(
         for field in ((f"n{i}", f"S{len(name)}"), (f"v{i}", ">f8" if code == "d" else ">u8"))
     ]
 )
-#: ``_SAMPLED_HEAD`` + the fixstr header of a key of ``n`` < 32 bytes, by ``n``.
-_SAMPLED_HEADS = [_SAMPLED_HEAD + bytes((0xA0 | n,)) for n in range(32)]
+#: Each tail as one opaque record: ``tolist()`` of an array of them gives one bytes per pick.
+_SAMPLED_TAIL_RECORD = np.dtype(f"V{_SAMPLED_ROW.itemsize}")
+#: ``_SAMPLED_HEAD`` + the str header of a key of ``n`` bytes, by ``n`` (every size allowed).
+_SAMPLED_HEADS = [_SAMPLED_HEAD + str_header(n) for n in range(MAX_KEY_BYTES + 1)]
 
 
-def _sampled_tails(batch: SampleBatch) -> tuple[memoryview, int]:
+def _sampled_tails(batch: SampleBatch) -> list[bytes]:
+    """Each pick's ``priority, probability, weight, times_sampled`` entries, names included."""
     rows = np.empty(len(batch), dtype=_SAMPLED_ROW)
     for i, name in enumerate(_SAMPLED_NAMES):
         rows[f"n{i}"] = name
@@ -147,40 +131,43 @@ def _sampled_tails(batch: SampleBatch) -> tuple[memoryview, int]:
     rows["v1"] = batch.probabilities
     rows["v2"] = batch.weights
     rows["v3"] = batch.times_sampled
-    return memoryview(rows.tobytes()), _SAMPLED_ROW.itemsize
+    tails: list[bytes] = rows.view(_SAMPLED_TAIL_RECORD).tolist()
+    return tails
+
+
+def _or_nil(values: list[bytes | None]) -> list[bytes]:
+    """The stored values, msgpack's nil where a value was not asked for."""
+    if None not in values:
+        return values  # type: ignore[return-value]  # None is not in it
+    return [_NIL if value is None else value for value in values]
 
 
 def sample_msgpack(batch: SampleBatch) -> bytes:
     """``{"items": [{"key", "value", "priority", "probability", "weight", "times_sampled"}]}``.
 
-    The numeric tails of all picks are packed by numpy at once; per pick only the key is
-    encoded, and the stored value is spliced in. ``value`` is nil when asked without values.
+    The numeric tails of all picks are packed by numpy at once, and the answer's pieces are
+    put in place by slice assignments, with no Python step per pick. The stored values are
+    spliced in as they are; ``value`` is nil when asked without values.
     """
-    tails, width = _sampled_tails(batch)
-    out: list[bytes | memoryview] = [_ITEMS_MAP, _array_header(len(batch))]
+    n = len(batch)
+    tails = _sampled_tails(batch)
+    values = _or_nil(batch.values)
     if batch.groups is not None and batch.versions is not None:
-        for i, (key, value, group, version) in enumerate(
-            zip(batch.keys, batch.values, batch.groups, batch.versions, strict=True)
+        out: list[bytes] = [_ITEMS_MAP, array_header(n)]
+        for key, value, tail, group, version in zip(
+            batch.keys, values, tails, batch.groups, batch.versions, strict=True
         ):
             extra = _rollout_parts(group, version)
-            out += (bytes((0x86 + len(extra) // 2,)), b"\xa3key", _str(key), _VALUE)
-            out += (_NIL if value is None else value, tails[i * width : (i + 1) * width], *extra)
+            out += (bytes((0x86 + len(extra) // 2,)), b"\xa3key", str_bytes(key), _VALUE)
+            out += (value, tail, *extra)
         return b"".join(out)
-    append = out.append
-    heads = _SAMPLED_HEADS
-    pos = 0
-    for key, value in zip(batch.keys, batch.values, strict=True):
-        kb = key.encode()
-        if len(kb) < 32:
-            append(heads[len(kb)])
-            append(kb)
-        else:
-            append(_SAMPLED_HEAD)
-            append(_str(key))
-        append(_VALUE)
-        append(_NIL if value is None else value)
-        append(tails[pos : pos + width])
-        pos += width
+    encoded = list(map(str.encode, batch.keys))
+    out = [_ITEMS_MAP + array_header(n)] * (5 * n + 1)  # the first stays; the rest are set
+    out[1::5] = map(_SAMPLED_HEADS.__getitem__, map(len, encoded))
+    out[2::5] = encoded
+    out[3::5] = [_VALUE] * n
+    out[4::5] = values
+    out[5::5] = tails
     return b"".join(out)
 
 

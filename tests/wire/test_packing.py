@@ -29,6 +29,7 @@ from rlreplay.wire.headers import (
     int_bytes,
     map_header,
     str_bytes,
+    str_header,
 )
 from rlreplay.wire.packing import is_plain
 from tests.wire.test_codec import DTYPES as FIXED_WIDTH_DTYPES
@@ -54,6 +55,7 @@ def test_ints_past_64_bits_are_refused(value: int) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_headers_are_msgpacks(size: int) -> None:
     assert str_bytes("x" * size) == msgpack.packb("x" * size, use_bin_type=True)
+    assert str_header(size) + b"x" * size == str_bytes("x" * size)
     assert bin_header(size) + b"b" * size == msgpack.packb(b"b" * size, use_bin_type=True)
     assert array_header(size) == msgpack.packb([0] * size)[: len(array_header(size))]
     assert map_header(size) == msgpack.packb({i: 0 for i in range(size)})[: len(map_header(size))]
