@@ -8,7 +8,7 @@ the socket read a long body straight into a buffer of its size, which is what ma
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Final, cast
 
 from rlreplay.clients.http11 import BODY_PIECE, MAX_HEADER_BYTES
 
@@ -48,8 +48,8 @@ class Connection(asyncio.BufferedProtocol):
     # --- asyncio.BufferedProtocol -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # no isinstance check: uvloop's transports do not derive from asyncio's classes
+        self._transport = cast("asyncio.Transport", transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body is not None and self._body_filled < len(self._body):
