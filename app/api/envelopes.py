@@ -57,10 +57,11 @@ def _tail(*fields: tuple[str, str]) -> tuple[struct.Struct, tuple[bytes, ...]]:
 
 #: priority, inserted_at, times_sampled of an Item, names included.
 _ITEM_TAIL, _ITEM_NAMES = _tail(("priority", "d"), ("inserted_at", "d"), ("times_sampled", "Q"))
-#: priority, probability, weight, times_sampled of a SampledItem, names included.
-_, _SAMPLED_NAMES = _tail(
+#: The names of a SampledItem's priority, probability, weight, times_sampled, each with its
+#: number's marker (numpy packs the numbers: see ``_SAMPLED_ROW``).
+_SAMPLED_NAMES = _tail(
     ("priority", "d"), ("probability", "d"), ("weight", "d"), ("times_sampled", "Q")
-)
+)[1]
 
 
 def _item_parts(item: Item, out: list[bytes]) -> None:
