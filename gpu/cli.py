@@ -54,9 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_config=None,
         log_level=args.log_level.lower(),
         lifespan="on",
-        # the client's transport works on asyncio's own loop (uvloop's transports are not
-        # asyncio.Transport instances)
-        loop="asyncio",
         access_log=False,
         timeout_graceful_shutdown=5,
     )
