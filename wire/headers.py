@@ -91,7 +91,7 @@ def str_bytes(text: str) -> bytes:
     n = len(data)
     if n < 32:
         return bytes((0xA0 | n,)) + data
-    return _sized(n, 0xA0, 32, (0xD9, 0xDA, 0xDB)) + data
+    return str_header(n) + data
 
 
 def str_header(size: int) -> bytes:

@@ -43,14 +43,17 @@ _SAMPLED_HEAD = b"\x86\xa3key"  # 6-entry map, then "key"
 _VALUE = b"\xa5value"
 
 
-def _tail(*fields: tuple[str, str]) -> tuple[struct.Struct, tuple[bytes, ...]]:
-    """A struct packing ``name, number`` pairs: each name as a fixstr plus the number's marker.
-
-    Floats (``"d"``) go as msgpack float64 (0xcb), unsigned ints (``"Q"``) as uint64 (0xcf).
-    """
-    names = tuple(
+def _names(*fields: tuple[str, str]) -> tuple[bytes, ...]:
+    """Each field's name as a fixstr, then the marker of its number: msgpack float64 (0xcb)
+    for ``"d"``, uint64 (0xcf) for ``"Q"``."""
+    return tuple(
         msgpack.packb(name) + (b"\xcb" if code == "d" else b"\xcf") for name, code in fields
     )
+
+
+def _tail(*fields: tuple[str, str]) -> tuple[struct.Struct, tuple[bytes, ...]]:
+    """A struct packing ``name, number`` pairs, and the names (see :func:`_names`)."""
+    names = _names(*fields)
     fmt = ">" + "".join(f"{len(n)}s{code}" for n, (_, code) in zip(names, fields, strict=True))
     return struct.Struct(fmt), names
 
@@ -59,9 +62,9 @@ def _tail(*fields: tuple[str, str]) -> tuple[struct.Struct, tuple[bytes, ...]]:
 _ITEM_TAIL, _ITEM_NAMES = _tail(("priority", "d"), ("inserted_at", "d"), ("times_sampled", "Q"))
 #: The names of a SampledItem's priority, probability, weight, times_sampled, each with its
 #: number's marker (numpy packs the numbers: see ``_SAMPLED_ROW``).
-_SAMPLED_NAMES = _tail(
+_SAMPLED_NAMES = _names(
     ("priority", "d"), ("probability", "d"), ("weight", "d"), ("times_sampled", "Q")
-)[1]
+)
 
 
 def _item_parts(item: Item, out: list[bytes]) -> None:
