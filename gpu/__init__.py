@@ -5,11 +5,31 @@ In a trainer: :class:`GpuSampler` (``from rlreplay import GpuSampler``) and the
 :class:`ReplayDataset` over it; as a process: ``rlreplay sidecar`` (:mod:`rlreplay.gpu.service`).
 It talks to the service only through the client and the HTTP contract. Torch lives here and
 only here: the service never imports this package.
+
+Without torch, importing this package raises :class:`TorchMissing`, an ``ImportError`` that
+names the extra to install.
 """
 
 from __future__ import annotations
 
-from rlreplay.gpu.dataset import ReplayDataset
-from rlreplay.gpu.sampler import GpuBatch, GpuSampler
+__all__ = ["GpuBatch", "GpuSampler", "ReplayDataset", "TorchMissing"]
 
-__all__ = ["GpuBatch", "GpuSampler", "ReplayDataset"]
+
+class TorchMissing(ModuleNotFoundError):
+    """torch, which the ``gpu`` extra installs, is not installed."""
+
+
+try:
+    import torch  # noqa: F401  # checked first: the modules below all need it
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":
+        raise
+    raise TorchMissing(
+        "rlreplay's GPU sidecar (GpuSampler, ReplayDataset, rlreplay sidecar) needs torch, "
+        "which is not installed: pip install 'rlreplay[gpu]' "
+        "(from a clone of the repository: pip install -e '.[gpu]')",
+        name="torch",
+    ) from exc
+
+from rlreplay.gpu.dataset import ReplayDataset  # noqa: E402
+from rlreplay.gpu.sampler import GpuBatch, GpuSampler  # noqa: E402

@@ -25,7 +25,7 @@ from rlreplay.clients import ReplayClient
 from rlreplay.wire.arrays import BFLOAT16, EXT_NDARRAY, dtype_info, split_payload
 from rlreplay.wire.errors import ReplayError, ValidationFailed
 
-__all__ = ["CU_SEQLENS", "Collector", "MissingItems", "PinnedPool"]
+__all__ = ["CU_SEQLENS", "BatchTooLarge", "Collector", "MissingItems", "PinnedPool"]
 
 CU_SEQLENS = ".cu_seqlens"
 
@@ -37,6 +37,21 @@ class MissingItems(ReplayError):
     def __init__(self, keys: list[str]) -> None:
         super().__init__(f"{len(keys)} chosen items were deleted meanwhile: {keys[:3]}")
         self.keys = keys
+
+
+class BatchTooLarge(ValidationFailed):
+    """A batch would hold more bytes of keys and values than its limit allows: refused
+    before its columns are built (422 ``validation_error``, as the server refuses a sample
+    past its ``--max-response-mb``)."""
+
+    def __init__(self, nbytes: int, picks: int, limit: int) -> None:
+        super().__init__(
+            f"a sample of {picks} picks would answer {nbytes / 2**20:.1f} MB of keys and "
+            f"values, past the limit of {limit / 2**20:g} MB a batch; ask for fewer"
+        )
+        self.nbytes = nbytes
+        self.picks = picks
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +128,9 @@ class Collector:
         keys: Sequence[str],
         inverse: npt.NDArray[np.int64] | None,
         fields: Sequence[str],
+        *,
+        limit: int | None = None,
+        reserved: int = 0,
     ) -> dict[str, torch.Tensor]:
         """The ``fields`` of the distinct ``keys``' values, for picks ``keys[inverse]``
         (``keys`` themselves when ``inverse`` is None).
@@ -120,41 +138,64 @@ class Collector:
         Each field comes stacked along a new first axis, one row per pick; a
         variable-length 1-D field packed end to end with an int32 ``"<field>.cu_seqlens"``.
 
+        Args:
+            keys: The distinct keys to fetch.
+            inverse: Which key each pick is (None: one pick per key, in order).
+            fields: The fields to collect.
+            limit: The most bytes the batch may hold (None: no limit).
+            reserved: Bytes of the batch already spoken for (its keys).
+
         Raises:
             MissingItems: Some keys are gone on the server.
             ValidationFailed: A field is in no value, or the values do not stack.
+            BatchTooLarge: The picks' fields and ``reserved`` come to more than ``limit``.
         """
         if not fields:
             return {}
-        return self.place(await self.client.get_many_packed(self.table, keys), inverse, fields)
+        packed = await self.client.get_many_packed(self.table, keys)
+        return self.place(packed, inverse, fields, limit=limit, reserved=reserved)
 
     def place(
         self,
         packed: bytes,
         inverse: npt.NDArray[np.int64] | None,
         fields: Sequence[str],
+        *,
+        limit: int | None = None,
+        reserved: int = 0,
     ) -> dict[str, torch.Tensor]:
-        """:meth:`collect`'s work once the columnar answer's bytes are here: each field
-        copied out of them into host memory (pinned on CUDA) and on to the device.
+        """:meth:`collect`'s work once the columnar answer's bytes are here: the picks'
+        size checked against ``limit`` before anything is allocated for them, then each
+        field copied out of the answer into host memory (pinned on CUDA) and on to the
+        device.
 
         Raises:
-            MissingItems, ValidationFailed: As :meth:`collect`.
+            MissingItems, ValidationFailed, BatchTooLarge: As :meth:`collect`.
         """
         answer = _DECODER.decode(packed)
         if answer.get("missing"):
             raise MissingItems(list(answer["missing"]))
         columns: dict[str, _View] = answer["columns"]
-        shaped: list[tuple[str, torch.dtype, npt.NDArray[Any]]] = []
+        planned: list[tuple[str, torch.dtype, npt.NDArray[Any], npt.NDArray[np.int64] | None]]
+        planned = []
+        nbytes = reserved
         for name in fields:
             view = columns.get(name)
             if view is None:
                 raise ValidationFailed(f"field {name!r} is not in the items' values")
             tdtype, src = _source(view)
             cu = columns.get(name + CU_SEQLENS)
-            if cu is None:
+            offsets = None if cu is None else _source(cu)[1].astype(np.int64)
+            nbytes += _picked_bytes(src, offsets, inverse)
+            planned.append((name, tdtype, src, offsets))
+        if limit is not None and nbytes > limit:
+            picks = len(planned[0][2]) if inverse is None else len(inverse)
+            raise BatchTooLarge(nbytes, picks, limit)
+        shaped: list[tuple[str, torch.dtype, npt.NDArray[Any]]] = []
+        for name, tdtype, src, offsets in planned:
+            if offsets is None:
                 shaped.append((name, tdtype, src if inverse is None else src[inverse]))
                 continue
-            offsets = _source(cu)[1].astype(np.int64)
             if inverse is None:
                 shaped.append((name, tdtype, src))
                 shaped.append((name + CU_SEQLENS, torch.int32, offsets.astype(np.int32)))
@@ -186,6 +227,22 @@ class Collector:
             offset += array.nbytes + (-array.nbytes) % 64  # each field's start aligned
         self._pool.copied(at)
         return out
+
+
+def _picked_bytes(
+    src: npt.NDArray[Any],
+    offsets: npt.NDArray[np.int64] | None,
+    inverse: npt.NDArray[np.int64] | None,
+) -> int:
+    """Bytes a field takes once laid out for the picks (its ``cu_seqlens`` included),
+    reckoned from the distinct items' arrays without building it."""
+    rows = len(src) if inverse is None else len(inverse)
+    if offsets is None:
+        per_row = src.nbytes // len(src) if len(src) else 0
+        return per_row * rows
+    lengths = np.diff(offsets)
+    elements = int(lengths.sum() if inverse is None else lengths[inverse].sum())
+    return elements * src.itemsize + 4 * (rows + 1)
 
 
 def _source(view: _View) -> tuple[torch.dtype, npt.NDArray[Any]]:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from rlreplay.clients import ReplayClient
-from rlreplay.gpu.collection import Collector, MissingItems
+from rlreplay.gpu.collection import BatchTooLarge, Collector, MissingItems
 from rlreplay.gpu.device_index import DeviceIndex
 from rlreplay.gpu.follower import ChangeFollower
 from rlreplay.gpu.selection import Selector, Strategy
@@ -36,6 +36,8 @@ from rlreplay.wire.errors import DeadlineExceeded
 __all__ = ["GpuBatch", "GpuSampler", "SamplerTimes"]
 
 _DRAW_ATTEMPTS = 5
+#: Bytes a pick's probability and weight take in a batch (float64 each).
+_PICK_BYTES = 16
 
 
 @dataclass(slots=True)
@@ -81,6 +83,9 @@ class GpuSampler:
         follow: Keep following the table in a background task (``start``/``stop``); with
             False the index is brought up to date only by :meth:`refresh`.
         wait_ms: How long one long poll of the change feed waits.
+        max_batch_bytes: The most bytes of keys, probabilities, weights and field values
+            one batch may hold (None: no limit); a draw past it raises
+            :class:`~rlreplay.gpu.collection.BatchTooLarge` before its columns are built.
     """
 
     def __init__(
@@ -95,8 +100,12 @@ class GpuSampler:
         half_life_s: float | None = None,
         follow: bool = True,
         wait_ms: int = 1000,
+        max_batch_bytes: int | None = None,
     ) -> None:
+        if max_batch_bytes is not None and max_batch_bytes <= 0:
+            raise ValueError(f"max_batch_bytes ({max_batch_bytes}) must be > 0")
         self.client = client
+        self.max_batch_bytes = max_batch_bytes
         self.table = table
         self.device = torch.device(device)
         self.index = DeviceIndex(self.device)
@@ -178,6 +187,7 @@ class GpuSampler:
             DeadlineExceeded: The table stayed empty for ``timeout_s``.
             ValueError: ``batch_size`` below 1 or an unknown strategy.
             ValidationFailed: A field is in no value, or the values do not stack.
+            BatchTooLarge: The batch would hold more than ``max_batch_bytes``.
         """
         selector = self._selector()
         generator = self._generator
@@ -199,8 +209,15 @@ class GpuSampler:
                 fetch_keys = [keys[s] or "" for s in distinct.tolist()]
                 names = [fetch_keys[i] for i in inverse.tolist()]
                 where = inverse.astype(np.int64)
+            limit, reserved = self.max_batch_bytes, 0
+            if limit is not None:  # the keys, probabilities and weights, before any value
+                reserved = sum(map(len, names)) + _PICK_BYTES * len(names)
+                if reserved > limit:
+                    raise BatchTooLarge(reserved, len(names), limit)
             try:
-                columns = await self.collector.collect(fetch_keys, where, fields)
+                columns = await self.collector.collect(
+                    fetch_keys, where, fields, limit=limit, reserved=reserved
+                )
             except MissingItems:
                 if attempt + 1 == _DRAW_ATTEMPTS:
                     raise

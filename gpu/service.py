@@ -11,6 +11,12 @@ embed it.
 
 The sampler connects in a task the app's lifespan owns: a server that is not up yet, or a
 table not created yet, is tried again until it is, while ``/readyz`` says 503.
+
+Every answer is capped before it is built: a sample whose keys and values would pass
+``max_response_bytes`` is 422 ``validation_error``, as the server refuses one past its
+``--max-response-mb``. The app sits behind :class:`~rlreplay.gpu.gate.RequestGate` (the
+sidecar's own bearer keys, the request size limit); ``rlreplay sidecar`` adds the
+connection rules of :mod:`rlreplay.gpu.connections`.
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from rlreplay.clients import ReplayClient
+from rlreplay.gpu.collection import BatchTooLarge
+from rlreplay.gpu.error_answers import JSON, MSGPACK, error_answer, wants_msgpack
+from rlreplay.gpu.gate import RequestGate
 from rlreplay.gpu.sampler import GpuSampler
 from rlreplay.wire.codec import packb, to_jsonable
 from rlreplay.wire.errors import (
@@ -48,21 +58,37 @@ __all__ = ["SidecarConfig", "create_sidecar_app"]
 
 log = logging.getLogger("rlreplay.gpu")
 
-MSGPACK = "application/msgpack"
-JSON = "application/json"
 _PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+_MB = 1 << 20
 
 
 @dataclass(frozen=True)
 class SidecarConfig:
-    """What ``rlreplay sidecar`` follows and where it draws."""
+    """What ``rlreplay sidecar`` follows, where it draws, and what it accepts.
+
+    Attributes:
+        server: The replay server's URL.
+        table: The table to follow.
+        device: The torch device.
+        server_api_key: The key the sidecar reads the server with.
+        seed: Seed of the draws.
+        retry_s: Pause between tries to load the table.
+        api_keys: The sidecar's own bearer keys: ``/v1`` needs one when any is set.
+        metrics_require_key: ``/metrics`` needs one of ``api_keys`` too.
+        max_request_bytes: The largest request body accepted (413 past it).
+        max_response_bytes: The largest answer built (422 before building one past it).
+    """
 
     server: str
     table: str
-    device: str = "cuda"
-    api_key: str | None = None
+    device: str = "cpu"
+    server_api_key: str | None = None
     seed: int | None = None
     retry_s: float = 0.5
+    api_keys: tuple[str, ...] = ()
+    metrics_require_key: bool = False
+    max_request_bytes: int = 1 * _MB
+    max_response_bytes: int = 256 * _MB
 
 
 class _SidecarMetrics(Collector):
@@ -100,14 +126,11 @@ class _SidecarMetrics(Collector):
 
 
 def _error(exc: ReplayError, as_msgpack: bool) -> Response:
-    body = exc.to_body()
-    if as_msgpack:
-        return Response(packb(body), exc.status, media_type=MSGPACK)
-    return Response(msgspec.json.encode(body), exc.status, media_type=JSON)
+    return error_answer(exc, as_msgpack=as_msgpack)
 
 
 def _wants_msgpack(request: Request) -> bool:
-    return "msgpack" in request.headers.get("accept", "")
+    return wants_msgpack(request.headers.get("accept"))
 
 
 def _parse(body: bytes, content_type: str) -> SidecarSampleRequest:
@@ -127,7 +150,8 @@ def _parse(body: bytes, content_type: str) -> SidecarSampleRequest:
 def create_sidecar_app(
     config: SidecarConfig, *, transport: Any = None, client: ReplayClient | None = None
 ) -> Starlette:
-    """The sidecar's ASGI app; its lifespan opens the client and runs the sampler.
+    """The sidecar's ASGI app behind its gate; its lifespan opens the client and runs the
+    sampler.
 
     Args:
         config: What to follow and where.
@@ -150,8 +174,14 @@ def create_sidecar_app(
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         own = client is None
-        rb = client or ReplayClient(config.server, config.api_key, transport=transport)
-        sampler = GpuSampler(rb, config.table, device=config.device, seed=config.seed)
+        rb = client or ReplayClient(config.server, config.server_api_key, transport=transport)
+        sampler = GpuSampler(
+            rb,
+            config.table,
+            device=config.device,
+            seed=config.seed,
+            max_batch_bytes=config.max_response_bytes,
+        )
         state.update(sampler=sampler, ready=False)
         registry = CollectorRegistry(auto_describe=True)
         registry.register(_SidecarMetrics(sampler))
@@ -184,6 +214,12 @@ def create_sidecar_app(
                     fields=params.fields,
                     seed=params.seed,
                 )
+            except BatchTooLarge as exc:
+                raise ValidationFailed(
+                    f"a sample of {exc.picks} picks would answer {exc.nbytes / _MB:.1f} MB of "
+                    f"keys and values, past the sidecar's --max-response-mb "
+                    f"({config.max_response_bytes / _MB:g}); ask for fewer"
+                ) from exc
             except ValueError as exc:
                 raise ValidationFailed(str(exc)) from exc
         except ReplayError as exc:
@@ -224,7 +260,18 @@ def create_sidecar_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: internal})
+    gate = Middleware(
+        RequestGate,
+        max_body_bytes=config.max_request_bytes,
+        api_keys=config.api_keys,
+        metrics_require_key=config.metrics_require_key,
+    )
+    return Starlette(
+        routes=routes,
+        middleware=[gate],
+        lifespan=lifespan,
+        exception_handlers={Exception: internal},
+    )
 
 
 def _host(tensor: torch.Tensor) -> Any:
