@@ -1,4 +1,4 @@
-"""The rlreplay client: an async HTTP client and its msgpack wire codec.
+"""The rlreplay clients: an async HTTP client, a synchronous one, and their msgpack wire codec.
 
 Importable with only httpx, msgpack and numpy installed; torch is used only when a
 tensor is handed over (and ``BFloat16Array.to_torch`` is called).
@@ -7,8 +7,13 @@ tensor is handed over (and ``BFloat16Array.to_torch`` is called).
 from rlreplay.clients.client import Item, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.dataset import RolloutBatches, rollout_dataset
+from rlreplay.clients.event_loop import WrongEventLoop
 from rlreplay.clients.rollouts import Lease
 from rlreplay.clients.sharded import ShardedReplayClient
+from rlreplay.clients.sync_client import Client
+from rlreplay.clients.sync_lease import SyncLease
+from rlreplay.clients.sync_stream import SyncStream
+from rlreplay.clients.sync_writer import SyncWriter
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.allocator import tune_malloc
 from rlreplay.wire.arrays import EXT_NDARRAY, BFloat16Array
@@ -49,6 +54,7 @@ __all__ = [
     "EXT_NDARRAY",
     "BFloat16Array",
     "BadRequest",
+    "Client",
     "ColumnBatch",
     "DeadlineExceeded",
     "Gone",
@@ -67,6 +73,9 @@ __all__ = [
     "ShardedReplayClient",
     "SnapshotNotFound",
     "StorageFull",
+    "SyncLease",
+    "SyncStream",
+    "SyncWriter",
     "TableExists",
     "TableNotFound",
     "Unauthorized",
@@ -75,6 +84,7 @@ __all__ = [
     "ValidationFailed",
     "VersionConflict",
     "Writer",
+    "WrongEventLoop",
     "error_from_body",
     "from_jsonable",
     "jsonable_to_msgpack",

@@ -16,6 +16,7 @@ in :mod:`rlreplay.clients.retry`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Final, Literal, overload
@@ -24,6 +25,7 @@ import httpx
 
 from rlreplay.clients.bodies import columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.requester import path_segment
 from rlreplay.clients.rollouts import RolloutCalls, new_request_id
@@ -107,8 +109,8 @@ class ReplayClient(RolloutCalls):
 
         Args:
             name: The table's name.
-            sampler: The sampler's config, ``{"type": "prioritized", "exponent": 0.6}`` by
-                default.
+            sampler: The sampler's config; the server's default when None (``uniform``, as
+                for ``PUT {}`` and the ``default`` table).
             remover: The remover's config; the server's default when None.
             max_size: The capacity, or None for unbounded.
             max_times_sampled: Samples after which an item is deleted (0: unlimited).
@@ -125,11 +127,12 @@ class ReplayClient(RolloutCalls):
             ValidationFailed: The configuration is invalid.
         """
         config: dict[str, Any] = {
-            "sampler": dict(sampler or {"type": "prioritized", "exponent": 0.6}),
             "max_size": max_size,
             "max_times_sampled": max_times_sampled,
             "rate_limiter": dict(rate_limiter) if rate_limiter is not None else None,
         }
+        if sampler is not None:
+            config["sampler"] = dict(sampler)
         if remover is not None:
             config["remover"] = dict(remover)
         if max_staleness is not None:
@@ -507,7 +510,13 @@ class ReplayClient(RolloutCalls):
     # --- service ----------------------------------------------------------------------------
 
     async def health(self) -> bool:
-        """Whether the server answers ``GET /healthz`` with 2xx (one attempt, no retries)."""
+        """Whether the server answers ``GET /healthz`` with 2xx (one attempt, no retries).
+
+        Raises:
+            WrongEventLoop: Called from another event loop than the client's first call.
+        """
+        if asyncio.get_running_loop() is not self._loop:
+            self._loop = bound_loop(self._loop, type(self).__name__)
         try:
             response = await self._http.get("/healthz")
         except httpx.HTTPError:

@@ -6,9 +6,10 @@ stays importable without torch.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from rlreplay.clients.sync_client import Client
 
 __all__ = ["RolloutBatches", "rollout_dataset"]
 
@@ -16,8 +17,9 @@ __all__ = ["RolloutBatches", "rollout_dataset"]
 class RolloutBatches:
     """Micro-batches of one task's claims, as a plain (synchronous) iterator.
 
-    Each ``iter()`` opens its own client and event loop, so it works in a
-    ``DataLoader`` worker process as well as in the trainer's own. A batch is acknowledged
+    Each ``iter()`` opens its own :class:`~rlreplay.clients.sync_client.Client` (an event
+    loop on a thread of its own), so it works in a ``DataLoader`` worker process as well as
+    in the trainer's own, a notebook's and inside a running event loop. A batch is acknowledged
     when the next one is asked for (:meth:`~rlreplay.clients.rollouts.ClaimLoop.consume`),
     and what is in hand is released when iteration stops.
     """
@@ -48,31 +50,25 @@ class RolloutBatches:
         self.max_batches = max_batches
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        from rlreplay.clients.client import ReplayClient
-
-        loop = asyncio.new_event_loop()
-        client = ReplayClient(self.base_url, self.api_key)
-        batches = client.consume(
-            self.table,
-            task=self.task,
-            batch_size=self.batch_size,
-            fields=self.fields,
-            group_size=self.group_size,
-            prefetch=self.prefetch,
-            lease_s=self.lease_s,
-        )
-        try:
+        with (
+            Client(self.base_url, self.api_key) as client,
+            client.consume(
+                self.table,
+                task=self.task,
+                batch_size=self.batch_size,
+                fields=self.fields,
+                group_size=self.group_size,
+                prefetch=self.prefetch,
+                lease_s=self.lease_s,
+            ) as leases,
+        ):
             n = 0
             while self.max_batches is None or n < self.max_batches:
-                lease = loop.run_until_complete(anext(batches))
+                lease = next(leases)
                 n += 1
                 yield lease.items
                 if n == self.max_batches:  # the last one is used: acknowledged
-                    loop.run_until_complete(lease.ack())
-        finally:
-            loop.run_until_complete(batches.aclose())
-            loop.run_until_complete(client.aclose())
-            loop.close()
+                    lease.ack()
 
 
 def rollout_dataset(base_url: str, table: str, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from rlreplay.clients.bodies import encode_body
+from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from rlreplay.clients.transport import LeanTransport
 from rlreplay.wire.codec import from_jsonable, unpackb
@@ -109,6 +110,8 @@ class Requester:
         # Absolute URLs of the paths called, so that httpx does not parse and merge the base
         # URL on every request (~30 us each); cleared when full (item paths vary by key).
         self._urls: dict[str, httpx.URL] = {}
+        # The event loop the client first ran on: its connections belong to it.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -157,7 +160,13 @@ class Requester:
         raw: bool = False,
     ) -> Any:
         """Send one request with retries; return the decoded answer (None for no content),
-        or with ``raw`` the answer's bytes as they came (msgpack)."""
+        or with ``raw`` the answer's bytes as they came (msgpack).
+
+        Raises:
+            WrongEventLoop: Called from another event loop than the first call (nothing sent).
+        """
+        if asyncio.get_running_loop() is not self._loop:
+            self._loop = bound_loop(self._loop, type(self).__name__)
         content = None if body is None else encode_body(body)
         attempt = 0
         while True:

@@ -50,6 +50,9 @@ class LeaseBase:
     """What every lease shares: its ``items`` and ``keys``, and ``async with`` that
     acknowledges when the block ends normally and releases when it raises."""
 
+    id: str
+    table: str
+    expires_at: float
     items: list[dict[str, Any]]
     done: bool
 

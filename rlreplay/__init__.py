@@ -23,6 +23,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 __all__ = [
     "BFloat16Array",
     "BadRequest",
+    "Client",
     "ColumnBatch",
     "DeadlineExceeded",
     "Gone",
@@ -36,7 +37,9 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "ReplayClient",
+    "ReplayDataset",
     "ReplayError",
+    "RolloutBatches",
     "ShardedReplayClient",
     "SnapshotNotFound",
     "StorageFull",
@@ -48,7 +51,9 @@ __all__ = [
     "ValidationFailed",
     "VersionConflict",
     "Writer",
+    "WrongEventLoop",
     "__version__",
+    "rollout_dataset",
     "tune_malloc",
 ]
 
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
     from rlreplay.clients import (
         BadRequest,
         BFloat16Array,
+        Client,
         ColumnBatch,
         DeadlineExceeded,
         Gone,
@@ -69,6 +75,7 @@ if TYPE_CHECKING:
         PayloadTooLarge,
         ReplayClient,
         ReplayError,
+        RolloutBatches,
         ShardedReplayClient,
         SnapshotNotFound,
         StorageFull,
@@ -80,9 +87,11 @@ if TYPE_CHECKING:
         ValidationFailed,
         VersionConflict,
         Writer,
+        WrongEventLoop,
+        rollout_dataset,
         tune_malloc,
     )
-    from rlreplay.gpu import GpuSampler
+    from rlreplay.gpu import GpuSampler, ReplayDataset
 
 
 def __getattr__(name: str) -> Any:
@@ -92,6 +101,10 @@ def __getattr__(name: str) -> Any:
         from rlreplay import gpu
 
         return gpu.GpuSampler
+    if name == "ReplayDataset":  # a torch IterableDataset of device batches: needs torch
+        from rlreplay.gpu import dataset
+
+        return dataset.ReplayDataset
     if name in __all__ and name != "__version__":
         from rlreplay import clients
 

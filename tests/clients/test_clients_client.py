@@ -29,7 +29,7 @@ from tests.clients.replay_fake import FakeServer, answer
 async def test_tables_lifecycle(client: ReplayClient) -> None:
     created = await client.create_table("t", max_size=10)
     config = created["config"]
-    assert config["sampler"] == {"type": "prioritized", "exponent": 0.6}
+    assert "sampler" not in config  # the server's default, as for PUT {}
     assert config["max_size"] == 10 and "remover" not in config
     await client.create_table("t", max_size=10)  # same config: fine
     with pytest.raises(TableExists):
