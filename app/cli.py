@@ -11,7 +11,10 @@ rest from the environment.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
+import socket
 import sys
 import types
 import typing
@@ -21,12 +24,24 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_settings import SettingsError
 
 from rlreplay.app import package_version
+from rlreplay.app.backup import BackupStore
+from rlreplay.app.backup.manifest import check_snapshot_id
 from rlreplay.app.export import add_export_parser, run_export
 from rlreplay.app.settings import Settings
+from rlreplay.app.storage.data_dir_lock import DataDirInUse, DataDirLock
 
-__all__ = ["build_parser", "main", "serve_command", "settings_from_args", "uvicorn_options"]
+__all__ = [
+    "UsageError",
+    "build_parser",
+    "main",
+    "preflight",
+    "serve_command",
+    "settings_from_args",
+    "uvicorn_options",
+]
 
 _ENV_PREFIX = "RLREPLAY_"
 #: The options of uvicorn that no setting changes.
@@ -191,11 +206,108 @@ def serve_command(port: int, data_dir: Path, *flags: str) -> list[str]:
     ]
 
 
+class UsageError(Exception):
+    """A mistake in what the user asked for: reported as one line, exit status 2."""
+
+
+def _where(name: str, given: set[str]) -> str:
+    """Where a setting came from: its flag when given, else its environment variable."""
+    return _flag(name) if name in given else _ENV_PREFIX + name.upper()
+
+
+def _settings_problem(exc: ValidationError, given: set[str]) -> str:
+    """One line naming each bad setting by the flag or variable that set it."""
+    problems = []
+    for e in exc.errors(include_url=False):
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if not e["loc"]:
+            problems.append(msg)
+            continue
+        name = str(e["loc"][0])
+        where = _where(name, given)
+        shown = f"{where}={e['input']!r}" if name not in given and "input" in e else where
+        problems.append(f"{shown}: {msg}")
+    return "; ".join(problems)
+
+
+def _load_settings(args: argparse.Namespace) -> Settings:
+    """:func:`settings_from_args`, its errors as :class:`UsageError`."""
+    given = {k for k in vars(args) if k in Settings.model_fields}
+    try:
+        return settings_from_args(args)
+    except ValidationError as exc:
+        raise UsageError(_settings_problem(exc, given)) from exc
+    except SettingsError as exc:  # a variable of a JSON field that is not JSON
+        field = re.search(r'field "(\w+)"', str(exc))
+        where = _where(field.group(1), given) if field else "a variable"
+        raise UsageError(f"{where}: not valid JSON ({exc.__cause__ or exc})") from exc
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` once and let go, so a port in use is refused before anything starts
+    (uvicorn binds it again, with the same ``SO_REUSEADDR``)."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def preflight(settings: Settings) -> DataDirLock:
+    """What ``rlreplay serve`` checks before it binds its port: the restore and backup
+    settings, the data directory (locked here, for the life of the process) and the port.
+
+    Returns:
+        The data directory's lock, held.
+
+    Raises:
+        UsageError: A mistake in the settings, a data directory another process holds, a
+            port in use; the message says which.
+    """
+    which = settings.restore.strip()
+    if which != "none":
+        if not settings.backup_url:
+            raise UsageError(
+                f"--restore {which} needs a backup URL (--backup-url or RLREPLAY_BACKUP_URL)"
+            )
+        if which != "latest":
+            try:
+                check_snapshot_id(which)
+            except ValueError as exc:
+                raise UsageError(f"--restore: {exc} (or 'latest', or 'none')") from exc
+    if settings.backup_url:
+        try:
+            options = {**BackupStore.options_from_env(), **settings.backup_storage_options}
+            BackupStore(settings.backup_url, storage_options=options)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    lock = DataDirLock(settings.data_dir)
+    try:
+        lock.acquire()
+    except DataDirInUse as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        raise UsageError(f"data dir {str(settings.data_dir)!r} cannot be used: {exc}") from exc
+    try:
+        _check_port(settings.host, settings.port)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def _serve(settings: Settings) -> int:
     import uvicorn
 
     from rlreplay.app.api.connections import raise_descriptor_limit
     from rlreplay.app.api.logs import configure_logging
+    from rlreplay.app.engine.snapshots import RestoreRefused
     from rlreplay.app.main import create_app
 
     configure_logging(settings.log_level)
@@ -227,8 +339,54 @@ def _serve(settings: Settings) -> int:
     server = uvicorn.Server(config)
     server.run()
     if failures:
+        if isinstance(failures[0], RestoreRefused):  # --restore asked for what cannot be
+            print(f"rlreplay serve: error: {failures[0]}", file=sys.stderr)
+            return 2
         return 3  # uvicorn's status for a failed start-up
     return 0 if server.started else 1
+
+
+def _command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The sub-commands' parsers, by name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _unknown_flags(owner: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The ``--flags`` of ``argv`` that ``owner`` has no option for (nor one they abbreviate)."""
+    flags = owner._option_string_actions
+    unknown = []
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if arg.startswith("--") and not any(f.startswith(name) for f in flags):
+            unknown.append(name)
+    return unknown
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but a mistyped command or flag is reported by the parser
+    it belongs to (``serve``'s usage for a flag of ``serve``), with a "did you mean", before
+    anything else is checked."""
+    commands = _command_parsers(parser)
+    if argv and not argv[0].startswith("-"):
+        if argv[0] not in commands:
+            parser.error(f"unknown command {argv[0]!r}{_did_you_mean(argv[0], list(commands))}")
+        owner = commands[argv[0]]
+        unknown = _unknown_flags(owner, argv[1:])
+        if unknown:
+            flags = list(owner._option_string_actions)
+            hints = [h for h in (_did_you_mean(x, flags) for x in unknown) if h]
+            owner.error(f"unrecognized arguments: {' '.join(unknown)}{hints[0] if hints else ''}")
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -244,15 +402,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         raise SystemExit(2)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command == "export":
         raise SystemExit(run_export(args))
     try:
-        settings = settings_from_args(args)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{_flag(str(e['loc'][0])) if e['loc'] else 'settings'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
-        parser.exit(2, f"rlreplay serve: error: {problems}\n")
-    raise SystemExit(_serve(settings))
+        settings = _load_settings(args)
+        lock = preflight(settings)
+    except UsageError as exc:
+        parser.exit(2, f"rlreplay serve: error: {exc}\n")
+    try:
+        status = _serve(settings)
+    finally:
+        lock.release()
+    raise SystemExit(status)

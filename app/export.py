@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rlreplay.app.backup import BackupError, BackupStore
+from rlreplay.app.backup import LATEST, BackupError, BackupStore
+from rlreplay.app.backup.manifest import check_snapshot_id
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.items import Item
@@ -151,10 +152,19 @@ def add_export_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Run ``rlreplay export`` with the parsed ``args``; returns the exit status."""
+    """Run ``rlreplay export`` with the parsed ``args``; returns the exit status: 2 for a
+    mistake in the arguments or the environment, 1 when the export fails."""
+    try:
+        options = BackupStore.options_from_env()
+        BackupStore(args.url, storage_options=options)  # a URL it cannot open: say so now
+        if args.snapshot != LATEST:
+            check_snapshot_id(args.snapshot)
+    except ValueError as exc:
+        print(f"rlreplay export: error: {exc}", file=sys.stderr)
+        return 2
     try:
         rows, snapshot_id = _export_snapshot(
-            args.url, args.table, args.fmt, args.out, args.snapshot, BackupStore.options_from_env()
+            args.url, args.table, args.fmt, args.out, args.snapshot, options
         )
     except (ReplayError, BackupError, ImportError, ValueError, OSError) as exc:
         print(f"rlreplay export: error: {exc}", file=sys.stderr)

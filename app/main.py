@@ -19,9 +19,11 @@ from rlreplay.app.api.hot import HotRoutes, ReplayApp
 from rlreplay.app.api.middleware import RequestContextMiddleware
 from rlreplay.app.api.openapi import build_openapi, summaries_from_docstrings
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.engine.snapshots import RestoreRefused
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.allocator import tune_gc
+from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.tables.config import SamplerSpec, TableConfig
 
 __all__ = ["DEFAULT_TABLE", "create_app"]
@@ -120,7 +122,10 @@ def create_app(
         exc = None if task.cancelled() else task.exception()
         if exc is None:
             return
-        _log.critical("recovery failed: %r", exc, exc_info=exc)
+        if isinstance(exc, (RestoreRefused, StorageDamaged)):  # the message says it all
+            _log.critical("recovery failed: %s", exc)
+        else:
+            _log.critical("recovery failed: %r", exc, exc_info=exc)
         if on_recovery_failure is not None:
             on_recovery_failure(exc)
 

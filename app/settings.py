@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 StorageMode = Literal["memory", "disk", "hybrid"]
 Durability = Literal["wal", "none"]
+#: The names ``--log-level`` takes (``trace`` is uvicorn's, below ``debug``).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 class Settings(BaseSettings):
@@ -183,10 +185,18 @@ class Settings(BaseSettings):
             "answers, for comparison in the benchmark)."
         ),
     )
-    log_level: str = Field("info", description="Logging level.")
+    log_level: str = Field("info", description=f"Logging level: {', '.join(LOG_LEVELS)}.")
     seed: int | None = Field(
         None, ge=0, description="Seed of the samplers' and removers' random draws (none: fresh)."
     )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"unknown log level {value!r}; one of {', '.join(LOG_LEVELS)}")
+        return level
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -2,6 +2,10 @@
 
 The request log (logger ``rlreplay.access``) writes one line per answered request with its
 request id, route, status and duration; uvicorn's own loggers go through the same formatter.
+The probes (``/healthz``, ``/readyz``, ``/metrics``) are logged at ``debug``: a load balancer
+polling them every second would otherwise bury the requests people look for. A line never
+carries terminal escape codes: uvicorn's ``color_message`` extra is dropped and colours in a
+message are stripped, so the lines stay plain JSON for log collectors.
 
 Once :func:`configure_logging` set the process up (``rlreplay serve`` does), the request
 lines skip the ``logging`` machinery: :class:`AccessLog` renders the same JSON text and
@@ -17,19 +21,34 @@ import asyncio
 import atexit
 import json
 import logging
+import re
 import sys
 import time
 from json.encoder import encode_basestring
 from typing import Any, TextIO
 
-__all__ = ["ACCESS_LOGGER", "AccessLog", "JsonFormatter", "access_log", "configure_logging"]
+__all__ = [
+    "ACCESS_LOGGER",
+    "PROBE_PATHS",
+    "AccessLog",
+    "JsonFormatter",
+    "access_log",
+    "configure_logging",
+    "request_level",
+]
 
 ACCESS_LOGGER = "rlreplay.access"
+#: Requests logged at ``debug``: health checks and scrapes, polled by machines.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-#: Attributes every ``LogRecord`` has; anything else on a record came in through ``extra``.
+#: Attributes every ``LogRecord`` has; anything else on a record came in through ``extra``
+#: (but uvicorn's ``color_message``, the message again with terminal colours, is left out).
 _RESERVED = frozenset(
-    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
+    | {"message", "asctime", "color_message"}
 )
+#: A terminal escape sequence (colours, cursor moves).
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 #: One encoder for every line: ``json.dumps`` with options builds a new one per call.
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
 
@@ -58,19 +77,30 @@ class JsonFormatter(logging.Formatter):
         self._clock = _Clock()
 
     def format(self, record: logging.LogRecord) -> str:
-        """Renders ``record`` (and its traceback, if any) as a single JSON line."""
+        """Renders ``record`` (and its traceback, if any) as a single JSON line, with no
+        terminal escape codes."""
         entry: dict[str, Any] = {
             "ts": self._clock.text(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _plain(record.getMessage()),
         }
         for key, value in record.__dict__.items():
             if key not in _RESERVED and key[0] != "_":
-                entry[key] = value
+                entry[key] = _plain(value) if isinstance(value, str) else value
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = _plain(self.formatException(record.exc_info))
         return _ENCODER.encode(entry)
+
+
+def _plain(text: str) -> str:
+    """``text`` without terminal escape sequences."""
+    return _ESCAPE.sub("", text) if "\x1b" in text else text
+
+
+def request_level(path: str) -> int:
+    """The level of a request's log line: ``debug`` for the probes, ``info`` otherwise."""
+    return logging.DEBUG if path in PROBE_PATHS else logging.INFO
 
 
 def _json(value: str | None) -> str:
@@ -109,9 +139,15 @@ class AccessLog:
         duration_ms: float,
         client: str | None,
     ) -> None:
-        """Adds one request's line (the fields of the ``rlreplay.access`` records)."""
+        """Adds one request's line (the fields of the ``rlreplay.access`` records); a probe's
+        line only when the ``rlreplay.access`` logger is enabled for ``debug``."""
+        level = "info"
+        if path in PROBE_PATHS:
+            if not logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.DEBUG):
+                return
+            level = "debug"
         self._lines.append(
-            f'{{"ts": "{self._clock.text(time.time())}", "level": "info", '
+            f'{{"ts": "{self._clock.text(time.time())}", "level": "{level}", '
             f'"logger": "{ACCESS_LOGGER}", "msg": "request", '
             f'"request_id": {_json(request_id)}, "method": {_json(method)}, '
             f'"path": {_json(path)}, "route": {_json(route)}, "status": {status}, '

@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlreplay.app.api.errors import error_response, wants_msgpack_header
-from rlreplay.app.api.logs import ACCESS_LOGGER, access_log
+from rlreplay.app.api.logs import ACCESS_LOGGER, access_log, request_level
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.wire.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
@@ -251,7 +251,8 @@ class RequestContextMiddleware:
             op=op,
             error_code=error_code,
         )
-        if _access.isEnabledFor(logging.INFO):
+        level = request_level(scope["path"])
+        if _access.isEnabledFor(level):
             client = scope.get("client")
             fields = {
                 "request_id": request_id,
@@ -267,4 +268,4 @@ class RequestContextMiddleware:
             if batched is not None:
                 batched.request(**fields)
             else:
-                _access.info("request", extra=fields)
+                _access.log(level, "request", extra=fields)

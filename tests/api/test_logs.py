@@ -6,8 +6,12 @@ import asyncio
 import io
 import json
 import logging
+from pathlib import Path
+
+import httpx
 
 from rlreplay.app.api.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
+from tests.live import running_server, stop_server
 
 FIELDS = {
     "request_id": "req-1",
@@ -52,3 +56,39 @@ async def test_lines_wait_for_the_timer_then_go_out_together() -> None:
     assert json.loads(lines[1])["error_code"] == "overloaded"
     log.flush()
     assert len(out.getvalue().splitlines()) == 2
+
+
+def test_json_lines_carry_no_terminal_escape_codes() -> None:
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "running", None, None)
+    record.__dict__["color_message"] = "\x1b[1mrunning\x1b[0m"
+    record.msg = "\x1b[32mrunning\x1b[0m on %s"
+    record.args = ("http://x",)
+    line = JsonFormatter().format(record)
+    assert "\x1b" not in line and "\\u001b" not in line
+    assert json.loads(line)["msg"] == "running on http://x"
+
+
+def _server_lines(tmp_path: Path, level: str) -> list[dict[str, object]]:
+    """The log of a live server at ``level`` that answered the probes and one API call."""
+    with running_server(tmp_path, "--storage-mode", "memory", "--log-level", level) as srv:
+        for path in ("/healthz", "/readyz", "/metrics", "/v1/tables"):
+            assert httpx.get(srv.url + path, timeout=10).status_code == 200
+        stop_server(srv)
+        text = srv.log()
+    assert "\x1b" not in text and "\\u001b" not in text, text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_a_live_servers_log_is_plain_json_and_probes_are_debug(tmp_path: Path) -> None:
+    lines = _server_lines(tmp_path / "info", "info")
+    assert any(str(x["msg"]).startswith("Uvicorn running") for x in lines)
+    requests = {x["path"]: x["level"] for x in lines if x["logger"] == ACCESS_LOGGER}
+    assert requests == {"/v1/tables": "info"}, requests
+    lines = _server_lines(tmp_path / "debug", "debug")
+    requests = {x["path"]: x["level"] for x in lines if x["logger"] == ACCESS_LOGGER}
+    assert requests == {
+        "/healthz": "debug",
+        "/readyz": "debug",
+        "/metrics": "debug",
+        "/v1/tables": "info",
+    }, requests
