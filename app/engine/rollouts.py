@@ -24,6 +24,7 @@ from rlreplay.app.engine.reads import EngineReads
 from rlreplay.app.log import records
 from rlreplay.app.storage.layout import value_key
 from rlreplay.app.tables.items import PatchedItem
+from rlreplay.app.tables.name_masks import row_mask, row_masks
 from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
@@ -257,10 +258,21 @@ class EngineRollouts(EngineReads):
             state = r.task(task)
         if not slots:
             return None, []
+        # whole values past the cap are refused before anything is leased (the items stay
+        # ready); values cut to ``fields`` are measured once cut, before the answer is built
+        measure = int(t.size[slots].sum()) > self._max_answer_bytes
+        if measure and (
+            fields is None or all(mask == want for mask in row_masks(t.field_mask, slots))
+        ):
+            raise self._too_big(int(t.size[slots].sum()), f"a claim of {len(slots)} items")
         lease = r.lease(state, slots, lease_s)
         assert self._leases is not None
         self._leases.schedule(t, lease)
-        return lease, await self._claimed(t, lease, slots, fields, want)
+        try:
+            return lease, await self._claimed(t, lease, slots, fields, want, measure=measure)
+        except BaseException:
+            r.cancel(lease)  # refused: nothing stays leased
+            raise
 
     async def _fields_learned(self, t: Table) -> None:
         """Return once every item's fields are known: pushes record them only from the
@@ -282,10 +294,14 @@ class EngineRollouts(EngineReads):
         items. Marks their metadata for the next checkpoint, so a restart knows them. (Not
         ``_read_misses``: it would queue a cache populate for every value read here.)"""
         r = t.rollouts
+        relearn = r.relearn
         try:
             n = len(t.keys)
+            unknown = t.field_mask[:n].any(axis=1) == 0
+            if relearn:  # saved by a version that dropped names: every item again
+                unknown[:] = True
             misses: list[tuple[int, str, int]] = []  # slot, key, value version
-            for i, slot in enumerate(np.flatnonzero(t.field_mask[:n] == 0).tolist()):
+            for i, slot in enumerate(np.flatnonzero(unknown).tolist()):
                 if i % _LEARN_YIELD_EVERY == _LEARN_YIELD_EVERY - 1:
                     await asyncio.sleep(0)  # the writer may free or reuse slots meanwhile
                 key, value = t.keys[slot], t.values[slot]
@@ -311,13 +327,23 @@ class EngineRollouts(EngineReads):
         except BaseException:
             r.learning = None  # the next claim tries again
             raise
+        if relearn:
+            r.relearn = False
 
     async def _claimed(
-        self, t: Table, lease: Lease, slots: list[int], fields: list[str] | None, want: int
+        self,
+        t: Table,
+        lease: Lease,
+        slots: list[int],
+        fields: list[str] | None,
+        want: int,
+        *,
+        measure: bool = False,
     ) -> list[ClaimedItem]:
         """The items of a new lease, their values cut to ``fields`` (as stored when they
         have those fields alone); those deleted while their values were read from disk
-        leave the lease."""
+        leave the lease. With ``measure``, values past ``--max-response-mb`` once cut are
+        refused (:class:`ValidationFailed`)."""
         keys = list(lease.entries)
         values: list[Any] = [t.values[slot] for slot in slots]
         misses = [(i, slot, keys[i]) for i, slot in enumerate(slots) if values[i] is None]
@@ -330,7 +356,7 @@ class EngineRollouts(EngineReads):
         gone: list[str] = []
         groups, versions = t.rollouts.groups, t.policy_version
         prios = t.priority[slots].tolist()
-        masks = t.field_mask[slots].tolist()
+        masks = row_masks(t.field_mask, slots)
         for key, slot, value, prio, mask in zip(keys, slots, values, prios, masks, strict=True):
             if value is None:
                 gone.append(key)
@@ -345,6 +371,10 @@ class EngineRollouts(EngineReads):
                     None if version == NO_VERSION else version,
                 )
             )
+        if measure:
+            nbytes = sum(len(it.key) + len(it.value) for it in out)
+            if nbytes > self._max_answer_bytes:
+                raise self._too_big(nbytes, f"a claim of {len(out)} items")
         if gone:
             t.rollouts.drop_entries(lease, gone)
         return out
@@ -417,8 +447,8 @@ class EngineRollouts(EngineReads):
                     if order in state.unacked:
                         break
                 else:
-                    bit = r.task_bits.bits.get(name)
-                    if bit is None or not int(t.acked_mask[slot]) & bit:
+                    bit = r.task_bits.known(name)
+                    if bit is None or not row_mask(t.acked_mask, slot) & bit:
                         break
             else:
                 doomed.append(key)

@@ -4,10 +4,11 @@ groups and the policy version (the contract's "Rollout tables").
 The index lives in memory next to the table's columns, so a claim decides from it alone and
 never reads a value to do so:
 
-* :class:`Names` gives each field name (and each task name) a bit; per slot the table keeps
-  the bits of the fields its value has (``field_mask``) and of the tasks that acknowledged
-  it (``acked_mask``). What is durable are the names (in the item's metadata record), never
-  the bits, so a bit means what this process made it mean.
+* :class:`~rlreplay.app.tables.name_masks.Names` numbers each field name (and each task
+  name), without a limit; per slot the table keeps the bits of the fields its value has
+  (``field_mask``) and of the tasks that acknowledged it (``acked_mask``), in 2-D columns
+  that gain a word per 64 names. What is durable are the names (in the item's metadata
+  record), never the bits, so a bit means what this process made it mean.
 * Each :class:`TaskState` keeps the items the task has not acknowledged, oldest first, and
   those it holds under a live lease: a claim walks them from the oldest, skipping the
   leased ones and those still missing a field, so its cost follows what is in flight, not
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,15 +32,24 @@ import msgspec
 import numpy as np
 
 from rlreplay.app.tables.items import PatchedItem
+from rlreplay.app.tables.name_masks import (
+    Names,
+    row_mask,
+    set_row,
+    set_rows,
+    widened,
+    word_masks,
+)
 from rlreplay.wire.errors import ValidationFailed
 
 if TYPE_CHECKING:
     from rlreplay.app.tables.table import Table
 
-__all__ = ["MAX_NAMES", "Lease", "Names", "Rollouts", "Signal", "TaskState", "field_names"]
+__all__ = ["Lease", "Rollouts", "Signal", "TaskState", "field_names"]
 
-#: Field names (and task names) a table tracks: one bit each in a 64-bit column.
-MAX_NAMES = 64
+#: Field names a table tracked before it tracked any number of them: a table saved by such
+#: a version with this many names may have lost some of its items' fields (relearned).
+LEGACY_MAX_NAMES = 64
 #: A version column's value for an item pushed without one.
 NO_VERSION = -1
 
@@ -81,37 +90,6 @@ def project(value: bytes, names: list[str]) -> bytes:
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):
         return value
     return _ENCODE.encode({name: decoded[name] for name in names if name in decoded})
-
-
-class Names:
-    """Names given bits, in the order first seen (at most :data:`MAX_NAMES`)."""
-
-    def __init__(self) -> None:
-        self.bits: dict[str, int] = {}
-
-    def bit(self, name: str) -> int | None:
-        """The bit of ``name``, given one now if there is room (None: none left)."""
-        bit = self.bits.get(name)
-        if bit is None and len(self.bits) < MAX_NAMES:
-            bit = self.bits[name] = 1 << len(self.bits)
-        return bit
-
-    def mask(self, names: Iterable[str]) -> int:
-        """The bits of ``names`` (names past the limit are not tracked)."""
-        mask = 0
-        bits = self.bits
-        for name in names:
-            bit = bits.get(name)
-            if bit is None:
-                bit = self.bit(name)
-                if bit is None:
-                    continue
-            mask |= bit
-        return mask
-
-    def names(self, mask: int) -> list[str]:
-        """The names whose bits are in ``mask``."""
-        return [name for name, bit in self.bits.items() if mask & bit]
 
 
 class Signal:
@@ -178,8 +156,8 @@ class Rollouts:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.fields = Names()
-        self.task_bits = Names()
+        self.fields = Names(lambda words: self._widen("field_mask", words))
+        self.task_bits = Names(lambda words: self._widen("acked_mask", words))
         self.tasks: dict[str, TaskState] = {}
         self.leases: dict[str, Lease] = {}
         self.groups: dict[int, str] = {}  # slot → group, for items pushed with one
@@ -193,18 +171,32 @@ class Rollouts:
         #: for it). Pushes record which fields their values have only once it started, so
         #: a table nobody claims fields from never reads its values to find out.
         self.learning: asyncio.Future[None] | None = None
+        #: Whether the items' field names were saved whole (see :data:`LEGACY_MAX_NAMES`).
+        self.names_whole = True
+        #: Whether the learning must read every item's fields again, not only the unknown.
+        self.relearn = False
+
+    def _widen(self, column: str, words: int) -> None:
+        """A mask column of the table gets ``words`` words per slot (a name was numbered)."""
+        setattr(self.table, column, widened(getattr(self.table, column), words))
 
     # -- persistence ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The policy version and the stale rollouts dropped (acknowledgements are saved
-        with each item's metadata)."""
-        return {"version": self.version, "dropped_stale": self.dropped_stale}
+        with each item's metadata), and whether the items' field names are saved whole."""
+        return {
+            "version": self.version,
+            "dropped_stale": self.dropped_stale,
+            "names_whole": not self.relearn,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`."""
+        """Restores :meth:`state_dict`. A state without ``names_whole`` was saved by a
+        version that tracked at most :data:`LEGACY_MAX_NAMES` field names."""
         self.version = int(state.get("version", 0))
         self.dropped_stale = int(state.get("dropped_stale", 0))
+        self.names_whole = bool(state.get("names_whole", False))
 
     def meta_of(self, slot: int) -> list[Any] | None:
         """What an item's metadata record keeps of it here: group, version, field names,
@@ -212,8 +204,8 @@ class Rollouts:
         t = self.table
         group = self.groups.get(slot)
         version = int(t.policy_version[slot])
-        acked = int(t.acked_mask[slot])
-        fields = int(t.field_mask[slot])
+        acked = row_mask(t.acked_mask, slot)
+        fields = row_mask(t.field_mask, slot)
         if group is None and version == NO_VERSION and not acked and not fields:
             return None
         return [
@@ -234,7 +226,8 @@ class Rollouts:
         t.acked_mask[slots] = 0
         if self.learning is not None:
             mask_of, names = self.fields.mask, field_names
-            t.field_mask[slots] = [mask_of(names(v)) for v in values]
+            masks = [mask_of(names(v)) for v in values]  # may widen the column: first
+            set_rows(t.field_mask, slots, masks)
         else:
             t.field_mask[slots] = 0  # not known yet: see learning
         groups = self.groups
@@ -290,18 +283,17 @@ class Rollouts:
     def on_patch(self, slot: int, value: bytes) -> None:
         """An item's value got new fields (or its fields are learned: see
         the learning)."""
-        self.table.field_mask[slot] = self.fields.mask(field_names(value))
+        mask = self.fields.mask(field_names(value))
+        set_row(self.table.field_mask, slot, mask)
 
     def on_ack(self, task_name: str, slots: list[int]) -> None:
         """``task_name`` acknowledged the items at ``slots`` (durably, once applied)."""
         t = self.table
-        bit = self.task_bits.bit(task_name)
-        if bit is None:
-            raise ValidationFailed(f"a table tracks at most {MAX_NAMES} tasks")
+        ((word, bit),) = word_masks(self.task_bits.bit(task_name))
         if not slots:
             return
         at = np.asarray(slots, dtype=np.int64)
-        t.acked_mask[at] |= np.uint64(bit)
+        t.acked_mask[at, word] |= bit
         t.meta_dirty[at] = 1
         task = self.tasks.get(task_name)
         if task is not None:
@@ -319,8 +311,12 @@ class Rollouts:
         if version is not None:
             t.policy_version[slot] = version
             self.has_meta = True
-        t.field_mask[slot] = self.fields.mask(fields)
-        t.acked_mask[slot] = self.task_bits.mask(acked)
+        field_mask = self.fields.mask(fields)
+        acked_mask = self.task_bits.mask(acked)
+        set_row(t.field_mask, slot, field_mask)
+        set_row(t.acked_mask, slot, acked_mask)
+        if not self.names_whole and len(self.fields) >= LEGACY_MAX_NAMES:
+            self.relearn = True  # the names past the old limit were not saved
 
     # -- tasks and claims (the event loop's) --------------------------------------------------
 
@@ -330,13 +326,11 @@ class Rollouts:
         if state is not None:
             return state
         t = self.table
-        bit = self.task_bits.bit(name)
-        if bit is None:
-            raise ValidationFailed(f"a table tracks at most {MAX_NAMES} tasks")
+        ((word, bit),) = word_masks(self.task_bits.bit(name))
         n = len(t.keys)
         live = np.flatnonzero(
             np.fromiter((k is not None for k in t.keys), dtype=bool, count=n)
-            & ((t.acked_mask[:n] & np.uint64(bit)) == 0)
+            & ((t.acked_mask[:n, word] & bit) == 0)
         )
         live = live[np.argsort(t.order[live], kind="stable")]
         state = TaskState(name, dict(zip(t.order[live].tolist(), live.tolist(), strict=True)))
@@ -349,22 +343,9 @@ class Rollouts:
         return None if s is None else self.version - s
 
     def want(self, names: list[str] | None) -> int:
-        """The bits of the fields a claim asks for.
-
-        Raises:
-            ValidationFailed: The table tracks no more field names, and one is new.
-        """
-        if not names:
-            return 0
-        mask = 0
-        for name in names:
-            bit = self.fields.bit(name)
-            if bit is None:
-                raise ValidationFailed(
-                    f"field {name!r}: a table tracks at most {MAX_NAMES} field names"
-                )
-            mask |= bit
-        return mask
+        """The bits of the fields a claim asks for (new names are numbered: items that
+        get those fields later become ready for it)."""
+        return self.fields.mask(names) if names else 0
 
     def pick(
         self,
@@ -378,8 +359,13 @@ class Rollouts:
         ``want``, it neither acknowledged nor holds them, their version is recent enough;
         whole groups of ``group_size`` when given. At most ``batch_size``."""
         t = self.table
-        fmask, versions, leased, groups = t.field_mask, t.policy_version, task.leased, self.groups
-        want_u = np.uint64(want)
+        versions, leased, groups = t.policy_version, task.leased, self.groups
+        # the fields are checked word by word: with 64 names or fewer, in the one word of
+        # the first; ``more`` holds the other words a claim for later names needs
+        words = word_masks(want) or [(0, np.uint64(0))]
+        first, want_u = words[0]
+        fmask, more = t.field_mask[:, first], words[1:]
+        rows = t.field_mask
         low = self.floor()
         if min_version is not None:
             low = min_version if low is None else max(low, min_version)
@@ -387,6 +373,8 @@ class Rollouts:
         partial: dict[str, list[int]] = {}
         for order, slot in task.unacked.items():
             if order in leased or (fmask[slot] & want_u) != want_u:
+                continue
+            if more and any((rows[slot, w] & bits) != bits for w, bits in more):
                 continue
             if low is not None:
                 version = versions[slot]
@@ -461,6 +449,11 @@ class Rollouts:
         lease = self.leases.pop(lease_id, None)
         if lease is not None:
             self.release(lease, list(lease.entries), expired=True)
+
+    def cancel(self, lease: Lease) -> None:
+        """Take back a lease that was never answered: what it holds is ready again."""
+        if self.leases.pop(lease.id, None) is not None:
+            self.release(lease, list(lease.entries))
 
     def live(self, lease: Lease, key: str) -> int | None:
         """The slot of a leased item if it is still the item handed out (not replaced,
