@@ -2,7 +2,12 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Two sets share .venv, each with its own stamp (named after pyproject.toml's checksum):
+# make serve installs the service alone; make test installs what the suite needs, which
+# holds the service, so it writes both stamps and a later make serve installs nothing.
+HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
+SERVE_STAMP := $(VENV)/.installed-serve-$(HASH)
+TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 
 .PHONY: serve test bench lint clean
 
@@ -10,16 +15,22 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,torch]'
-	$(BIN)/pip install -q -e examples/score_sampler
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+# The service only: no torch, no test or benchmark tools.
+$(SERVE_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[server]'
+	rm -f $(VENV)/.installed-serve-* && touch $@
 
-serve: $(STAMP)
+# torch's CPU build first, so that the test extra's torch>=2.4 does not bring a CUDA one.
+$(TEST_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e examples/score_sampler
+	rm -f $(VENV)/.installed-* && touch $(SERVE_STAMP) $@
+
+serve: $(SERVE_STAMP)
 	$(BIN)/rlreplay serve
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 # TorchRL's prioritized sampler needs its C++ extension, built for torch 2.14 in torchrl
@@ -37,12 +48,12 @@ $(REVERB_VENV)/bin/python:
 	python3.11 -m venv $(REVERB_VENV)
 	$(REVERB_VENV)/bin/pip install -q dm-reverb==0.14.0 "tensorflow-cpu==2.15.*" numpy
 
-bench: $(STAMP) $(TORCHRL_VENV)/bin/python $(REVERB_VENV)/bin/python
+bench: $(TEST_STAMP) $(TORCHRL_VENV)/bin/python $(REVERB_VENV)/bin/python
 	@command -v wrk >/dev/null || echo "note: the HTTP section needs wrk (apt-get install wrk)"
 	RLREPLAY_TORCHRL_PYTHON=$(TORCHRL_VENV)/bin/python \
 	RLREPLAY_REVERB_PYTHON=$(REVERB_VENV)/bin/python $(BIN)/python -m bench $(BENCH_ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check rlreplay app workers wire clients gpu tests bench examples
 	$(BIN)/ruff format --check rlreplay app workers wire clients gpu tests bench examples
 	$(BIN)/mypy

@@ -228,6 +228,7 @@ class EngineExposition:
                     f'rlreplay_storage_failures_total{{kind="{_label(kind)}"}} {_value(count)}\n'
                 )
         out.extend(_snapshot_series(getattr(self._engine, "snapshot_stats", None)))
+        out.extend(_recovery_series(getattr(self._engine, "recovery", None)))
         task_stats = getattr(self._engine, "task_stats", None)
         if callable(task_stats):
             out.extend(_task_series(task_stats()))
@@ -299,6 +300,40 @@ def _snapshot_series(stats: Any) -> list[str]:
         if stat in figures:
             name = f"rlreplay_{stat}"
             out.append(_head(name, kind, doc) + f"{name} {_value(figures[stat])}\n")
+    return out
+
+
+def _recovery_series(recovery: Any) -> list[str]:
+    """``rlreplay_recovery_progress_ratio`` and ``rlreplay_recovery_done{phase,unit}`` of the
+    start-up's phases (``restore``: bytes downloaded; ``replay``: log records applied)."""
+    phases = getattr(recovery, "phases", None)
+    if not isinstance(phases, dict) or not phases:
+        return []
+    ratios = [(phase, p.ratio) for phase, p in phases.items() if p.ratio is not None]
+    out = [
+        _head(
+            "rlreplay_recovery_progress_ratio",
+            "gauge",
+            "How far each phase of the start-up is, 0 to 1 (restore: the snapshot's bytes "
+            "downloaded; replay: the log's records applied); 1 once done.",
+        )
+    ]
+    out.extend(
+        f'rlreplay_recovery_progress_ratio{{phase="{_label(phase)}"}} {_value(ratio)}\n'
+        for phase, ratio in ratios
+    )
+    out.append(
+        _head(
+            "rlreplay_recovery_done",
+            "gauge",
+            "Work each phase of the start-up has done, in its unit (B or records).",
+        )
+    )
+    out.extend(
+        f'rlreplay_recovery_done{{phase="{_label(phase)}",unit="{_label(p.unit)}"}} '
+        f"{_value(p.done)}\n"
+        for phase, p in phases.items()
+    )
     return out
 
 

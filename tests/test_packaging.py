@@ -22,7 +22,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # built from a copy, so the checkout gets no build/ or egg-info
     source = tmp_path_factory.mktemp("source")
-    for name in ("rlreplay", "app", "workers", "clients", "wire", "gpu"):
+    for name in ("src", "rlreplay", "app", "workers", "clients", "wire", "gpu"):
         shutil.copytree(REPO / name, source / name, symlinks=True, ignore=IGNORED)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)

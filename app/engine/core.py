@@ -11,6 +11,7 @@ import numpy as np
 
 from rlreplay.app.engine.snapshots import Snapshots
 from rlreplay.app.log import records
+from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
@@ -43,6 +44,8 @@ class EngineCore:
         self._open = False  # recovery finished: table and item calls are served
         self._stopping = False
         self._recovered_records = 0
+        #: How far the start-up's restore and log replay are (``/metrics``).
+        self.recovery = RecoveryProgress()
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None
 

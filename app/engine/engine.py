@@ -85,7 +85,7 @@ class Engine(EngineRollouts):
         tune_allocator()
         io = BlockingIO(threads=st.io_threads)
         try:
-            restored = await io.run(restore_on_start, st)
+            restored = await io.run(restore_on_start, st, self.recovery)
         except BaseException:
             io.close()
             raise
@@ -99,7 +99,9 @@ class Engine(EngineRollouts):
         processor = TaskProcessor(state, urgent_probability=st.urgent_probability, seed=st.seed)
         self._processor = processor
         try:
-            self._recovered_records = await recover(state, processor, restored=bool(restored))
+            self._recovered_records = await recover(
+                state, processor, restored=bool(restored), progress=self.recovery
+            )
         except BaseException:
             await release(state)
             raise

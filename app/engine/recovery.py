@@ -18,6 +18,7 @@ import msgspec
 
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
+from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, PatchedItem, push_body_items
 from rlreplay.app.tables.unstacking import msgpack_columns, unstack_values
@@ -42,13 +43,20 @@ log = logging.getLogger("rlreplay.app.engine.engine")
 _REPLAY_YIELD_EVERY = 16  # log records replayed between turns given to the event loop
 
 
-async def recover(state: EngineState, processor: TaskProcessor, *, restored: bool = False) -> int:
+async def recover(
+    state: EngineState,
+    processor: TaskProcessor,
+    *,
+    restored: bool = False,
+    progress: RecoveryProgress | None = None,
+) -> int:
     """Bring the tables back and replay the log (opening it for new records); returns the
     number of records replayed. Raises :class:`LogRecoveryError` for a log that cannot be
     replayed whole (unless ``--wal-recovery point-in-time``).
 
     ``restored``: a snapshot was just put in the data dir (memory mode then loads its
-    checkpoint file even without the log, which otherwise leaves the file alone)."""
+    checkpoint file even without the log, which otherwise leaves the file alone).
+    ``progress``: where the replay's progress goes (its ``replay`` phase)."""
     st, io = state.settings, state.io
     covered = await state.storage.open(state, restored=restored)
     processor.horizon = covered
@@ -63,6 +71,9 @@ async def recover(state: EngineState, processor: TaskProcessor, *, restored: boo
     try:
         strict = st.wal_recovery == "strict"
         records = await io.run(lambda: list(wal.replay(covered, strict=strict)))
+        shown = (progress or RecoveryProgress()).start(
+            "replay", len(records), log=log, unit="records"
+        )
         for i, record in enumerate(records):
             try:
                 op = op_from_record(state, record)
@@ -77,7 +88,10 @@ async def recover(state: EngineState, processor: TaskProcessor, *, restored: boo
                     ) from exc
                 log.error("%s: skipped (point-in-time recovery)", problem)
             if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
+                shown.advance_to(i + 1)
                 await asyncio.sleep(0)  # let the loop answer probes
+        shown.advance_to(len(records))
+        shown.close()
         await io.run(wal.open, covered)
     except BaseException:
         with contextlib.suppress(OSError):  # its lock goes: the folder can be opened again
