@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from rlreplay.app.progress import ESTIMATE_AFTER_RATIO, ESTIMATE_AFTER_S
+
 __all__ = ["ProgressInfo", "ProgressTracker"]
 
 
@@ -33,10 +35,16 @@ class ProgressInfo:
 
     @property
     def seconds_left(self) -> float | None:
-        """Time left at the average rate so far; ``None`` until there is a rate."""
+        """Time left at the average rate so far; ``None`` until the transfer has run
+        :data:`~rlreplay.app.progress.ESTIMATE_AFTER_S` and moved
+        :data:`~rlreplay.app.progress.ESTIMATE_AFTER_RATIO` of its bytes: the first file
+        of a transfer says little about the rest."""
         if self.bytes_done >= self.bytes_total:
             return 0.0
-        if self.bytes_done == 0 or self.elapsed_s <= 0:
+        if (
+            self.elapsed_s < ESTIMATE_AFTER_S
+            or self.bytes_done < ESTIMATE_AFTER_RATIO * self.bytes_total
+        ):
             return None
         return (self.bytes_total - self.bytes_done) * self.elapsed_s / self.bytes_done
 

@@ -18,8 +18,9 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,13 @@ from rlreplay.app.backup import (
     BackupError,
     BackupStore,
     Manifest,
+    ProgressInfo,
     SnapshotCorrupt,
 )
 from rlreplay.app.backup import (
     SnapshotNotFound as NoSnapshot,
 )
+from rlreplay.app.progress import Progress, RecoveryProgress
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.faults import Backoff
@@ -170,15 +173,22 @@ class Snapshots:
                 meta["tables"] = {name: shown[name] for name in tables if name in shown}
                 meta["only_tables"] = tables
             meta["items"] = sum(int(t["items"]) for t in meta["tables"].values())
+            uploading = Progress(f"snapshot {snapshot_id} upload", None, log=log)
             try:
                 result = await self._io.run(
-                    store.upload, dest, meta, snapshot_id=snapshot_id, progress=self._go_on
+                    store.upload,
+                    dest,
+                    meta,
+                    snapshot_id=snapshot_id,
+                    progress=partial(self._go_on, uploading),
                 )
                 await self._io.run(store.prune, self._settings.backup_keep)
             except BackupError as exc:
                 raise Unavailable(f"snapshot {snapshot_id}: {exc}") from exc
             except _Abandoned as exc:
                 raise Unavailable(f"snapshot {snapshot_id}: the server is stopping") from exc
+            finally:
+                uploading.close(summary=False)  # the line below says what the upload did
         except BaseException as exc:
             self.failures += 1
             self.last_error = f"{snapshot_id}: {exc}"
@@ -202,8 +212,12 @@ class Snapshots:
         )
         return self._info(manifest)
 
-    def _go_on(self, sent: int, total: int) -> None:
-        """The upload's progress callback (in its thread): stop between files on stop()."""
+    def _go_on(self, shown: Progress, sent: int, total: int) -> None:
+        """The upload's progress callback (in its thread): show it; stop between files on
+        stop()."""
+        if shown.total != total:
+            shown.set_total(total)
+        shown.advance_to(sent)
         if self._stopping.is_set():
             raise _Abandoned
 
@@ -286,13 +300,16 @@ def _compatible(snapshot_mode: str, mode: str) -> bool:
     return (snapshot_mode == "memory") == (mode == "memory")
 
 
-def restore_on_start(settings: Settings) -> Manifest | None:
+def restore_on_start(
+    settings: Settings, recovery: RecoveryProgress | None = None
+) -> Manifest | None:
     """``--restore``: put a snapshot's files in the data directory before recovery reads it
     (blocking: the engine runs it in an I/O thread). A write-ahead log left in the data
     directory past the snapshot's position is then replayed on top by the recovery.
 
     Returns the restored snapshot's manifest, or None when nothing was restored (``latest``
     with no snapshot at the URL yet starts empty, so a deployment can always ask for it).
+    The download's progress goes to ``recovery``'s ``restore`` phase (a bar or log lines).
 
     Raises:
         RestoreRefused: No backup URL; a snapshot id named while the data dir has data of
@@ -331,7 +348,8 @@ def restore_on_start(settings: Settings) -> Manifest | None:
             # bucket raises instead, and so does one whose snapshots are all damaged)
             log.warning("restore: no snapshot at %s yet; starting empty", settings.backup_url)
             return None
-        manifest = store.restore(which, staging, progress=_log_progress)
+        with (recovery or RecoveryProgress()).start("restore", None, log=log, unit="B") as shown:
+            manifest = store.restore(which, staging, progress=_follow(shown))
     except NoSnapshot as exc:
         raise RestoreRefused(f"--restore {which}: {exc}") from exc
     except SnapshotCorrupt as exc:
@@ -367,5 +385,12 @@ def restore_on_start(settings: Settings) -> Manifest | None:
     return manifest
 
 
-def _log_progress(info: Any) -> None:
-    log.info("restore: %s", info)
+def _follow(shown: Progress) -> Callable[[ProgressInfo], None]:
+    """The download's callback, moving ``shown`` along."""
+
+    def on_file(info: ProgressInfo) -> None:
+        if shown.total != info.bytes_total:  # "latest" went on to an older snapshot
+            shown.set_total(info.bytes_total)
+        shown.advance_to(info.bytes_done)
+
+    return on_file
