@@ -3,7 +3,8 @@
 Sections: engine (storage and writer), selection (samplers vs TorchRL), http (the
 service vs the framework's ceiling), fast_paths (each hand-written fast path on and off),
 metrics (a /metrics scrape's cost by table count), snapshots (taking, restoring, push pauses),
-client (one Python client process vs wrk, codec costs, push latency),
+client (one Python client process vs wrk, codec costs, push latency), sync_client (the
+synchronous Client next to the async ReplayClient),
 sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
 sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
 + ack next to sample, patch next to push).
@@ -26,6 +27,7 @@ SECTIONS = (
     "metrics",
     "snapshots",
     "client",
+    "sync_client",
     "sharded",
     "sidecar",
     "rollouts",
