@@ -20,11 +20,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args[:1] == ["sidecar"]:
         try:
             from rlreplay.gpu.cli import main as sidecar_main
-        except ImportError as exc:  # torch is the gpu extra's
-            print(
-                f"rlreplay sidecar needs torch: pip install 'rlreplay[gpu]' ({exc})",
-                file=sys.stderr,
-            )
+        except ImportError as exc:  # torch and the rest of the gpu extra
+            # without torch, the message already names the extra (rlreplay.gpu.TorchMissing)
+            hint = "" if "rlreplay[gpu]" in str(exc) else " (pip install 'rlreplay[gpu]')"
+            print(f"rlreplay sidecar: error: {exc}{hint}", file=sys.stderr)
             raise SystemExit(2) from exc
         raise SystemExit(sidecar_main(args[1:]))
     from rlreplay.app.cli import main as service_main
