@@ -311,14 +311,24 @@ class RolloutCalls(Requester, ClaimLoop):
         body = LeaseKeysRequest(UNSET if keys is None else list(keys))
         return self._as_dict(await self._call("POST", path, body=body, idempotent=True))
 
-    async def set_version(self, table: str, version: int) -> dict[str, int]:
+    async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
         """Move the table's policy version forward (``VersionConflict`` if it is lower).
+
+        Args:
+            table: The rollout table.
+            version: The trainer's current policy version.
+            force: Set a version more than 1,000,000 past the current one, which the server
+                otherwise refuses (``ValidationFailed``) as a likely mistake: with
+                ``max_staleness`` it would drop every rollout for good.
 
         Returns:
             ``{"version", "dropped_stale"}``.
         """
         answer = await self._call(
-            "PUT", self._table(table, "/version"), body=VersionRequest(version), idempotent=True
+            "PUT",
+            self._table(table, "/version"),
+            body=VersionRequest(version, force=True if force else UNSET),
+            idempotent=True,
         )
         return {k: int(v) for k, v in self._as_dict(answer).items()}
 

@@ -158,8 +158,9 @@ class ShardedRolloutCalls(ClaimLoop):
                 total[name] = total.get(name, 0) + count
         return total
 
-    async def set_version(self, table: str, version: int) -> dict[str, int]:
-        """Set the policy version on every server (``ReplayClient.set_version``).
+    async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
+        """Set the policy version on every server (``ReplayClient.set_version``, ``force``
+        included).
 
         Returns:
             ``{"version", "dropped_stale"}``: the version, and the stale items dropped
@@ -168,7 +169,7 @@ class ShardedRolloutCalls(ClaimLoop):
         Raises:
             VersionConflict: A server is at a higher version (the others were still set).
         """
-        answers = await self._all(lambda c: c.set_version(table, version))
+        answers = await self._all(lambda c: c.set_version(table, version, force=force))
         return {
             "version": max(a["version"] for a in answers),
             "dropped_stale": sum(a["dropped_stale"] for a in answers),

@@ -422,6 +422,16 @@ class VersionRequest(_Request):
     """The trainer's current policy version."""
 
     version: PolicyVersion
+    force: Annotated[
+        bool | UnsetType,
+        Meta(
+            description=(
+                "Set a version more than 1,000,000 past the table's current one (refused "
+                "with 422 otherwise, as a likely mistake that could drop every rollout as "
+                "stale)."
+            )
+        ),
+    ] = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {"version": 3}
 

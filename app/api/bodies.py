@@ -510,10 +510,10 @@ def parse_lease_keys(body: bytes, fmt: BodyFormat | None) -> list[str] | None:
     return request.keys
 
 
-def parse_version(body: bytes, fmt: BodyFormat) -> int:
-    """Parses ``{"version": v}``."""
+def parse_version(body: bytes, fmt: BodyFormat) -> VersionRequest:
+    """Parses ``{"version": v, "force"?: bool}``."""
     request: VersionRequest = _decode(body, fmt, _VERSION)
-    return request.version
+    return request
 
 
 # --- table configs ----------------------------------------------------------------------------

@@ -254,7 +254,11 @@ async def set_version(
 
     With the table's `max_staleness: s`, rollouts whose version is below `version - s` are
     never handed out again by claim or sample, and are deleted (counted in `dropped_stale`).
+    A version more than 1,000,000 past the current one answers 422 `validation_error`
+    unless the body says `"force": true`: no training run gets there in one step, and a
+    mistaken one would drop every rollout for good.
     """
     body, fmt = await read_body(request)
-    answer = await engine.set_version(table, parse_version(body, fmt))
+    asked = parse_version(body, fmt)
+    answer = await engine.set_version(table, asked.version, force=asked.force is True)
     return encode(answer, msgpack_body=msgpack_out)

@@ -43,6 +43,9 @@ __all__ = ["ClaimedItem", "EngineRollouts"]
 _PATCH_TRIES = 8
 #: Items whose fields a claim learns between turns it gives the event loop.
 _LEARN_YIELD_EVERY = 4096
+#: The largest step of a policy version without ``force``: no training run makes it (one
+#: version per optimizer step), while a mistaken one (2^63 - 1) drops every rollout for good.
+MAX_VERSION_STEP = 1_000_000
 
 
 @dataclass(slots=True)
@@ -469,9 +472,10 @@ class EngineRollouts(EngineReads):
 
     # -- policy versions ------------------------------------------------------------------
 
-    async def set_version(self, table: str, version: int) -> dict[str, int]:
+    async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
         """Move the table's policy version forward; with ``max_staleness``, the rollouts
-        it leaves behind are deleted. Raises VersionConflict for a lower version."""
+        it leaves behind are deleted. Raises VersionConflict for a lower version, and
+        ValidationFailed for one more than :data:`MAX_VERSION_STEP` ahead unless ``force``."""
         t = self._table(table)
         writer = self._writer()
         r = t.rollouts
@@ -479,6 +483,12 @@ class EngineRollouts(EngineReads):
         if version < current:
             raise VersionConflict(
                 f"table {table!r} is at policy version {current}; it never goes back to {version}"
+            )
+        if version - current > MAX_VERSION_STEP and not force:
+            raise ValidationFailed(
+                f"version ({version}) is {version - current} past table {table!r}'s policy "
+                f"version {current}, more than {MAX_VERSION_STEP} at once; a version never "
+                'goes back, so send "force": true if this is meant'
             )
         if version == current:
             return {"version": current, "dropped_stale": r.dropped_stale}
