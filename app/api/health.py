@@ -11,6 +11,7 @@ from fastapi import APIRouter, Response
 from rlreplay.app.api.deps import AcceptsMsgpack, AppMetrics, EngineDep
 from rlreplay.app.api.encoding import encode
 from rlreplay.app.api.openapi import answers
+from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.metrics import CONTENT_TYPE
 from rlreplay.wire.errors import Unauthorized, Unavailable
 from rlreplay.wire.schemas import Health
@@ -27,10 +28,20 @@ router = APIRouter(tags=["operations"])
 )
 async def healthz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     """Liveness: 200 while the process makes progress (recovering too); 503 once its
-    writer has died, so that an orchestrator restarts it."""
+    writer has died, or storage found its files damaged, so that an orchestrator restarts it."""
     if not engine.alive:
         raise Unavailable(f"the writer died and cannot come back: {engine.writer_failure}")
+    _refuse_damage(engine)
     return encode({"status": "ok"}, msgpack_body=msgpack_out)
+
+
+def _refuse_damage(engine: EngineCore) -> None:
+    """503 once RocksDB found a damaged file: writes to it can never succeed again."""
+    damage = engine.storage_damage
+    if damage is not None:
+        raise Unavailable(
+            f"storage is damaged, restart the server (its start refuses the file by name): {damage}"
+        )
 
 
 @router.get(
@@ -39,7 +50,9 @@ async def healthz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     responses=answers({200: (Health, "Ready.")}, Unavailable),
 )
 async def readyz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
-    """Readiness: recovery and restore finished and the writer runs (503 until then)."""
+    """Readiness: recovery and restore finished and the writer runs (503 until then, and
+    once storage found its files damaged)."""
+    _refuse_damage(engine)
     if not engine.ready:
         raise Unavailable("not ready: recovery or restore in progress, or the writer stopped")
     return encode({"status": "ready"}, msgpack_body=msgpack_out)

@@ -13,7 +13,7 @@ from rlreplay.app.engine.snapshots import Snapshots
 from rlreplay.app.log import records
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.faults import storage_error
+from rlreplay.app.storage.faults import StorageDamaged, storage_error
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
     Overloaded,
@@ -83,6 +83,14 @@ class EngineCore:
         True while recovering, serving or stopping."""
         p = self._processor
         return p is None or p.failure is None
+
+    @property
+    def storage_damage(self) -> StorageDamaged | None:
+        """The damage RocksDB found in its files while serving (reads, flushes,
+        compactions), which no retry mends: the process should be restarted, and its start
+        refuses the damaged file by name. None while none was found (and in memory mode)."""
+        store = None if self._state is None else self._state.store
+        return None if store is None else store.damage
 
     @property
     def writer_failure(self) -> str | None:

@@ -2,8 +2,12 @@
 trying a failed background write again.
 
 A full disk (``ENOSPC``, ``EDQUOT``) is a state the service waits out: writes answer 507
-``storage_full`` naming the full path, and come back by themselves. Any other ``OSError``
-(``EIO``, ``EMFILE``...) answers 503 ``unavailable``, which clients retry.
+``storage_full`` naming the full path, and come back by themselves. Damage that storage found
+in its own files (:class:`StorageDamaged`: a RocksDB block or MANIFEST whose checksum does not
+match) is not a state that passes: it answers 500 ``internal`` naming the file, and the
+server reports itself unhealthy so that an orchestrator restarts it (the start then refuses
+the damaged data by name). Any other ``OSError`` (``EIO``, ``EMFILE``...) answers 503
+``unavailable``, which clients retry.
 """
 
 from __future__ import annotations
@@ -13,9 +17,26 @@ import time
 
 from rlreplay.wire.errors import ReplayError, StorageFull, Unavailable
 
-__all__ = ["Backoff", "is_disk_full", "storage_error"]
+__all__ = ["Backoff", "StorageDamaged", "is_disk_full", "storage_error"]
 
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class StorageDamaged(OSError):
+    """Storage found a file of the data directory damaged (a checksum that does not match,
+    a garbled MANIFEST or CURRENT): what it held cannot be read back, and no retry helps.
+
+    Attributes:
+        file: The damaged file, as the storage named it (the database's folder when it did
+            not say which file).
+    """
+
+    def __init__(self, message: str, *, file: str) -> None:
+        super().__init__(errno.EIO, message)
+        self.file = file
+
+    def __str__(self) -> str:
+        return self.strerror or ""
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -26,6 +47,11 @@ def is_disk_full(exc: BaseException) -> bool:
 def storage_error(exc: OSError, where: str) -> ReplayError:
     """The contract's error for a write refused because storage at ``where`` failed."""
     reason = exc.strerror or str(exc)
+    if isinstance(exc, StorageDamaged):
+        return ReplayError(
+            f"storage is damaged ({reason}): this request changed nothing; the server must "
+            "be restarted, and its start then refuses the damaged file by name"
+        )
     if is_disk_full(exc):
         return StorageFull(
             f"the disk holding {where} is full ({reason}): nothing of this request was "

@@ -16,6 +16,16 @@ A failed write or flush (a full disk, an I/O error) raises :class:`OSError` and 
 RocksDB refusing every later write (its background error), with no way to resume it
 through rocksdict; :meth:`RocksStore.recover` reopens the database and writes back what
 its memtables held, which the reopening would otherwise lose (there is no RocksDB WAL).
+
+Damage is told apart from those: RocksDB checks a checksum on every block it reads (reads,
+iterators, compactions) and on every MANIFEST record, and reports a mismatch as a status
+whose message starts with ``Corruption``. Any call that meets one raises
+:class:`~rlreplay.app.storage.faults.StorageDamaged` naming the file, and the store keeps it
+as :attr:`RocksStore.damage`: :meth:`RocksStore.recover` never reopens over it (a reopening
+clears RocksDB's error, and the next compaction meets the same block). Opening reads every
+block once (:meth:`RocksStore.verify`), so damage is refused at the start rather than found
+by a read later; rocksdict's iterators end quietly on an error, so every scan checks the
+iterator's status when it ends.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import re
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
@@ -35,14 +46,27 @@ from rocksdict import (
     Checkpoint,
     Options,
     Rdict,
+    RdictIter,
+    ReadOptions,
     WriteBatch,
     WriteOptions,
 )
+
+from rlreplay.app.storage.faults import StorageDamaged
 
 log = logging.getLogger(__name__)
 
 _MAX_UNFLUSHED = 100_000  # keys remembered for recover() before write() flushes itself
 _REOPEN_SPACE = 4 << 20  # free space recover() wants beyond the values it writes back
+_VERIFY_READAHEAD = 4 << 20  # bytes read ahead while verify() reads every block once
+# the file a RocksDB "Corruption" status names: "... in /data/rocksdb/000012.sst offset 0",
+# "The file /data/rocksdb/MANIFEST-000005 may be corrupted", "CURRENT file corrupted"
+_NAMED_FILE = re.compile(r"(/[^\s:,]+?\.sst)\b|The file (\S+) may be corrupted|(CURRENT) file")
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """Whether a RocksDB error (rocksdict raises plain Exceptions) reports damage."""
+    return "Corruption" in str(exc)
 
 
 class RocksStore:
@@ -50,14 +74,39 @@ class RocksStore:
 
     All methods block; the engine calls them through
     :class:`~rlreplay.app.storage.blocking.BlockingIO`.
+
+    Raises:
+        StorageDamaged: (from the constructor, with ``verify``) a file of the database is
+            damaged; the message names it.
+        OSError: RocksDB could not open the folder (held by another process, no space).
     """
 
-    def __init__(self, path: Path, *, write_buffer_mb: int = 8, block_cache_mb: int = 8) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        write_buffer_mb: int = 8,
+        block_cache_mb: int = 8,
+        verify: bool = True,
+    ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self._path = path
         self._write_buffer_mb = write_buffer_mb
         self._block_cache_mb = block_cache_mb
-        self._db: Rdict | None = self._open()
+        #: The damage a RocksDB call found (it never goes away); None while none was met.
+        self.damage: StorageDamaged | None = None
+        current = path / "CURRENT"
+        if not current.exists() and any(path.glob("MANIFEST-*")):
+            # RocksDB would start a new, empty database beside the old one's files
+            raise StorageDamaged(
+                f"RocksDB file {current} is missing, while {path} holds a database's "
+                "MANIFEST: the database cannot be opened",
+                file=str(current),
+            )
+        try:
+            self._db: Rdict | None = self._open()
+        except Exception as exc:
+            raise self._failed(exc, "open") from exc
         self._nowal = WriteOptions()
         self._nowal.disable_wal = True  # type: ignore[method-assign,assignment]
         self._closed = False
@@ -71,6 +120,14 @@ class RocksStore:
         self._readers = 0
         self._swapping = False
         self._handle = threading.Condition()
+        if verify:
+            try:
+                self.verify()
+            except BaseException:
+                self._db.close()
+                self._db = None
+                gc.collect()  # the handle's lock on the folder goes with it
+                raise
 
     @contextmanager
     def _reading(self) -> Iterator[Rdict]:
@@ -96,6 +153,8 @@ class RocksStore:
         )
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        # refuse to open on damage found while opening (RocksDB's default, said aloud)
+        opts.set_paranoid_checks(True)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         opts.set_max_write_buffer_number(2)
         table = BlockBasedOptions()
@@ -111,14 +170,37 @@ class RocksStore:
         return self._db
 
     def _failed(self, exc: Exception, what: str) -> OSError:
-        """The OSError for a RocksDB error (rocksdict raises plain Exceptions)."""
+        """The OSError for a RocksDB error (rocksdict raises plain Exceptions): damage is
+        :class:`StorageDamaged` and stays :attr:`damage`; any failure refuses writes until
+        :meth:`recover` (RocksDB's background error)."""
         text = str(exc)
+        if is_corruption(exc):
+            self.failure = self.damage = self._damaged(text, what)
+            return self.damage
         code = errno.ENOSPC if "No space left" in text else errno.EIO
         if "Too many open files" in text:
             code = errno.EMFILE
         error = OSError(code, f"RocksDB {what} failed in {self._path}: {text}")
         self.failure = error
         return error
+
+    def _damaged(self, text: str, what: str) -> StorageDamaged:
+        """The error for RocksDB's ``Corruption`` status ``text``, naming the damaged file."""
+        named = _NAMED_FILE.search(text)
+        if named is None:
+            file = str(self._path)
+        elif named.group(3):
+            file = str(self._path / "CURRENT")
+        else:
+            file = named.group(1) or named.group(2)
+        log.error("RocksDB in %s is damaged: %s failed on %s: %s", self._path, what, file, text)
+        return StorageDamaged(f"RocksDB file {file} is damaged ({what} failed: {text})", file=file)
+
+    def _read_failed(self, exc: Exception) -> OSError:
+        """The OSError for a failed read: damage, or an I/O error (reads set no failure)."""
+        if is_corruption(exc):
+            return self._failed(exc, "read")
+        return OSError(errno.EIO, f"RocksDB read failed in {self._path}: {exc}")
 
     def write(
         self,
@@ -148,7 +230,10 @@ class RocksStore:
     def get(self, key: bytes) -> bytes | None:
         """One value, or None."""
         with self._reading() as db:
-            value: bytes | None = db.get(key)
+            try:
+                value: bytes | None = db.get(key)
+            except Exception as exc:
+                raise self._read_failed(exc) from exc
         return value
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
@@ -156,19 +241,66 @@ class RocksStore:
         if not keys:
             return []
         with self._reading() as db:
-            values: list[bytes | None] = db.get(keys)  # type: ignore[arg-type,assignment]
+            try:
+                values: list[bytes | None] = db.get(keys)  # type: ignore[arg-type,assignment]
+            except Exception as exc:
+                raise self._read_failed(exc) from exc
         return values
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) whose key starts with ``prefix``, in key order."""
+        """Every (key, value) whose key starts with ``prefix``, in key order.
+
+        Raises:
+            StorageDamaged: A block on the way is damaged (rocksdict's iterator would end
+                there as if the keys were all read).
+        """
         it = self._live().iter()
         it.seek(prefix)
         while it.valid():
             key = it.key()
             if not key.startswith(prefix):
-                break
+                return
             yield key, it.value()
             it.next()
+        error = self._ended_on(it)
+        del it  # a traceback that held it would hold the database (and its lock) open
+        if error is not None:
+            raise error
+
+    def _ended_on(self, it: RdictIter) -> OSError | None:
+        """The error an iterator ended on, if it ended on one."""
+        try:
+            it.status()
+        except Exception as exc:  # its message is in the error; its traceback would hold it
+            return self._read_failed(exc)
+        return None
+
+    def verify(self) -> int:
+        """Read every block of the database once, checking its checksum; the keys counted.
+
+        RocksDB checks a block only when something reads it, and opening reads none of the
+        blocks that hold items, so without this a damaged block would be found by a read
+        (or a compaction) once the server serves. It costs one sequential read of the
+        database (keys only reach Python), outside the block cache.
+
+        Raises:
+            StorageDamaged: A block is damaged; the message names its file.
+        """
+        options = ReadOptions()
+        options.set_verify_checksums(True)
+        options.set_readahead_size(_VERIFY_READAHEAD)
+        options.fill_cache(False)  # type: ignore[call-arg]
+        it = self._live().iter(options)
+        it.seek_to_first()
+        n = 0
+        while it.valid():
+            n += 1
+            it.next()
+        error = self._ended_on(it)
+        del it
+        if error is not None:
+            raise error
+        return n
 
     def flush(self) -> None:
         """Persist the memtables to SST files (makes every earlier write durable)."""
@@ -186,6 +318,8 @@ class RocksStore:
         """
         if self.failure is None:
             return
+        if self.damage is not None:  # a reopening would hide it until the next compaction
+            raise self.damage
         keys = list(self._unflushed)
         values = self.get_many(keys) if keys else []
         need = sum(len(v) for v in values if v is not None) + _REOPEN_SPACE
@@ -262,3 +396,5 @@ class RocksStore:
                 self._db.close()
             except Exception as exc:
                 log.error("RocksDB in %s: close failed: %s", self._path, exc)
+            self._db = None
+            gc.collect()  # the handle's lock on the folder goes with it
