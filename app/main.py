@@ -20,6 +20,7 @@ from rlreplay.app.api.middleware import RequestContextMiddleware
 from rlreplay.app.api.openapi import build_openapi, summaries_from_docstrings
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.snapshots import RestoreRefused
+from rlreplay.app.log.framing import LogRecoveryError
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.allocator import tune_gc
@@ -99,8 +100,9 @@ def create_app(
             serve`` does, as the process is the service's own.
         recover_in_background: Start the engine in a task, so the server answers while it
             recovers (``rlreplay serve`` does): ``/healthz`` is 200 at once, ``/readyz`` and
-            every ``/v1`` call 503 ``unavailable`` until recovery is done. Shutdown waits
-            for the recovery to end before stopping the engine. False: the lifespan's
+            every ``/v1`` call 503 ``unavailable`` until recovery is done. Shutdown cancels
+            a recovery still running (the next start recovers again) before stopping the
+            engine. False: the lifespan's
             start-up returns once the engine is ready (tests, embedding).
         on_recovery_failure: Called with the error when a background recovery fails (after
             it is logged); ``rlreplay serve`` stops the server, which exits with status 3.
@@ -122,7 +124,7 @@ def create_app(
         exc = None if task.cancelled() else task.exception()
         if exc is None:
             return
-        if isinstance(exc, (RestoreRefused, StorageDamaged)):  # the message says it all
+        if isinstance(exc, (RestoreRefused, StorageDamaged, LogRecoveryError)):  # says it all
             _log.critical("recovery failed: %s", exc)
         else:
             _log.critical("recovery failed: %r", exc, exc_info=exc)
@@ -143,8 +145,9 @@ def create_app(
         try:
             yield
         finally:
-            if not recovery.done():
-                _log.info("shutting down: waiting for the recovery to finish first")
+            if not recovery.done():  # SIGTERM while recovering: recovery stops where it is
+                _log.info("shutting down: stopping the recovery first")
+                recovery.cancel()
                 await asyncio.wait({recovery})
             await the_engine.stop()
 

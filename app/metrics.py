@@ -83,6 +83,15 @@ _TABLE_STATS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+#: The kinds of ``rlreplay_recovery_data_lost_total``, exported at 0 until one happens.
+DATA_LOSS_KINDS = (
+    "checkpoint_damaged",
+    "checkpoint_missing",
+    "log_damaged",
+    "log_missing",
+    "log_record",
+)
+
 #: Engine-wide figures exposed as gauges: stat name -> (metric name, help).
 _STORAGE_GAUGES = {
     "cache_bytes": ("rlreplay_cache_bytes", "Bytes of items held in RAM."),
@@ -226,6 +235,21 @@ class EngineExposition:
             for kind, count in failures.items():
                 out.append(
                     f'rlreplay_storage_failures_total{{kind="{_label(kind)}"}} {_value(count)}\n'
+                )
+        lost = storage.get("data_lost")
+        if isinstance(lost, dict):
+            out.append(
+                _head(
+                    "rlreplay_recovery_data_lost_total",
+                    "counter",
+                    "Missing or damaged data the start went past (--accept-data-loss, "
+                    "--wal-recovery point-in-time), by kind; each is logged.",
+                )
+            )
+            for kind in sorted({*DATA_LOSS_KINDS, *lost}):
+                out.append(
+                    f'rlreplay_recovery_data_lost_total{{kind="{_label(kind)}"}} '
+                    f"{_value(lost.get(kind, 0))}\n"
                 )
         out.extend(_snapshot_series(getattr(self._engine, "snapshot_stats", None)))
         out.extend(_recovery_series(getattr(self._engine, "recovery", None)))

@@ -117,9 +117,21 @@ class Settings(BaseSettings):
     wal_recovery: Literal["strict", "point-in-time"] = Field(
         "strict",
         description=(
-            "strict: a gap or a record that cannot be applied in the middle of the log stops "
-            "the start, naming them; point-in-time: replay ends at a gap (later segments are "
-            "set aside as *.skipped) and a record that cannot be applied is skipped, logged."
+            "strict: damage in the log (a segment missing or damaged, a gap, a record that "
+            "cannot be applied) stops the start, naming it; point-in-time: replay ends at the "
+            "first hole or damage (later segments are set aside as *.skipped) and a record "
+            "that cannot be applied is skipped, logged (a checkpoint missing or damaged still "
+            "needs --accept-data-loss)."
+        ),
+    )
+    accept_data_loss: bool = Field(
+        False,
+        description=(
+            "Start even when the data on disk cannot give back everything answered (a log "
+            "segment or a checkpoint missing or damaged): what is whole is loaded, the log "
+            "replayed past holes and damaged bytes, and each thing dropped is logged and "
+            "counted in rlreplay_recovery_data_lost_total. Without it such a start exits "
+            "with status 3, naming the damage."
         ),
     )
     request_head_timeout_s: float = Field(

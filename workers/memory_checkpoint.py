@@ -4,22 +4,41 @@ Memory mode has no RocksDB: a checkpoint writes the tables to ``memory.ckpt`` (a
 file, fsynced, renamed), so the log stays bounded. The items whose value was logged after
 the position the file covers are left out: the log from there, which a restart replays,
 holds them.
+
+The file (format 2) is :data:`MAGIC`, then chunks ``<kind:u8><length:u32><xxh3_64:u64>
+<payload>``: the header (``H``: a msgpack map of the tables' state and the log position
+covered), rows (``R``: msgpack rows back to back, about 1 MiB a chunk) and an end marker
+(``E``: how many chunks and rows came before it, and their bytes). So a file cut short, a
+flipped byte, an empty file or a header cut short are each found, and named with their
+bytes, before anything is loaded. A file of format 1 (an older server's: a msgpack header
+and rows, no checksum) is still read; a cut inside it is found, a flipped byte is not.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
+from xxhash import xxh3_64_intdigest
+
+from rlreplay.app.log.framing import LogRecoveryError
 
 if TYPE_CHECKING:
+    from rlreplay.app.log.data_loss import DataLoss
     from rlreplay.app.tables.table import Table
 
 MEMORY_CHECKPOINT = "memory.ckpt"
+MAGIC = b"RLRCKPT\x02"
+CHUNK = struct.Struct("<BIQ")  # kind, payload length, xxh3_64 of the payload
+HEADER, ROWS, END = b"H"[0], b"R"[0], b"E"[0]
 _SNAPSHOT_BUFFER = 16 << 20  # the file buffer
+_CHUNK_BYTES = 1 << 20  # rows are checksummed in chunks of about this many bytes
+
+Rows = list[tuple[Any, ...]]
 
 
 def write_checkpoint_file(
@@ -47,10 +66,26 @@ def write_checkpoint_file(
         os.close(fd)
 
 
+class _ChunkWriter:
+    """Writes checksummed chunks to a file and counts them."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.chunks, self.rows, self.bytes = f, 0, 0, len(MAGIC)
+        f.write(MAGIC)
+
+    def chunk(self, kind: int, payload: bytes | bytearray) -> None:
+        self.f.write(CHUNK.pack(kind, len(payload), xxh3_64_intdigest(payload)))
+        self.f.write(payload)
+        self.chunks += 1
+        self.bytes += CHUNK.size + len(payload)
+
+
 def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table], upto: int) -> None:
     packer = msgpack.Packer(use_bin_type=True)
     with open(tmp, "wb", buffering=_SNAPSHOT_BUFFER) as f:
-        f.write(packer.pack(header))
+        out = _ChunkWriter(f)
+        out.chunk(HEADER, packer.pack(header))
+        rows = bytearray()
         for t in tables:
             n = len(t.keys)
             priority = t.priority[:n].tolist()
@@ -74,15 +109,140 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table], upto: in
                     meta = meta_of(slot)
                     if meta is not None:  # a rollout's metadata, only where it has some
                         row = (*row, meta)
-                    f.write(packer.pack(row))
+                    rows += packer.pack(row)
+                    out.rows += 1
+                    if len(rows) >= _CHUNK_BYTES:
+                        out.chunk(ROWS, rows)
+                        rows = bytearray()
+        if rows:
+            out.chunk(ROWS, rows)
+        out.chunk(END, packer.pack([out.chunks, out.rows, out.bytes]))
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_checkpoint_file(path: Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
-    """The header and rows of a memory-mode checkpoint (blocking)."""
+def read_checkpoint_file(
+    path: Path, loss: DataLoss | None = None
+) -> tuple[dict[str, Any] | None, Rows]:
+    """The header and rows of a memory-mode checkpoint (blocking).
+
+    A damaged file raises :class:`LogRecoveryError` naming it and the bytes, unless
+    ``loss`` lets the start go on: then the header (None if it is lost) and the rows of the
+    chunks before the damage come back.
+    """
+    size = path.stat().st_size
+    reader: _ChunkReader | _LegacyReader | None = None
     with open(path, "rb") as f:
-        unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=2**31 - 1)
-        header = next(unpacker)
-        rows = [tuple(row) for row in unpacker]
-    return header, rows
+        magic = f.read(len(MAGIC))
+        if magic == MAGIC:
+            reader = _ChunkReader(f, path, size)
+        elif magic[:1] and (0x80 <= magic[0] <= 0x8F or magic[0] in (0xDE, 0xDF)):
+            f.seek(0)  # format 1: a msgpack map, then rows
+            reader = _LegacyReader(f, path, size)
+        what = "empty (0 bytes)" if size == 0 else "not a checkpoint (no header at byte 0)"
+        problem = f"the checkpoint file {path} is {what}" if reader is None else reader.read()
+        if problem is None and reader is not None:
+            return reader.header, reader.rows
+    assert problem is not None
+    if loss is None:
+        raise LogRecoveryError(problem, kind="checkpoint_damaged")
+    loss.found("checkpoint_damaged", problem)
+    return (None, []) if reader is None else (reader.header, reader.rows)
+
+
+class _ChunkReader:
+    """Reads a format-2 checkpoint, chunk by chunk, checking each."""
+
+    def __init__(self, f: IO[bytes], path: Path, size: int) -> None:
+        self.f, self.path, self.size = f, path, size
+        self.header: dict[str, Any] | None = None
+        self.rows: Rows = []
+
+    def read(self) -> str | None:
+        """Read the file; returns what is wrong with it (None: it is whole)."""
+        chunks, pos = 0, len(MAGIC)
+        while True:
+            head = self.f.read(CHUNK.size)
+            if len(head) < CHUNK.size:
+                return self._cut(pos, "its end marker is missing")
+            kind, length, checksum = CHUNK.unpack(head)
+            payload = self.f.read(length)
+            end = pos + CHUNK.size + length
+            where = f"bytes {pos} to {end}"
+            if kind not in (HEADER, ROWS, END) or (kind == HEADER) != (chunks == 0):
+                return self._damaged(f"a chunk of unknown kind at byte {pos}")
+            if len(payload) < length:
+                return self._cut(pos, f"inside the chunk at byte {pos}")
+            if xxh3_64_intdigest(payload) != checksum:
+                return self._damaged(f"the chunk at {where} fails its checksum")
+            try:
+                if kind == HEADER:
+                    self.header = _header(msgpack.unpackb(payload, raw=False, strict_map_key=False))
+                elif kind == ROWS:
+                    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+                    unpacker.feed(payload)
+                    self.rows.extend(tuple(row) for row in unpacker)
+                else:
+                    n_chunks, n_rows, n_bytes = msgpack.unpackb(payload)
+                    if (n_chunks, n_rows, n_bytes) != (chunks, len(self.rows), pos):
+                        return self._damaged(
+                            f"its end marker counts {n_chunks} chunks, {n_rows} rows and "
+                            f"{n_bytes} bytes, the file has {chunks}, {len(self.rows)} and {pos}"
+                        )
+                    if end != self.size:
+                        return self._damaged(f"{self.size - end} bytes follow its end marker")
+                    return None
+            except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+                return self._damaged(f"the chunk at {where} cannot be read ({exc})")
+            chunks, pos = chunks + 1, end
+
+    def _cut(self, pos: int, what: str) -> str:
+        return (
+            f"the checkpoint file {self.path} is cut short: it ends at byte {self.size}, "
+            f"{what}; the rows after byte {pos} are lost"
+        )
+
+    def _damaged(self, what: str) -> str:
+        return f"the checkpoint file {self.path} is damaged: {what}"
+
+
+class _LegacyReader:
+    """Reads a format-1 checkpoint: a msgpack header, then rows, no checksum."""
+
+    def __init__(self, f: IO[bytes], path: Path, size: int) -> None:
+        self.f, self.path, self.size = f, path, size
+        self.header: dict[str, Any] | None = None
+        self.rows: Rows = []
+
+    def read(self) -> str | None:
+        unpacker = msgpack.Unpacker(
+            self.f, raw=False, strict_map_key=False, max_buffer_size=2**31 - 1
+        )
+        try:
+            self.header = _header(unpacker.unpack())
+            for row in unpacker:
+                self.rows.append(tuple(row))
+        except msgpack.OutOfData:
+            pass
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            return (
+                f"the checkpoint file {self.path} (format 1) is damaged near byte "
+                f"{unpacker.tell()}: {exc}"
+            )
+        if self.header is None or unpacker.tell() != self.size:
+            return (
+                f"the checkpoint file {self.path} (format 1) is cut short: it ends at byte "
+                f"{self.size}, inside the "
+                + ("header" if self.header is None else f"row after byte {unpacker.tell()}")
+            )
+        return None
+
+
+def _header(value: Any) -> dict[str, Any]:
+    """A checkpoint's header, checked for what loading it needs (KeyError, TypeError)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"a header of type {type(value).__name__}")
+    for key in ("lsn", "next_tid", "tables"):
+        if key not in value:
+            raise KeyError(f"the header has no {key!r}")
+    return value

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
+from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
@@ -41,6 +42,8 @@ class EngineState:
     queued_bytes: int = 0
     #: The idempotency window of writes' request ids (saved with every checkpoint).
     request_ids: RequestIds = field(default_factory=RequestIds)
+    #: What recovery may go past (missing or damaged data), and what it went past.
+    data_loss: DataLoss = field(default_factory=DataLoss)
 
     @property
     def mode(self) -> str:

@@ -126,9 +126,12 @@ class MemoryStorage(Storage):
         if not ((st.durability == "wal" or restored) and path.exists()):
             return 0
 
-        def load() -> tuple[dict[str, Any], list[Table]]:
-            """The checkpoint's tables, their items restored (in an I/O thread)."""
-            header, rows = read_checkpoint_file(path)
+        def load() -> tuple[dict[str, Any] | None, list[Table]]:
+            """The checkpoint's tables, their items restored (in an I/O thread); a damaged
+            file raises, unless the start accepts data loss (then: what is whole in it)."""
+            header, rows = read_checkpoint_file(path, state.data_loss)
+            if header is None:
+                return None, []
             by_tid: dict[int, list[tuple[Any, ...]]] = {}
             for tid, key, value, prio, ts, sampled, order, *meta in rows:
                 by_tid.setdefault(tid, []).append(
@@ -148,6 +151,8 @@ class MemoryStorage(Storage):
             return header, tables
 
         header, tables = await state.io.run(load)
+        if header is None:  # its header was lost, and the start accepts it
+            return 0
         for table in tables:
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])

@@ -539,6 +539,7 @@ class Engine(EngineRollouts):
                     or (s.wal is not None and s.wal.last_error is not None)
                 )
             ),
+            "data_lost": dict(s.data_loss.counts),
             "failures": {
                 "log_flush": s.wal.flush_failures if s.wal is not None else 0,
                 **(self._processor.background_failures if self._processor else {}),

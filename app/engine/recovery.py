@@ -2,6 +2,12 @@
 :mod:`rlreplay.workers.storage`), then the log after the position they cover is replayed on
 top.
 
+Whatever is missing or damaged on the way (a checkpoint, a log segment, a record) goes to
+the start's :class:`~rlreplay.app.log.data_loss.DataLoss`, which stops the start naming it
+unless the settings accept the loss (``--accept-data-loss``, ``--wal-recovery
+point-in-time``); a start that went past any then takes a full checkpoint at once, so the
+next start does not meet the same damage.
+
 The blocking parts (reading RocksDB, the checkpoint file, the log) run in I/O threads, and
 the replay yields to the event loop between records, so a server answers ``/healthz`` while
 it recovers.
@@ -17,12 +23,16 @@ from typing import Any
 import msgspec
 
 from rlreplay.app.log import records
-from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
+from rlreplay.app.log.data_loss import DataLoss
+from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.progress import RecoveryProgress
+from rlreplay.app.settings import Settings
+from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, PatchedItem, push_body_items
 from rlreplay.app.tables.unstacking import msgpack_columns, unstack_values
 from rlreplay.wire.schemas import PushRequest
+from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT
 from rlreplay.workers.ops import (
     AckOp,
     CreateTableOp,
@@ -51,13 +61,16 @@ async def recover(
     progress: RecoveryProgress | None = None,
 ) -> int:
     """Bring the tables back and replay the log (opening it for new records); returns the
-    number of records replayed. Raises :class:`LogRecoveryError` for a log that cannot be
-    replayed whole (unless ``--wal-recovery point-in-time``).
+    number of records replayed. Raises :class:`~rlreplay.app.log.framing.LogRecoveryError`
+    for a checkpoint or a log that cannot give back everything (see the module's docstring).
 
     ``restored``: a snapshot was just put in the data dir (memory mode then loads its
     checkpoint file even without the log, which otherwise leaves the file alone).
     ``progress``: where the replay's progress goes (its ``replay`` phase)."""
     st, io = state.settings, state.io
+    loss = state.data_loss = DataLoss(
+        accept=st.accept_data_loss, wal_recovery=st.wal_recovery, checkpoint=_checkpoint_of(st)
+    )
     covered = await state.storage.open(state, restored=restored)
     processor.horizon = covered
     if st.durability != "wal":
@@ -69,8 +82,7 @@ async def recover(
         writer=st.wal_writer,
     )
     try:
-        strict = st.wal_recovery == "strict"
-        records = await io.run(lambda: list(wal.replay(covered, strict=strict)))
+        records = await io.run(lambda: list(wal.replay(covered, loss=loss)))
         shown = (progress or RecoveryProgress()).start(
             "replay", len(records), log=log, unit="records"
         )
@@ -81,12 +93,7 @@ async def recover(
                     await processor.apply(op, replay=True)
                     remember_request(state, record)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
-                problem = f"log record {record[0]} cannot be applied: {exc!r}"
-                if strict:
-                    raise LogRecoveryError(
-                        problem + " (--wal-recovery point-in-time skips it)"
-                    ) from exc
-                log.error("%s: skipped (point-in-time recovery)", problem)
+                loss.found("log_record", f"log record {record[0]} cannot be applied: {exc!r}")
             if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
                 shown.advance_to(i + 1)
                 await asyncio.sleep(0)  # let the loop answer probes
@@ -100,16 +107,32 @@ async def recover(
     state.wal = wal
     state.seq = wal.next_lsn - 1
     await processor.trim_all()
-    if records:
+    if records or loss.lost:
         await processor.checkpoint(full=True)
     return len(records)
 
 
+def _checkpoint_of(st: Settings) -> str:
+    """The checkpoint a start loads, as messages name it (before it is opened: opening
+    RocksDB creates an empty one where there is none)."""
+    if st.storage_mode == "memory":
+        path = st.data_dir / MEMORY_CHECKPOINT
+        return f"the checkpoint {path}" + ("" if path.exists() else ", which is missing,")
+    path = st.data_dir / "rocksdb"
+    there = (path / "CURRENT").exists()
+    return f"the checkpoint in {path}" + ("" if there else ", which is missing,")
+
+
 async def release(state: EngineState) -> None:
-    """After a failed start: let go of RocksDB and the threads, so the data directory can
-    be opened again (by a fixed start, in the same process)."""
-    await state.storage.close(state.io)
-    state.io.close()
+    """After a failed (or cancelled) start: let go of RocksDB and the threads, so the data
+    directory can be opened again (by a fixed start, in the same process). A load that a
+    cancelled start left running in an I/O thread ends before RocksDB is closed."""
+    closer = BlockingIO(threads=1)
+    try:
+        await closer.run(state.io.close)
+        await state.storage.close(closer)
+    finally:
+        closer.close()
 
 
 _PUSH_REQUEST = msgspec.msgpack.Decoder(PushRequest)

@@ -1,10 +1,22 @@
-"""Replay of the write-ahead log's segments: every whole record after a checkpoint, in order.
+"""Replay of the write-ahead log's segments: every whole record after a checkpoint, in order,
+and a check that the log on disk holds every record from the checkpoint's position on.
 
 A segment's name is the first LSN it may hold: records that a failed flush left in the
 segment before it, at or past that name, were refused and are skipped (a gap after a
 segment's name is those refused records). A torn tail ends a segment: a crash interrupted
-it, and the next process started the next segment right after its last whole record. So a
-segment that starts past the end of the one before is a gap, which strict replay refuses.
+it, and the next process started the next segment right after its last whole record.
+
+What is refused (reported to :class:`~rlreplay.app.log.data_loss.DataLoss`, which stops the
+start unless told otherwise):
+
+- a hole before the first segment: it starts past the record after the checkpoint's
+  position (a segment deleted, or the checkpoint lost or replaced by an older one);
+- a segment the manifest lists that is gone, unless every record it held is checkpointed;
+- a gap between segments;
+- damage inside a segment: whole records with higher LSNs after bytes that cannot be read,
+  further on than the flushes that can be in flight at a crash (see
+  :mod:`rlreplay.app.log.segment_scan`); a segment that is empty or whose header is
+  damaged, in a log with a manifest (every segment then had a header before its name).
 """
 
 from __future__ import annotations
@@ -12,44 +24,73 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlreplay.app.log.framing import SEGMENT_SUFFIX, LogRecoveryError, read_segment
+from rlreplay.app.log.data_loss import DataLoss
+from rlreplay.app.log.framing import SEGMENT_SUFFIX, SPARE_SUFFIX, LogRecoveryError
+from rlreplay.app.log.manifest import LogManifest, read_manifest
+from rlreplay.app.log.segment_scan import SegmentScan, scan_segment
 
 log = logging.getLogger("rlreplay.app.log.wal")
 
 
-def replay_segments(
-    folder: Path, after_lsn: int, *, strict: bool, found: list[tuple[int, Path, int]]
-) -> Iterator[list[Any]]:
-    """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking), and
-    append each segment kept to ``found`` as (first LSN, path, last LSN).
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay leaves for the log to go on from.
 
-    A gap raises :class:`LogRecoveryError` naming it, unless ``strict`` is False: replay
-    then stops at the gap with a warning and sets the later segments aside, as RocksDB's
-    point-in-time recovery does.
+    Attributes:
+        found: The segments kept: (first LSN, path, last LSN).
+        highest: The highest LSN any segment names or holds (new records go above it
+            once records were dropped, so none of them is ever read as one of theirs).
     """
+
+    found: list[tuple[int, Path, int]] = field(default_factory=list)
+    highest: int = 0
+
+
+def replay_segments(
+    folder: Path, after_lsn: int, *, loss: DataLoss, result: ReplayResult
+) -> Iterator[list[Any]]:
+    """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking), and fill
+    ``result``. Whatever is missing or damaged goes to ``loss``, which raises
+    :class:`LogRecoveryError` unless the start may go on (see its policies)."""
     paths = sorted(folder.glob(f"*{SEGMENT_SUFFIX}"), key=lambda p: int(p.stem))
+    names = [int(p.stem) for p in paths]
+    result.highest = max([after_lsn, *(n - 1 for n in names)])
+    try:
+        manifest = read_manifest(folder)
+    except LogRecoveryError as exc:
+        loss.found(exc.kind, str(exc))
+        manifest = None
+    if manifest is not None:
+        _check_listed(manifest, names, after_lsn, loss)
+    if paths and names[0] > after_lsn + 1:
+        _hole_before(paths[0], after_lsn, manifest, loss)
+        if loss.log_policy == "prefix":
+            _set_aside(paths)
+            return
     previous: tuple[Path, int] | None = None  # the segment before: path, last LSN
     for i, path in enumerate(paths):
-        name = int(path.stem)
-        limit = int(paths[i + 1].stem) if i + 1 < len(paths) else None
+        name = names[i]
+        limit = names[i + 1] if i + 1 < len(names) else None
         if previous is not None and name > max(previous[1], after_lsn) + 1:
             expected = max(previous[1], after_lsn) + 1
-            problem = (
+            loss.found(
+                "log_missing",
                 f"log {path.name} starts at record {name}, but {previous[0].name} ends at "
-                f"record {previous[1]}: records {expected} to {name - 1} are missing"
+                f"record {previous[1]}: records {expected} to {name - 1} are missing",
             )
-            if strict:
-                raise LogRecoveryError(
-                    problem + " (--wal-recovery point-in-time recovers up to the gap)"
-                )
-            log.warning("%s: replay stops at the gap (point-in-time recovery)", problem)
-            _set_aside(paths[i:])
-            break
+            if loss.log_policy == "prefix":
+                _set_aside(paths[i:])
+                break
+        scan = scan_segment(path)
+        records, stop = _records_of(scan, name, limit, after_lsn, manifest, loss)
+        for record, _ in scan.records + scan.resumed:
+            result.highest = max(result.highest, record[0])
         seg_last = name - 1
-        for record, pos in read_segment(path):
+        for record, pos in records:
             if limit is not None and record[0] >= limit:
                 log.warning(
                     "log %s: records from %d (byte %d) were refused by a failed flush: skipped",
@@ -61,8 +102,118 @@ def replay_segments(
             seg_last = record[0]
             if record[0] > after_lsn:
                 yield record
-        found.append((name, path, seg_last))
+        result.found.append((name, path, seg_last))
         previous = (path, seg_last)
+        if stop:
+            _set_aside(paths[i + 1 :])
+            break
+
+
+def _records_of(
+    scan: SegmentScan,
+    name: int,
+    limit: int | None,
+    after_lsn: int,
+    manifest: LogManifest | None,
+    loss: DataLoss,
+) -> tuple[list[tuple[list[Any], int]], bool]:
+    """The records of a scanned segment to replay, and whether replay ends with them (the
+    segment was damaged, and the policy replays up to the damage)."""
+    path = scan.path
+    newest = limit is None
+    holds_more = newest or (limit is not None and limit - 1 > max(after_lsn, name - 1))
+    if scan.empty:
+        if manifest is not None and holds_more:
+            last = "on" if limit is None else f"to {limit - 1}"
+            loss.found(
+                "log_damaged",
+                f"log {path.name} is empty (0 bytes), but it was started with a header "
+                f"before any record went into it: records from {name} {last} are lost",
+            )
+            return [], loss.log_policy == "prefix"
+        return [], False
+    lost = [r for r in scan.resumed if r[0][0] > after_lsn and (limit is None or r[0][0] < limit)]
+    if scan.header is not None or (lost and scan.damaged(newest=newest)):
+        loss.found("log_damaged", _damage(scan, name, lost))
+        if loss.log_policy == "prefix":
+            return scan.records, True
+        return scan.records + scan.resumed, False
+    if scan.stop == "previous use":
+        log.info(
+            "log %s: records of the file's previous use from byte %d (it is a recycled "
+            "segment): it ends there",
+            path.name,
+            scan.stop_at,
+        )
+    elif scan.stop != "end":
+        log.warning("log %s: torn tail (%s), it ends there", path.name, scan.stop)
+    return scan.records, False
+
+
+def _damage(scan: SegmentScan, name: int, lost: list[tuple[list[Any], int]]) -> str:
+    """One sentence naming the damage in ``scan``'s segment."""
+    path = scan.path
+    if scan.header is not None and not lost:
+        return f"log {path.name} is damaged: {scan.header}"
+    first_lost = (scan.last_lsn if scan.last_lsn is not None else name - 1) + 1
+    first, last = lost[0][0][0], lost[-1][0][0]
+    missing = f"records {first_lost} to {first - 1} are lost" if first > first_lost else ""
+    header = f"; {scan.header}" if scan.header is not None else ""
+    return (
+        f"log {path.name} is damaged at bytes {scan.stop_at} to {scan.resumed_at} "
+        f"({scan.stop}), with whole records {first} to {last} after it in "
+        f"{scan.regions_after + 1} flush regions (a crash leaves at most the last 3 "
+        f"unwritten){header}" + (f": {missing}" if missing else "")
+    )
+
+
+def _check_listed(manifest: LogManifest, names: list[int], after_lsn: int, loss: DataLoss) -> None:
+    """Report the segments ``manifest`` lists past the last one on disk that are gone and
+    may hold records after ``after_lsn`` (one gone before another is a gap, which replay
+    names)."""
+    newest = max(names, default=0)
+    listed = manifest.segments
+    gone = []
+    for i, first in enumerate(listed):
+        if first <= newest:
+            continue
+        bounds = [n for n in (*names, *listed[i + 1 :]) if n > first]
+        bound = min(bounds, default=None)
+        if bound is not None and bound - 1 <= after_lsn:
+            continue  # every record it held is in the checkpoint
+        held = f"records {first} to {bound - 1}" if bound is not None else f"records from {first}"
+        gone.append(f"{first:020d}{SEGMENT_SUFFIX} ({held})")
+    if gone:
+        loss.found(
+            "log_missing",
+            f"log segment{'s' if len(gone) > 1 else ''} {', '.join(gone)} listed in the "
+            "log's MANIFEST " + ("are" if len(gone) > 1 else "is") + " missing",
+        )
+
+
+def _hole_before(first: Path, after_lsn: int, manifest: LogManifest | None, loss: DataLoss) -> None:
+    """Report the records missing between the checkpoint's position and the first segment."""
+    name = int(first.stem)
+    problem = (
+        f"{loss.checkpoint} covers the log up to record {after_lsn}, but "
+        f"its oldest segment {first.name} starts at record {name}: records {after_lsn + 1} "
+        f"to {name - 1} are missing"
+    )
+    if manifest is not None and manifest.checkpoint > after_lsn:
+        loss.found(
+            "checkpoint_missing",
+            f"{problem}; the log's MANIFEST says a checkpoint covered records up to "
+            f"{manifest.checkpoint}, so {loss.checkpoint} is missing or older than the log",
+        )
+    else:
+        loss.found("log_missing", f"{problem} (a segment was deleted, or the checkpoint lost)")
+
+
+def drop_spares(folder: Path) -> None:
+    """Delete the spare segments: after records were dropped, new LSNs jump past every one on
+    disk, and a spare's old records must never sit in front of them."""
+    for spare in folder.glob(f"*{SPARE_SUFFIX}"):
+        spare.unlink(missing_ok=True)
 
 
 def _set_aside(paths: list[Path]) -> None:

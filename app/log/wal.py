@@ -28,6 +28,7 @@ from typing import Any, Literal
 import msgpack
 from xxhash import xxh3_64_intdigest
 
+from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.flushes import MAX_IN_FLIGHT, Flush, ProcessFlushes
 from rlreplay.app.log.framing import (
     BIN32,
@@ -39,8 +40,9 @@ from rlreplay.app.log.framing import (
     LogRecoveryError,
     region_size,
 )
+from rlreplay.app.log.manifest import ManifestFile
 from rlreplay.app.log.refusals import Refusal, Refusals
-from rlreplay.app.log.replay import replay_segments
+from rlreplay.app.log.replay import ReplayResult, drop_spares, replay_segments
 from rlreplay.app.log.segments import SegmentFiles
 from rlreplay.app.log.writer_process import SUPPORTED, LogWriterProcess, SharedBuffer
 from rlreplay.app.storage.blocking import BlockingIO
@@ -126,22 +128,37 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         # spare segments (at most SPARES): truncate adds them, rotations take them, in I/O threads
         self._spares: list[Path] = []
         self._spares_lock = threading.Lock()
+        self._manifest = ManifestFile(folder)
+        self._manifest_lock = threading.Lock()
+        self._checkpoint_lsn = 0
         self.bytes_since_checkpoint = 0
 
     # -- opening and replay -------------------------------------------------------------
 
-    def replay(self, after_lsn: int, *, strict: bool = True) -> Iterator[list[Any]]:
+    def replay(
+        self, after_lsn: int, *, strict: bool = True, loss: DataLoss | None = None
+    ) -> Iterator[list[Any]]:
         """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking); see
-        :func:`~rlreplay.app.log.replay.replay_segments` (``strict``: a gap raises)."""
+        :func:`~rlreplay.app.log.replay.replay_segments`. What is missing or damaged goes
+        to ``loss`` (by default: raised, or with ``strict`` False replayed up to it).
+
+        Once anything was dropped, new LSNs go past every LSN on disk and the spare
+        segments are deleted, so no record left behind is ever read as a new one."""
         self._lock()
-        found: list[tuple[int, Path, int]] = []
+        if loss is None:
+            loss = DataLoss(wal_recovery="strict" if strict else "point-in-time")
+        result = ReplayResult()
         last = after_lsn
-        for record in replay_segments(self._folder, after_lsn, strict=strict, found=found):
+        for record in replay_segments(self._folder, after_lsn, loss=loss, result=result):
             last = max(last, record[0])
             yield record
-        for name, path, seg_last in found:
+        for name, path, seg_last in result.found:
             self._segments.append((name, path))
             self._segment_last_lsn[path] = seg_last
+        if loss.lost:
+            last = max(last, result.highest)
+            drop_spares(self._folder)
+        self._checkpoint_lsn = after_lsn
         self._next_lsn = last + 1
         self._durable_lsn = last
 
@@ -481,6 +498,7 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         for buf in [*self._free, *([self._fill] if self._fill is not None else [])]:
             buf.release()
         self._fill, self._free = None, []
+        self._manifest.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -16,7 +16,7 @@ import pytest
 
 from rlreplay.app.log import flushes, segments, writer_process
 from rlreplay.app.log import wal as wal_module
-from rlreplay.app.log.wal import FRAME, SEGMENT_SUFFIX, WriteAheadLog
+from rlreplay.app.log.wal import FRAME, SEGMENT_SUFFIX, LogRecoveryError, WriteAheadLog
 from rlreplay.app.storage.blocking import BlockingIO
 
 
@@ -125,10 +125,12 @@ async def test_rotate_and_truncate_drop_only_covered_segments(
     await wal.sync()
     wal.close()
     assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 2
-    assert [r[0] for r in reopen(tmp_path, io)] == second
+    assert [r[0] for r in reopen(tmp_path, io, after=first[-1])] == second
+    with pytest.raises(LogRecoveryError, match="records 1 to 3 are missing"):
+        reopen(tmp_path, io)  # a checkpoint that covers less than the log was cut to
 
 
-async def test_every_flush_writes_whole_blocks_with_no_1_to_7_byte_padding(
+async def test_every_flush_writes_whole_blocks_ending_in_a_zero_frame_header(
     tmp_path: Path, io: BlockingIO
 ) -> None:
     wal = fresh(tmp_path, io)
@@ -142,13 +144,14 @@ async def test_every_flush_writes_whole_blocks_with_no_1_to_7_byte_padding(
         await wal.commit(wal.append(body))
         grown = segment.stat().st_size - before
         assert grown % BLOCK == 0
-        assert grown - tail == 0 or grown - tail >= FRAME.size  # room for a zero header
+        assert grown - tail >= FRAME.size  # a zero header ends every region
         assert grown - tail < BLOCK + FRAME.size
     # several records of odd sizes in one flush
     lsns = [wal.append(["b", b"y" * (i * 997 % 5000 + 1)]) for i in range(40)]
     await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
     assert segment.stat().st_size % BLOCK == 0
-    assert wal.bytes_since_checkpoint == segment.stat().st_size == wal.disk_bytes()
+    # the segment's header block, then the regions
+    assert BLOCK + wal.bytes_since_checkpoint == segment.stat().st_size == wal.disk_bytes()
     wal.close()
     records = reopen(tmp_path, io)
     assert [r[0] for r in records] == list(range(1, len(bodies) + len(lsns) + 1))
@@ -238,7 +241,7 @@ async def three_flushes(folder: Path, io: BlockingIO) -> bytes:
         await wal.commit(wal.append(["put", "t", [f"k{i}"], [bytes([i + 1]) * 6000]]))
     wal.close()
     data = segment_of(folder).read_bytes()
-    assert len(data) == 3 * 2 * BLOCK
+    assert len(data) == BLOCK + 3 * 2 * BLOCK  # the header block, then the regions
     return data
 
 
@@ -259,7 +262,7 @@ async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
     tmp_path: Path, io: BlockingIO, damage: str, left: list[int]
 ) -> None:
     data = bytearray(await three_flushes(tmp_path, io))
-    last = 4 * BLOCK  # the third region
+    first, last = BLOCK, 5 * BLOCK  # the first and third regions
     if damage == "cut in the last record":
         del data[last + 5000 :]
     elif damage == "cut in the last padding":
@@ -269,13 +272,13 @@ async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
     elif damage == "last region never written":
         data[last:] = bytes(2 * BLOCK)
     elif damage == "middle region never written":
-        data[2 * BLOCK : last] = bytes(2 * BLOCK)  # record 3 must not follow record 1
+        data[first + 2 * BLOCK : last] = bytes(2 * BLOCK)  # record 3 must not follow record 1
     elif damage == "garbage in padding":
-        data[2 * BLOCK - 100] = 1  # in the first region's padding
+        data[first + 2 * BLOCK - 100] = 1  # in the first region's padding
     elif damage == "corrupt crc":
-        data[2 * BLOCK + 4] ^= 0x01  # the second record's checksum
+        data[first + 2 * BLOCK + 4] ^= 0x01  # the second record's checksum
     else:
-        data += data[: 2 * BLOCK]  # the first region again, as a failed flush might leave
+        data += data[first : first + 2 * BLOCK]  # the first region again (a failed flush)
     segment_of(tmp_path).write_bytes(bytes(data))
     assert [r[0] for r in reopen(tmp_path, io)] == left
 
@@ -448,7 +451,7 @@ async def test_a_torn_segment_with_the_next_name_is_started_afresh(
     await wal.rotate()
     await wal.truncate(3)  # drops the first segment only: the torn one was reused
     wal.close()
-    assert [r[0] for r in reopen(tmp_path, io)] == [4]
+    assert [r[0] for r in reopen(tmp_path, io, after=3)] == [4]
     assert len(list(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))) == 2
 
 
@@ -565,7 +568,7 @@ async def test_a_segment_no_longer_needed_becomes_the_next_one(
     new = [wal.append(["b", "new", b"x" * 100]) for _ in range(3)]
     await wal.commit(new[-1])
     wal.close()  # cut to what was written
-    assert current.stat().st_size == BLOCK
+    assert current.stat().st_size == 2 * BLOCK  # the header block and one region
     records = reopen(tmp_path, io, after=new[0] - 1)
     assert [r[0] for r in records] == new
     assert {r[2] for r in records} == {"new"}
@@ -589,14 +592,15 @@ async def test_after_a_crash_a_recycled_segment_replays_only_its_new_records(
     crashed = tmp_path / "crashed"
     crashed.mkdir()
     (crashed / current.name).write_bytes(data)
-    assert [r[0] for r in reopen(crashed, io)] == new
+    after = new[0] - 1  # the checkpoint's position
+    assert [r[0] for r in reopen(crashed, io, after)] == new
     # a torn new region over old records: replay stops at the tear, old records never count
-    end = len(msgpack.packb([new[0], "b", "new", b"y" * 3000])) + FRAME.size
+    end = BLOCK + len(msgpack.packb([new[0], "b", "new", b"y" * 3000])) + FRAME.size
     (crashed / current.name).write_bytes(data[: end + 100] + bytes(200) + data[end + 300 :])
-    assert [r[0] for r in reopen(crashed, io)] == new[:1]
-    # a crash between the spare's rename and the first write: old records only, none count
-    (crashed / current.name).write_bytes(spare_data)
-    assert reopen(crashed, io) == []
+    assert [r[0] for r in reopen(crashed, io, after)] == new[:1]
+    # a crash after the spare took its new header, before the first write: none count
+    (crashed / current.name).write_bytes(data[:BLOCK] + spare_data[BLOCK:])
+    assert reopen(crashed, io, after) == []
     assert old[0] < old[-1] < new[0]
 
 
@@ -620,7 +624,7 @@ async def test_one_spare_is_kept_and_older_segments_are_deleted(
     assert not list(tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}"))
     await wal.commit(wal.append(["b", "d", b"z"]))
     wal.close()
-    assert [r[2] for r in reopen(tmp_path, io)] == ["c", "d"]
+    assert [r[2] for r in reopen(tmp_path, io, lsns[-1])] == ["c", "d"]
 
 
 async def test_a_blob_is_logged_as_the_records_last_element(tmp_path: Path, io: BlockingIO) -> None:
