@@ -12,6 +12,7 @@ from rlreplay.clients.rollouts import Lease
 from rlreplay.clients.sharded import ShardedReplayClient
 from rlreplay.clients.sync_client import Client
 from rlreplay.clients.sync_lease import SyncLease
+from rlreplay.clients.sync_sharded import ShardedClient
 from rlreplay.clients.sync_stream import SyncStream
 from rlreplay.clients.sync_writer import SyncWriter
 from rlreplay.clients.writer import Writer
@@ -70,6 +71,7 @@ __all__ = [
     "ReplayClient",
     "ReplayError",
     "RolloutBatches",
+    "ShardedClient",
     "ShardedReplayClient",
     "SnapshotNotFound",
     "StorageFull",

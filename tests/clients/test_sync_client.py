@@ -19,7 +19,14 @@ import httpx
 import pytest
 
 import rlreplay
-from rlreplay import Client, ReplayClient, ReplayError, WrongEventLoop
+from rlreplay import (
+    Client,
+    ReplayClient,
+    ReplayError,
+    ShardedClient,
+    ShardedReplayClient,
+    WrongEventLoop,
+)
 from tests.clients.replay_fake import FakeServer
 
 #: Calls whose answer the synchronous client turns into a blocking form.
@@ -30,10 +37,12 @@ BLOCKING_ANSWERS = {
         "SyncStream[list[Item]] | SyncStream[ColumnBatch]",
     ),
     "claim": ("Lease", "SyncLease"),
+    "sharded claim": ("ShardedLease", "SyncLease"),
     "consume": ("AsyncGenerator[LeaseBase, None]", "SyncStream[SyncLease]"),
 }
 ASYNC_ONLY = {"aclose"}
 SYNC_ONLY = {"close", "async_client", "thread"}
+PAIRS = [(ReplayClient, Client), (ShardedReplayClient, ShardedClient)]
 
 
 def public(cls: type) -> set[str]:
@@ -50,11 +59,15 @@ def same_parameters(a: Callable[..., Any], b: Callable[..., Any]) -> list[str]:
     return [f"{a.__qualname__}{inspect.signature(a)} != {b.__qualname__}{inspect.signature(b)}"]
 
 
-def test_client_has_every_call_of_replay_client_with_the_same_parameters() -> None:
-    assert public(Client) - SYNC_ONLY == public(ReplayClient) - ASYNC_ONLY
-    problems = same_parameters(ReplayClient.__init__, Client.__init__)
-    for name in sorted(public(ReplayClient) - ASYNC_ONLY):
-        mine, theirs = getattr(Client, name), getattr(ReplayClient, name)
+@pytest.mark.parametrize(("async_cls", "sync_cls"), PAIRS)
+def test_each_sync_client_has_every_call_of_its_async_one_with_the_same_parameters(
+    async_cls: type, sync_cls: type
+) -> None:
+    sync_only = SYNC_ONLY | ({"urls"} if sync_cls is ShardedClient else set())
+    assert public(sync_cls) - sync_only == public(async_cls) - ASYNC_ONLY
+    problems = same_parameters(async_cls.__init__, sync_cls.__init__)
+    for name in sorted(public(async_cls) - ASYNC_ONLY):
+        mine, theirs = getattr(sync_cls, name), getattr(async_cls, name)
         problems += same_parameters(theirs, mine)
         async_overloads = typing.get_overloads(theirs)
         sync_overloads = typing.get_overloads(mine)
@@ -62,7 +75,9 @@ def test_client_has_every_call_of_replay_client_with_the_same_parameters() -> No
         for a, s in zip(async_overloads, sync_overloads, strict=True):
             problems += same_parameters(a, s)
         returns = inspect.signature(theirs).return_annotation
-        expected = BLOCKING_ANSWERS.get(name, (returns, returns))
+        sharded = "sharded " if sync_cls is ShardedClient else ""
+        expected = BLOCKING_ANSWERS.get(sharded + name, BLOCKING_ANSWERS.get(name))
+        expected = expected or (returns, returns)
         assert (returns, inspect.signature(mine).return_annotation) == expected, name
         assert not inspect.iscoroutinefunction(mine), name
     assert problems == []
@@ -174,6 +189,7 @@ def test_a_replay_client_refuses_a_second_event_loop_before_sending() -> None:
 
 
 def test_rlreplay_exports_the_clients_and_datasets() -> None:
-    for name in ("Client", "RolloutBatches", "rollout_dataset", "ReplayDataset", "WrongEventLoop"):
+    names = ["Client", "ShardedClient", "RolloutBatches", "rollout_dataset", "ReplayDataset"]
+    for name in [*names, "WrongEventLoop"]:
         assert name in rlreplay.__all__
         assert getattr(rlreplay, name) is not None

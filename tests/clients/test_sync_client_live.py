@@ -16,7 +16,13 @@ import httpx
 import numpy as np
 import pytest
 
-from rlreplay import Client, ReplayClient, RolloutBatches, WrongEventLoop
+from rlreplay import (
+    Client,
+    ReplayClient,
+    RolloutBatches,
+    ShardedClient,
+    WrongEventLoop,
+)
 from tests.live import REPO, running_server
 
 pytest.importorskip("fastapi")
@@ -155,3 +161,24 @@ async def test_create_table_with_no_sampler_is_put_of_an_empty_config(server_url
     async with ReplayClient(server_url) as arb:
         made = await arb.create_table("from_client")
     assert made["config"] == put.json()["config"] == default
+
+
+def test_a_sharded_client_over_two_servers(server_url: str, tmp_path: Path) -> None:
+    with running_server(tmp_path / "second") as second:
+        urls = [server_url, second.url]
+        with ShardedClient(urls) as rb:
+            rb.create_table("spread")
+            keys = [f"k{i}" for i in range(200)]
+            assert rb.push("spread", [{"key": k, "value": i} for i, k in enumerate(keys)]) == 200
+            assert {rb.owner(k) for k in keys} == set(rb.urls)
+            assert [item["value"] for item in rb.get_many("spread", keys)] == list(range(200))  # type: ignore[index]
+            with rb.stream("spread", batch_size=8) as batches:
+                assert len(next(batches)) == 8
+
+            async def inside() -> int:
+                return rb.describe_table("spread")["stats"]["size"]
+
+            assert asyncio.run(inside()) == 200
+            with rb.claim("spread", task="t", batch_size=4) as lease:
+                assert len(lease) == 4
+        assert not rb.thread.is_alive()
