@@ -7,6 +7,14 @@ first order and staleness stay per server: a sharded claim hands out each server
 items, not the oldest of the table. Keys of one group must share a hash tag (``{group}/i``,
 see :mod:`rlreplay.clients.rendezvous`) so that the group is whole on one server.
 ``consume`` (:class:`~rlreplay.clients.rollouts.ClaimLoop`) keeps such claims in flight.
+
+A claim that waits gathers server leases over several rounds, and a server lease taken
+early may expire before the claim has its batch: its items are then ready again on that
+server, and another caller may hold them. Such a lease is dropped (it lapsed: nothing to
+release) and its items are claimed again while the caller's ``wait_ms`` lasts, so a claim
+never returns a lease that has expired. A server lease counts as expired from whichever
+comes first: its ``expires_at``, or ``lease_s`` after its claim was sent (the client's
+clock, which a server whose clock runs ahead cannot stretch).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlreplay.clients.rollouts import ClaimLoop, Lease, LeaseBase
-from rlreplay.wire.errors import DeadlineExceeded, Unavailable, ValidationFailed
+from rlreplay.wire.errors import DeadlineExceeded, LeaseNotFound, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
 
 if TYPE_CHECKING:
@@ -112,6 +120,21 @@ def _fitting(items: list[dict[str, Any]], room: int, by_group: bool) -> list[int
         if len(keep) + len(places) <= room:
             keep.extend(places)
     return sorted(keep)
+
+
+def _expired(lease: Lease, lapse: Mapping[str, float]) -> bool:
+    """Whether a server lease has expired: its ``expires_at`` passed, or the time it
+    lapses by on this client's clock (``lapse``, by lease id)."""
+    return time.time() >= lease.expires_at or time.monotonic() >= lapse.get(lease.id, math.inf)
+
+
+def _drop_expired(kept: list[tuple[int, Lease]], lapse: Mapping[str, float]) -> int:
+    """Take the expired server leases out of ``kept``; returns how many items they held."""
+    dropped = 0
+    for part in [part for part in kept if _expired(part[1], lapse)]:
+        kept.remove(part)
+        dropped += len(part[1].items)
+    return dropped
 
 
 class ShardedRolloutCalls(ClaimLoop):
@@ -211,8 +234,10 @@ class ShardedRolloutCalls(ClaimLoop):
         beyond ``batch_size`` is released at once, keeping whole groups. While short and
         ``wait_ms`` is not over, every server is asked again for what is still missing, each
         waiting a short slice (growing from 25 ms to 500 ms) so that items ready on any
-        server are taken soon after they are. Each server's items are its
-        oldest; across servers the order is not global.
+        server are taken soon after they are. A server lease that expires meanwhile is
+        dropped and its items claimed again, so the lease returned has not expired (with
+        ``partial``, it may then hold fewer). Each server's items are its oldest; across
+        servers the order is not global.
 
         Raises:
             ValidationFailed: ``batch_size`` is not a multiple of ``group_size``.
@@ -227,6 +252,7 @@ class ShardedRolloutCalls(ClaimLoop):
             )
         live = list(range(len(self._shards)))
         kept: list[tuple[int, Lease]] = []
+        lapse: dict[str, float] = {}  # server lease id → time.monotonic() it lapses by
         held = 0
         deadline = time.monotonic() + max(wait_ms, 0) / 1000
         slice_ms, max_slice_ms = _WAIT_SLICE_MS
@@ -239,6 +265,7 @@ class ShardedRolloutCalls(ClaimLoop):
                 if spread and ask > 0:  # whole groups each, rounded up
                     unit = group_size or 1
                     ask = math.ceil(ask / unit / len(live)) * unit
+                sent = time.monotonic()
                 calls = {
                     s: self._shards[s].claim(
                         table,
@@ -254,13 +281,17 @@ class ShardedRolloutCalls(ClaimLoop):
                     for s in live
                 }
                 answers = list((await self._answers(calls, live)).items())
+                for _, lease in answers:
+                    lapse[lease.id] = sent + lease_s
                 # kept from a random first server on: none is drained before the others
                 start = int(self._rng.integers(len(answers))) if answers else 0
                 answers = answers[start:] + answers[:start]
                 while answers:
                     s, lease = answers[0]
-                    held += await self._keep(s, lease, batch_size - held, group_size, kept)
+                    if not _expired(lease, lapse):
+                        held += await self._keep(s, lease, batch_size - held, group_size, kept)
                     answers.pop(0)
+                held -= _drop_expired(kept, lapse)  # their items are the server's again
                 if held >= batch_size:
                     break
                 if spread:  # short: ask every server at once for all that is missing
@@ -307,6 +338,14 @@ class ShardedRolloutCalls(ClaimLoop):
             raise error
         return answers
 
+    async def _release_surplus(self, s: int, lease: Lease, keys: list[str] | None) -> None:
+        """Release ``keys`` of a lease (all when None); one that expired meanwhile released
+        them itself."""
+        try:
+            await self._on(s, lease.release(keys))
+        except LeaseNotFound:
+            pass
+
     async def _keep(
         self,
         s: int,
@@ -320,11 +359,11 @@ class ShardedRolloutCalls(ClaimLoop):
         keep = _fitting(lease.items, room, group_size is not None)
         if len(keep) < len(lease.items):
             if not keep:
-                await self._on(s, lease.release())
+                await self._release_surplus(s, lease, None)
                 return 0
             chosen = set(keep)
             surplus = [it["key"] for i, it in enumerate(lease.items) if i not in chosen]
-            await self._on(s, lease.release(surplus))
+            await self._release_surplus(s, lease, surplus)
             lease.items = [lease.items[i] for i in keep]
         if keep:
             kept.append((s, lease))
