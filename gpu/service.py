@@ -161,13 +161,18 @@ def create_sidecar_app(
     state: dict[str, Any] = {}
 
     async def connect(sampler: GpuSampler) -> None:
+        last = ""
         while True:
             try:
                 await sampler.start()
             except ReplayError as exc:
-                log.warning("sidecar: cannot load table %r yet (%s)", config.table, exc)
+                # a warning when the reason changes; the tries every retry_s at debug
+                level = logging.WARNING if str(exc) != last else logging.DEBUG
+                log.log(level, "sidecar: cannot load table %r yet (%s)", config.table, exc)
+                last = str(exc)
                 await asyncio.sleep(config.retry_s)
                 continue
+            log.info("sidecar: following table %r of %s", config.table, config.server)
             state["ready"] = True
             return
 

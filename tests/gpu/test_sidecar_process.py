@@ -87,7 +87,7 @@ def healthy(sidecar: Sidecar) -> bool:
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     flags = ["--request-head-timeout-s", "1", "--request-body-timeout-s", "1"]
     flags += ["--request-body-min-kb-per-s", "1", "--keep-alive-s", "1"]
-    flags += ["--max-request-mb", "0.01", "--api-key", KEY, "--seed", "3"]
+    flags += ["--max-request-mb", "0.01", "--api-key", KEY, "--seed", "3", "--log-level", "debug"]
     with running(tmp_path_factory.mktemp("sidecar"), *flags) as s:
         yield s
 
@@ -115,6 +115,20 @@ def test_the_first_log_line_names_the_device(sidecar: Sidecar) -> None:
         entry = json.loads(line)
         assert list(entry)[:4] == ["ts", "level", "logger", "msg"], entry
         assert "\x1b" not in line and "color_message" not in entry, line
+
+
+def test_retries_to_reach_the_server_warn_once(sidecar: Sidecar) -> None:
+    """A server that is not there: a warning, then the same reason again only at debug."""
+
+    def tries() -> list[dict[str, str]]:
+        lines = [json.loads(line) for line in sidecar.log.read_text().splitlines()]
+        return [e for e in lines if e["msg"].startswith("sidecar: cannot load table 't' yet")]
+
+    deadline = time.monotonic() + DEADLINE_S
+    while len(tries()) < 3:
+        assert time.monotonic() < deadline, sidecar.log.read_text()
+        time.sleep(0.1)
+    assert [e["level"] for e in tries()[:3]] == ["warning", "debug", "debug"]
 
 
 def test_an_idle_socket_is_closed(sidecar: Sidecar) -> None:
@@ -157,6 +171,24 @@ def test_a_large_body_is_413_before_it_is_sent(sidecar: Sidecar) -> None:
     status, _, body = answer.partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 413"), answer
     assert json.loads(body)["error"]["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    ("sent", "status"),
+    [
+        (b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * (70 << 10), b"431"),
+        (b"\x00\x01 not http at all\r\n\r\n", b"400"),
+    ],
+    ids=["head-too-large", "not-http"],
+)
+def test_a_head_the_parser_refuses_gets_the_contracts_body(
+    sidecar: Sidecar, sent: bytes, status: bytes
+) -> None:
+    sock = connect(sidecar)
+    sock.sendall(sent)
+    head, _, body = read_until_closed(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 " + status), head
+    assert json.loads(body)["error"]["code"] == "bad_request"
 
 
 def test_the_sidecar_asks_for_its_own_key(sidecar: Sidecar) -> None:
