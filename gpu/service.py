@@ -125,10 +125,6 @@ class _SidecarMetrics(Collector):
         yield counter("collected_bytes", "Bytes of values collected.", d["bytes_collected"])
 
 
-def _error(exc: ReplayError, as_msgpack: bool) -> Response:
-    return error_answer(exc, as_msgpack=as_msgpack)
-
-
 def _wants_msgpack(request: Request) -> bool:
     return wants_msgpack(request.headers.get("accept"))
 
@@ -228,7 +224,7 @@ def create_sidecar_app(
             except ValueError as exc:
                 raise ValidationFailed(str(exc)) from exc
         except ReplayError as exc:
-            return _error(exc, as_msgpack)
+            return error_answer(exc, as_msgpack=as_msgpack)
         answer = {
             "keys": batch.keys,
             "probabilities": batch.probabilities.cpu().numpy(),
@@ -249,7 +245,7 @@ def create_sidecar_app(
                 error = sampler.follower.last_error or f"{sampler.follower.lag_events} behind"
                 raise Unavailable(f"not caught up with the server: {error}")
         except ReplayError as exc:
-            return _error(exc, _wants_msgpack(request))
+            return error_answer(exc, as_msgpack=_wants_msgpack(request))
         return Response(msgspec.json.encode({"status": "ready"}), media_type=JSON)
 
     async def metrics(request: Request) -> Response:
@@ -257,7 +253,8 @@ def create_sidecar_app(
 
     async def internal(request: Request, exc: Exception) -> Response:
         log.exception("sidecar: %s %s failed", request.method, request.url.path, exc_info=exc)
-        return _error(ReplayError(f"internal error: {exc!r}"), _wants_msgpack(request))
+        error = ReplayError(f"internal error: {exc!r}")
+        return error_answer(error, as_msgpack=_wants_msgpack(request))
 
     routes = [
         Route("/v1/sample", sample, methods=["POST"]),
