@@ -2,8 +2,8 @@
 killed mid-lease and restarted. Prints what each task consumed and checks that the trainer
 consumed every rollout once, or that the staleness window dropped it.
 
-``python examples/grpo_pipeline/run.py [--prompts 12]`` (bounded: it gives up after
-``--timeout-s``).
+``.venv/bin/python examples/grpo_pipeline/run.py [--prompts 12]`` from the repository root,
+with a Python that has ``rlreplay[server]`` (bounded: it gives up after ``--timeout-s``).
 """
 
 from __future__ import annotations
