@@ -1,9 +1,13 @@
 """``rlreplay export``: one table's items out of a snapshot, as Parquet or JSON Lines.
 
-An in-process :class:`~rlreplay.app.engine.engine.Engine` recovers the snapshot from a scratch
-data directory, so an export holds what a server restored from it would serve. Items are read
-in insertion order, in batches bounded by :data:`BATCH_ITEMS` and :data:`BATCH_BYTES`, and
-written batch by batch: memory holds a batch and a row group, not the table.
+From a snapshot of RocksDB (hybrid and disk mode), only the files that hold the table are
+fetched (:class:`~rlreplay.app.snapshot_table.SnapshotTable`) and read directly; a memory-mode
+snapshot is one file that holds every table, which an in-process
+:class:`~rlreplay.app.engine.engine.Engine` recovers in a scratch data directory. Either way
+an export holds what a server restored from the snapshot would serve. Items are read in
+insertion order, in batches bounded by :data:`BATCH_ITEMS` and :data:`BATCH_BYTES`, and
+written batch by batch: memory holds the keys, a batch and a row group, not the table.
+The fetch and the rows written show their progress (:class:`~rlreplay.app.progress.Progress`).
 
 Columns: ``key``, ``priority``, ``inserted_at``, ``times_sampled``, then the value's: one per
 field of a map with string keys (a field named like those four becomes ``value.<field>``), or
@@ -26,19 +30,30 @@ import asyncio
 import base64
 import datetime
 import json
+import logging
 import math
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from rlreplay.app.backup import LATEST, BackupError, BackupStore
+from rlreplay.app.backup import (
+    LATEST,
+    BackupError,
+    BackupStore,
+    Manifest,
+    ProgressInfo,
+    SnapshotCorrupt,
+    SnapshotNotFound,
+)
 from rlreplay.app.backup.manifest import check_snapshot_id
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.progress import Progress, format_amount
 from rlreplay.app.settings import Settings
+from rlreplay.app.snapshot_table import ROCKSDB, SnapshotTable
 from rlreplay.app.tables.items import Item
 from rlreplay.wire.arrays import BFloat16Array
 from rlreplay.wire.codec import to_jsonable, unpackb
@@ -56,6 +71,8 @@ BATCH_BYTES = 64 * 2**20
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_BYTES = 128 * 2**20
 _MODES = ("memory", "disk", "hybrid")
+
+log = logging.getLogger("rlreplay.export")
 
 
 def export_table(data_dir: Path, table: str, fmt: ExportFormat, out: Path, *, mode: str) -> int:
@@ -83,17 +100,20 @@ def export_table(data_dir: Path, table: str, fmt: ExportFormat, out: Path, *, mo
     """
     if mode not in _MODES:
         raise ValueError(f"mode ({mode!r}) must be one of {', '.join(_MODES)}")
+    return _write(out, fmt, lambda sink: asyncio.run(_read_into(sink, data_dir, table, mode)))
+
+
+def _write(out: Path, fmt: ExportFormat, fill: Callable[[_JsonlFile | _ParquetFile], int]) -> int:
+    """Write ``out`` in ``fmt`` with the rows ``fill`` puts in the sink; ``out`` appears
+    only once complete. Returns what ``fill`` returns (the rows written)."""
     sink: _JsonlFile | _ParquetFile
-    out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
-    if fmt == "parquet":
-        sink = _ParquetFile(partial)
-    elif fmt == "jsonl":
-        sink = _JsonlFile(partial)
-    else:
+    if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"format ({fmt!r}) must be parquet or jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sink = _ParquetFile(partial) if fmt == "parquet" else _JsonlFile(partial)
     try:
-        rows = asyncio.run(_read_into(sink, data_dir, table, mode))
+        rows = fill(sink)
         sink.finish()
         partial.replace(out)
     finally:
@@ -111,9 +131,12 @@ def export_snapshot(
     snapshot: str = "latest",
     storage_options: dict[str, Any] | None = None,
 ) -> int:
-    """Download a snapshot from the backup store at ``url`` and export one of its tables.
+    """Export one table of a snapshot at the backup store ``url``.
 
-    The snapshot goes into a temporary directory (under ``$TMPDIR``), removed afterwards.
+    The files it needs (those holding the table, of a RocksDB snapshot; the checkpoint
+    file, of a memory-mode one) go into a temporary directory (under ``$TMPDIR``), removed
+    afterwards. For ``"latest"``, a snapshot that fails verification is passed over for the
+    next older one, as a server's ``--restore latest`` does.
 
     Args:
         url: The backup URL (``s3://bucket/prefix``, ``file:///path``, ``memory://name``).
@@ -153,7 +176,8 @@ def add_export_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 def run_export(args: argparse.Namespace) -> int:
     """Run ``rlreplay export`` with the parsed ``args``; returns the exit status: 2 for a
-    mistake in the arguments or the environment, 1 when the export fails."""
+    mistake in the arguments or the environment, 1 when the export fails. What it fetches
+    and how far it is go to stderr (a bar on a terminal, else lines)."""
     try:
         options = BackupStore.options_from_env()
         BackupStore(args.url, storage_options=options)  # a URL it cannot open: say so now
@@ -162,6 +186,13 @@ def run_export(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"rlreplay export: error: {exc}", file=sys.stderr)
         return 2
+    # the export's lines on stderr, as "rlreplay export: <line>", for this run
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("rlreplay export: %(message)s"))
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
     try:
         rows, snapshot_id = _export_snapshot(
             args.url, args.table, args.fmt, args.out, args.snapshot, options
@@ -169,6 +200,13 @@ def run_export(args: argparse.Namespace) -> int:
     except (ReplayError, BackupError, ImportError, ValueError, OSError) as exc:
         print(f"rlreplay export: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("rlreplay export: interrupted; nothing written", file=sys.stderr)
+        return 130
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
     print(
         f"exported {rows} rows of table {args.table!r} from snapshot {snapshot_id} to {args.out}",
         file=sys.stderr,
@@ -186,16 +224,101 @@ def _export_snapshot(
 ) -> tuple[int, str]:
     """:func:`export_snapshot`, and the id of the snapshot read (``latest`` resolved)."""
     store = BackupStore(url, storage_options=storage_options)
+    if snapshot != LATEST:
+        manifest = store.get(snapshot)
+        return _export_from(store, manifest, table, fmt, out), manifest.id
+    refused = []
+    for manifest in store.list():
+        try:
+            return _export_from(store, manifest, table, fmt, out), manifest.id
+        except SnapshotCorrupt as exc:
+            log.warning("refusing snapshot %s: %s; trying the next older one", manifest.id, exc)
+            refused.append(manifest.id)
+    why = f" ({len(refused)} refused as corrupt: {', '.join(refused)})" if refused else ""
+    raise SnapshotNotFound(f"no usable snapshot at {store.url}{why}")
+
+
+def _export_from(
+    store: BackupStore, manifest: Manifest, table: str, fmt: ExportFormat, out: Path
+) -> int:
+    """Export ``table`` of the snapshot ``manifest``: its RocksDB files that hold the table,
+    or the memory-mode checkpoint through an engine."""
+    mode = str(manifest.meta.get("mode", "hybrid"))  # as a server's --restore reads it
+    only = manifest.meta.get("only_tables")
+    if only is not None and table not in only:  # its files hold more than it restores
+        raise TableNotFound(
+            f"no table {table!r} in snapshot {manifest.id}; its tables: {', '.join(only)}"
+        )
     with tempfile.TemporaryDirectory(prefix="rlreplay-export-") as scratch:
-        data_dir = Path(scratch) / "data"
-        manifest = store.restore(snapshot, data_dir)
-        mode = str(manifest.meta.get("mode", "hybrid"))  # as a server's --restore reads it
-        only = manifest.meta.get("only_tables")
-        if only is not None and table not in only:  # its files hold more than it restores
-            raise TableNotFound(
-                f"no table {table!r} in snapshot {manifest.id}; its tables: {', '.join(only)}"
+        if mode == "memory" or not any(f.path.startswith(f"{ROCKSDB}/") for f in manifest.files):
+            log.info(
+                "snapshot %s is one checkpoint file holding every table: fetching %s",
+                manifest.id,
+                format_amount(manifest.bytes, "B"),
             )
-        return export_table(data_dir, table, fmt, out, mode=mode), str(manifest.id)
+            data_dir = Path(scratch) / "data"
+            with Progress("fetch", manifest.bytes, log=log) as fetching:
+                store.download(manifest.id, data_dir, progress=_following(fetching))
+            return export_table(data_dir, table, fmt, out, mode=mode)
+        with Progress("fetch", None, log=log) as fetching:
+            source = SnapshotTable(
+                store, manifest, table, Path(scratch), progress=_growing(fetching)
+            )
+            try:
+                source.open()
+            except BaseException:
+                source.close()
+                raise
+        try:
+            log.info(
+                "snapshot %s: fetched %d of its %d files (%s of %s), those that hold table %r",
+                manifest.id,
+                source.files_fetched,
+                source.files_total,
+                format_amount(source.bytes_fetched, "B"),
+                format_amount(source.bytes_total, "B"),
+                table,
+            )
+            rows = source.metadata()
+            return _write(out, fmt, lambda sink: _copy_rows(source, rows, sink))
+        finally:
+            source.close()
+
+
+def _following(shown: Progress) -> Callable[[ProgressInfo], None]:
+    return lambda info: shown.advance_to(info.bytes_done)
+
+
+def _growing(shown: Progress) -> Callable[[int, int], None]:
+    """A fetch's callback whose total grows as files are chosen."""
+
+    def on_file(done: int, total: int) -> None:
+        if shown.total != total:
+            shown.set_total(total)
+        shown.advance_to(done)
+
+    return on_file
+
+
+def _copy_rows(
+    source: SnapshotTable,
+    rows: list[tuple[str, float, float, int, int, int]],
+    sink: _JsonlFile | _ParquetFile,
+) -> int:
+    """Write the items of ``rows`` in batches bounded in items and value bytes."""
+    with Progress("writing", len(rows), log=log, unit="rows") as writing:
+        start = 0
+        while start < len(rows):
+            stop, held = start, 0
+            while stop < len(rows) and stop - start < BATCH_ITEMS:
+                held += rows[stop][4]
+                stop += 1
+                if held >= BATCH_BYTES:
+                    break
+            sink.write([_row(item) for item in source.items(rows[start:stop])])
+            writing.advance_to(stop)
+            start = stop
+    return len(rows)
 
 
 def _settings(data_dir: Path, mode: str) -> Settings:
@@ -235,11 +358,14 @@ async def _read_into(sink: _JsonlFile | _ParquetFile, data_dir: Path, table: str
                 f"no table {table!r}; the tables there: {', '.join(names) or 'none'}"
             )
         written = 0
-        for keys in _key_batches(engine, table):
-            batch = await engine.get_batch(table, keys)
-            rows = [_row(item) for item in batch.items() if item is not None]
-            sink.write(rows)
-            written += len(rows)
+        total = len(engine.state.tables[table].index)
+        with Progress("writing", total, log=log, unit="rows") as writing:
+            for keys in _key_batches(engine, table):
+                batch = await engine.get_batch(table, keys)
+                rows = [_row(item) for item in batch.items() if item is not None]
+                sink.write(rows)
+                written += len(rows)
+                writing.advance_to(written)
         return written
     finally:
         await engine.stop()

@@ -6,18 +6,22 @@ import argparse
 import asyncio
 import base64
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from rocksdict import Options, Rdict, SstFileWriter
 
 from rlreplay.app.backup import BackupStore
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.export import add_export_parser, export_snapshot, export_table, run_export
+from rlreplay.app.storage.layout import table_ranges
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
 from rlreplay.wire.codec import packb
@@ -212,8 +216,79 @@ def test_export_snapshot_and_the_command_read_a_backup(
     argv = ["export", url, "--table", "steps", "--format", "parquet", "--snapshot", old.id]
     assert run_export(parser.parse_args([*argv, str(out)])) == 0
     assert pq.read_table(out).num_rows == N
-    assert capsys.readouterr().err.strip() == (
-        f"exported {N} rows of table 'steps' from snapshot {old.id} to {out}"
-    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == f"exported {N} rows of table 'steps' from snapshot {old.id} to {out}"
+    assert lines[0].startswith("rlreplay export: ")
+    done = f"rlreplay export: writing: done, {N:,} rows in "
+    assert any(x.startswith(done) for x in lines), lines  # not a terminal: lines, no bar
     assert run_export(parser.parse_args([*argv[:-1], "nope", str(out)])) == 1
     assert "rlreplay export: error:" in capsys.readouterr().err
+
+
+def small_files(source: Path, dest: Path, scratch: Path) -> list[dict[str, Any]]:
+    """``source``'s keys in a new RocksDB at ``dest`` made of files of 50 keys each, as a
+    big database's files each hold a narrow key range; their ``live_files()``."""
+    db = Rdict(str(source), Options(raw_mode=True))
+    items = list(db.items())
+    db.close()
+    scratch.mkdir()
+    paths = []
+    for start in range(0, len(items), 50):
+        writer = SstFileWriter(Options(raw_mode=True))
+        paths.append(str(scratch / f"{start}.sst"))
+        writer.open(paths[-1])
+        for key, value in items[start : start + 50]:
+            writer[key] = value
+        writer.finish()
+    db = Rdict(str(dest), Options(raw_mode=True))
+    db.ingest_external_file(paths)
+    files: list[dict[str, Any]] = db.live_files()
+    db.close()
+    return files
+
+
+def test_a_table_of_a_rocksdb_snapshot_is_read_from_its_own_files_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """Export fetches the files that hold its table: the objects of the other table's files
+    can be gone from the store and it still exports, while that table cannot be."""
+    rng = np.random.default_rng(0)
+    n = 600
+    tables = {
+        name: [NewItem(f"{name}{i}", packb({"i": i, "b": rng.bytes(1000)})) for i in range(n)]
+        for name in ("first", "second")
+    }
+    build(tmp_path / "d", "hybrid", tables)
+    snap = tmp_path / "snap"
+    files = small_files(tmp_path / "d" / "rocksdb", snap / "rocksdb", tmp_path / "sst")
+    url = (tmp_path / "backups").as_uri()
+    manifest = BackupStore(url).upload(snap, {"mode": "hybrid", "tables": {}}).manifest
+    db = Rdict(str(snap / "rocksdb"), Options(raw_mode=True))
+    tids = {k[1:].decode(): msgpack.unpackb(db[k])["id"] for k in (b"tfirst", b"tsecond")}
+    db.close()
+
+    lo, hi = table_ranges(tids["first"])[0]  # the first table's values
+    firsts = {f["name"].lstrip("/") for f in files if lo <= f["start_key"] and f["end_key"] < hi}
+    assert len(firsts) >= 4, files  # the test needs files that hold only "first"
+    for f in manifest.files:
+        if Path(f.path).name in firsts:
+            (tmp_path / "backups" / f.object).unlink()
+
+    monkeypatch.delenv("RLREPLAY_BACKUP_STORAGE_OPTIONS", raising=False)
+    parser = argparse.ArgumentParser(prog="rlreplay")
+    add_export_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "second.jsonl"
+    argv = ["export", url, "--table", "second", "--format", "jsonl", str(out)]
+    assert run_export(parser.parse_args(argv)) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["i"] for r in rows] == list(range(n))
+    err = capsys.readouterr().err
+    said = re.search(
+        r"fetched (\d+) of its (\d+) files \(.*\), those that hold table 'second'", err
+    )
+    assert said is not None, err
+    assert int(said[1]) <= len(manifest.files) - len(firsts)
+    assert int(said[2]) == len(manifest.files)
+    argv = ["export", url, "--table", "first", "--format", "jsonl", str(tmp_path / "f.jsonl")]
+    assert run_export(parser.parse_args(argv)) == 1  # its files are gone
+    assert "missing" in capsys.readouterr().err
