@@ -1,11 +1,12 @@
 """Readers of the deployment files (docker-compose.yml, docker/Dockerfile, deploy/k8s) that
-the deployment tests share: no Docker engine or cluster runs here, so the files are read."""
+the deployment tests share."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ from rlreplay.app.settings import Settings
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker/Dockerfile"
 SIDECAR_DOCKERFILE = REPO / "docker/Dockerfile.sidecar"
+MOTO_DOCKERFILE = REPO / "tests/deploy/Dockerfile.moto"
+REQUIREMENTS_SCRIPT = REPO / "docker/requirements.py"
+HEALTHCHECK_SCRIPT = REPO / "docker/healthcheck.py"
 COMPOSE_FILE = REPO / "docker-compose.yml"
 CPU_OVERRIDE = REPO / "docker-compose.cpu.yml"
 K8S_DIR = REPO / "deploy/k8s"
@@ -135,6 +139,23 @@ def parse_dockerfile(text: str) -> Dockerfile:
         elif keyword == "ENTRYPOINT":
             parsed.entrypoint = _exec_form(arguments)
     return parsed
+
+
+def healthcheck_argv(test: list[str], port: int, state: Path) -> list[str]:
+    """A compose health check's ``CMD`` run here: the images' ``rlreplay-healthcheck`` is
+    docker/healthcheck.py under this interpreter, pointed at 127.0.0.1:``port``, its failure
+    count in ``state`` and never ending anything (PID 1 here is not the server)."""
+    assert test[0] == "CMD" and test[1] == "rlreplay-healthcheck", test
+    argv = [re.sub(r"127\.0\.0\.1:\d+/", f"127.0.0.1:{port}/", arg) for arg in test[2:]]
+    return [
+        sys.executable,
+        str(HEALTHCHECK_SCRIPT),
+        *argv,
+        "--state",
+        str(state),
+        "--kill-after",
+        "0",
+    ]
 
 
 def k8s_documents() -> list[tuple[Path, dict[str, Any]]]:

@@ -1,13 +1,14 @@
 """docker/Dockerfile: hadolint, its shape, and its command line run as a local process.
 
-No Docker engine runs here, so the image is never built; instead the final stage's ENV and
-CMD, with the compose file's environment for the ``replay`` service on top, start
-``rlreplay serve`` from the virtual environment, and it must turn ready.
+The final stage's ENV and CMD, with the compose file's environment for the ``replay`` service
+on top, start ``rlreplay serve`` from the virtual environment here, and it must turn ready
+(tests/deploy/test_stack_docker.py builds and runs the image itself).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -23,7 +24,11 @@ import pytest
 from rlreplay.app.cli import main as cli_main
 from tests.deploy.files import (
     DOCKERFILE,
+    MOTO_DOCKERFILE,
+    REPO,
+    REQUIREMENTS_SCRIPT,
     SETTING_VARIABLES,
+    SIDECAR_DOCKERFILE,
     load_compose,
     parse_dockerfile,
     service_environment,
@@ -50,7 +55,9 @@ def test_dockerfile_passes_hadolint() -> None:
 def test_dockerfile_shape() -> None:
     text = DOCKERFILE.read_text()
     dockerfile = parse_dockerfile(text)
-    assert all(stage.startswith("python:3.11-slim") for stage in dockerfile.stages)
+    # The base is a build argument whose default is the public image.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert dockerfile.stages and all(s.startswith("${BASE_IMAGE}") for s in dockerfile.stages)
     assert re.search(r"^USER (?!root\b|0\b)\w+", text, re.M), "runs as a non-root user"
     assert re.search(r"^EXPOSE 8000$", text, re.M)
     assert re.search(r"^HEALTHCHECK .*\n?.*/healthz", text, re.M)
@@ -58,9 +65,46 @@ def test_dockerfile_shape() -> None:
     assert dockerfile.cmd == ["rlreplay", "serve", "--host", "0.0.0.0"]
     assert dockerfile.env["RLREPLAY_DATA_DIR"] == "/data"
     assert "glibc.malloc.arena_max=2" in dockerfile.env["GLIBC_TUNABLES"]
-    # The package is installed from the repository, with s3fs for S3 and MinIO backups.
-    assert re.search(r'^RUN pip install --no-cache-dir "\./\[s3\]"', text, re.M)
+    # The service's requirements (with s3fs for S3 and MinIO backups) before the sources,
+    # then the package from the repository (src/ holds the link the build looks in).
+    assert "requirements.py pyproject.toml server s3 > requirements.txt" in text
+    assert text.index("-r /build/requirements.txt") < text.index("COPY app ./app")
+    assert re.search(
+        r"^RUN pip install --no-cache-dir --no-deps --no-build-isolation \.", text, re.M
+    )
+    assert "COPY src ./src" in text
     assert not re.search(r"(PASSWORD|SECRET|API_KEY)", "\n".join(dockerfile.env)), "no secrets"
+
+
+def test_build_inputs_are_secrets_and_mounts_never_layers() -> None:
+    """The CA bundle and the pip settings of the building machine reach pip as BuildKit
+    secrets, its wheels as a read-only mount: none of them is copied into a layer."""
+    for path in (DOCKERFILE, SIDECAR_DOCKERFILE, MOTO_DOCKERFILE):
+        text = path.read_text()
+        pip_runs = [line for line in text.splitlines() if "/build/pip.sh " in line]
+        assert pip_runs, path
+        assert "--mount=type=secret,id=ca.crt --mount=type=secret,id=pip.conf" in text, path
+        assert "--mount=type=bind,source=docker/wheels,target=/wheels" in text, path
+        assert not re.search(r"^(COPY|ADD) .*(\.crt|pip\.conf|wheels/|pip\.sh)", text, re.M), path
+        assert not re.search(r"^(ARG|ENV) .*(CERT|CA_BUNDLE|INDEX)", text, re.M), path
+
+
+def test_the_server_image_carries_no_torch() -> None:
+    """What the image installs is rlreplay[server,s3]: neither pulls torch."""
+    names = [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in _image_requirements()]
+    assert "fastapi" in names and "rocksdict" in names and "s3fs" in names
+    assert "torch" not in names
+
+
+def _image_requirements() -> list[str]:
+    spec = importlib.util.spec_from_file_location("image_requirements", REQUIREMENTS_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    found = re.search(r"requirements\.py pyproject\.toml ([\w ]+) >", DOCKERFILE.read_text())
+    assert found
+    result: list[str] = module.requirements(str(REPO / "pyproject.toml"), found[1].split())
+    return result
 
 
 def test_every_rlreplay_variable_in_the_image_is_a_setting() -> None:

@@ -28,6 +28,7 @@ from rlreplay.wire.codec import unpackb
 from tests.deploy.files import (
     CPU_OVERRIDE,
     DOCKERFILE,
+    healthcheck_argv,
     interpolate,
     load_compose,
     merge_compose,
@@ -63,11 +64,8 @@ def _stack_environment(data_dir: Path, endpoint: str) -> dict[str, str]:
 def _healthy(server: LiveServer) -> bool:
     """The compose health check's command, pointed at this server's port."""
     test = load_compose()["services"]["replay"]["healthcheck"]["test"]
-    assert test[0] == "CMD"
-    port = server.url.rsplit(":", 1)[1]
-    argv = [arg.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for arg in test[1:]]
-    if argv[0] == "python":  # the image's interpreter; here, the venv's
-        argv[0] = sys.executable
+    port = int(server.url.rsplit(":", 1)[1])
+    argv = healthcheck_argv(test, port, server.data_dir.parent / "replay-health")
     return subprocess.run(argv, timeout=30, check=False).returncode == 0
 
 
@@ -153,8 +151,7 @@ def _sidecar_serves_samples_of(server: LiveServer, workdir: Path) -> None:
             time.sleep(0.2)
         assert ready, log_path.read_text()
         test = load_compose()["services"]["sidecar"]["healthcheck"]["test"]
-        check = [arg.replace("127.0.0.1:8100", f"127.0.0.1:{port}") for arg in test[1:]]
-        check[0] = sys.executable if check[0] == "python" else check[0]
+        check = healthcheck_argv(test, port, workdir / "sidecar-health")
         assert subprocess.run(check, timeout=30, check=False).returncode == 0
         answer = httpx.post(
             f"{url}/v1/sample",
