@@ -12,7 +12,8 @@ Errors::
     ├── SnapshotNotFound         no such snapshot, or none usable for "latest"
     ├── SnapshotExists           a manifest with that id is already there
     ├── SnapshotCorrupt          a manifest or file does not match what was written
-    └── BackupUnavailable        the backend failed (OSError, botocore); ``__cause__`` has it
+    ├── BackupUnavailable        the backend failed (OSError, botocore); ``__cause__`` has it
+    └── TransferStopped          the caller asked a download to stop
 """
 
 from rlreplay.app.backup.errors import (
@@ -21,6 +22,7 @@ from rlreplay.app.backup.errors import (
     SnapshotCorrupt,
     SnapshotExists,
     SnapshotNotFound,
+    TransferStopped,
 )
 from rlreplay.app.backup.manifest import Manifest, SnapshotFile
 from rlreplay.app.backup.options import STORAGE_OPTIONS_ENV
@@ -40,5 +42,6 @@ __all__ = [
     "SnapshotExists",
     "SnapshotFile",
     "SnapshotNotFound",
+    "TransferStopped",
     "UploadResult",
 ]

@@ -7,7 +7,8 @@ restore" from "the backup is damaged" from "the backend cannot be reached"::
     ├── SnapshotNotFound         no such snapshot, or none usable for "latest"
     ├── SnapshotExists           a manifest with that id is already there (ids are create-only)
     ├── SnapshotCorrupt          a manifest or file does not match what was written
-    └── BackupUnavailable        the backend failed (OSError, botocore); ``__cause__`` has it
+    ├── BackupUnavailable        the backend failed (OSError, botocore); ``__cause__`` has it
+    └── TransferStopped          the caller asked a download to stop (the server is stopping)
 
 Bad arguments (a URL with an unknown protocol, a non-positive ``keep``) raise ``ValueError``
 naming the value, as constructors elsewhere in the service do.
@@ -24,6 +25,7 @@ __all__ = [
     "SnapshotCorrupt",
     "SnapshotExists",
     "SnapshotNotFound",
+    "TransferStopped",
 ]
 
 
@@ -45,6 +47,11 @@ class SnapshotCorrupt(BackupError):
 
 class BackupUnavailable(BackupError):
     """The backend failed: unreachable, refused credentials, out of space."""
+
+
+class TransferStopped(BackupError):
+    """The caller asked the transfer to stop (its ``stop`` event was set); what it had
+    downloaded is removed."""
 
 
 def _backend_errors() -> tuple[type[BaseException], ...]:

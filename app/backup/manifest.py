@@ -3,6 +3,12 @@
 The manifest is what makes a snapshot exist. Files are content-addressed and shared between
 snapshots; a snapshot is listed only once its manifest is written, so a crash mid-upload
 leaves unreferenced files (which ``prune`` collects) but never a half snapshot.
+
+Every file is listed with its size and xxh3_128 checksum, and the manifest carries a
+checksum of its own (``"checksum"``: xxh3_128 of the rest of the manifest, its keys sorted
+and without spaces), so a damaged byte in it (the log position it covers, a file's
+recorded checksum) is refused by name rather than trusted. Manifests written before it
+had one are read without that check.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
+from rlreplay.app.backup.checksums import checksum_bytes
+
 __all__ = ["FORMAT", "Manifest", "SnapshotFile", "check_snapshot_id", "new_snapshot_id"]
 
 FORMAT = 1
@@ -25,6 +33,7 @@ _T = TypeVar("_T")
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CHECKSUM = re.compile(r"[0-9a-f]{32}")
+_FIELDS = frozenset({"format", "id", "created_at", "files", "meta", "checksum"})
 
 
 def new_snapshot_id(now: float | None = None) -> str:
@@ -129,6 +138,7 @@ class Manifest:
             ],
             "meta": self.meta,
         }
+        body["checksum"] = _checksum_of(body)
         return json.dumps(body, indent=1, allow_nan=False).encode()
 
     @classmethod
@@ -145,6 +155,15 @@ class Manifest:
                 raise ValueError(f"a manifest is a JSON object, got {type(body).__name__}")
             if body.get("format") != FORMAT:
                 raise ValueError(f"manifest format {body.get('format')!r}, expected {FORMAT}")
+            unknown = sorted(set(body) - _FIELDS)
+            if unknown:  # a damaged name would otherwise pass unchecked
+                raise ValueError(f"unknown field {unknown[0]!r}")
+            recorded = body.pop("checksum", None)
+            if recorded is not None and recorded != _checksum_of(body):
+                raise ValueError(
+                    f"its checksum {recorded!r} does not match its content "
+                    f"({_checksum_of(body)}): the manifest is damaged"
+                )
             files = tuple(
                 SnapshotFile(
                     path=_typed(f["path"], str),
@@ -165,6 +184,12 @@ class Manifest:
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a manifest: {exc!r}") from exc
+
+
+def _checksum_of(body: dict[str, Any]) -> str:
+    """The checksum of a manifest's body (every field but ``checksum``)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return checksum_bytes(canonical.encode())
 
 
 def _typed(value: object, kind: type[_T] | tuple[type[_T], ...]) -> _T:

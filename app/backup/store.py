@@ -267,25 +267,30 @@ class BackupStore:
         dest_dir: Path,
         *,
         progress: Callable[[ProgressInfo], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> Manifest:
         """Download ``which`` (an id, or ``"latest"``) into ``dest_dir``; its manifest.
 
         For ``"latest"``, a snapshot that fails verification is refused with a warning
         saying why, and the next older one is tried: an old whole snapshot is better than
-        none.
+        none. ``stop``, set from another thread, stops the download (see
+        :func:`~rlreplay.app.backup.download.download_snapshot`).
 
         Raises:
             SnapshotNotFound: No such snapshot, or for ``"latest"`` none that verifies.
             SnapshotCorrupt: The snapshot named by id does not verify.
             FileExistsError: ``dest_dir`` exists and is not an empty folder.
             BackupUnavailable: The backend failed.
+            TransferStopped: ``stop`` was set; nothing was left in ``dest_dir``'s folder.
         """
         if which != LATEST:
-            return self.download(which, dest_dir, progress=progress)
+            manifest = self.get(which)
+            self._download(manifest, dest_dir, progress, stop)
+            return manifest
         refused = []
         for manifest in self.list():
             try:
-                self._download(manifest, dest_dir, progress)
+                self._download(manifest, dest_dir, progress, stop)
             except SnapshotCorrupt as exc:
                 logger.warning(
                     "refusing snapshot %s: %s; trying the next older one", manifest.id, exc
@@ -301,6 +306,7 @@ class BackupStore:
         manifest: Manifest,
         dest_dir: Path,
         progress: Callable[[ProgressInfo], None] | None,
+        stop: threading.Event | None = None,
     ) -> None:
         download_snapshot(
             self._location,
@@ -309,6 +315,7 @@ class BackupStore:
             block_bytes=self._part_bytes,
             workers=self._concurrency,
             progress=progress,
+            stop=stop,
         )
 
     def prune(self, keep: int) -> builtins.list[str]:

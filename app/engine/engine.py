@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from rlreplay.app.log import records
 from rlreplay.app.storage.allocator import tune_allocator
 from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.cache import CacheLedger
+from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import (
     MAX_KEY_BYTES,
@@ -84,9 +86,11 @@ class Engine(EngineRollouts):
         st.data_dir.mkdir(parents=True, exist_ok=True)
         tune_allocator()
         io = BlockingIO(threads=st.io_threads)
+        stop_restore = threading.Event()
         try:
-            restored = await io.run(restore_on_start, st, self.recovery)
-        except BaseException:
+            restored = await io.run(restore_on_start, st, self.recovery, stop_restore)
+        except BaseException:  # cancelled (SIGTERM): the download stops and is removed
+            stop_restore.set()
             io.close()
             raise
         state = EngineState(
@@ -379,6 +383,8 @@ class Engine(EngineRollouts):
                     f"({self.settings.cache_memory_limit_mb} MB)"
                 )
         elif s.ledger.over and self._writer().storage_failing:
+            if self.storage_damage is not None:  # not a state that passes: 500, not 507
+                raise storage_error(self.storage_damage, str(self.settings.data_dir))
             raise StorageFull(
                 f"the cache is full and cannot move values to disk in "
                 f"{self.settings.data_dir}: {self._writer().last_background_error}"

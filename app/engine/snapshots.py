@@ -30,10 +30,12 @@ from rlreplay.app.backup import (
     Manifest,
     ProgressInfo,
     SnapshotCorrupt,
+    TransferStopped,
 )
 from rlreplay.app.backup import (
     SnapshotNotFound as NoSnapshot,
 )
+from rlreplay.app.backup.download import remove_stale_downloads
 from rlreplay.app.progress import Progress, RecoveryProgress
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
@@ -301,7 +303,9 @@ def _compatible(snapshot_mode: str, mode: str) -> bool:
 
 
 def restore_on_start(
-    settings: Settings, recovery: RecoveryProgress | None = None
+    settings: Settings,
+    recovery: RecoveryProgress | None = None,
+    stop: threading.Event | None = None,
 ) -> Manifest | None:
     """``--restore``: put a snapshot's files in the data directory before recovery reads it
     (blocking: the engine runs it in an I/O thread). A write-ahead log left in the data
@@ -310,6 +314,9 @@ def restore_on_start(
     Returns the restored snapshot's manifest, or None when nothing was restored (``latest``
     with no snapshot at the URL yet starts empty, so a deployment can always ask for it).
     The download's progress goes to ``recovery``'s ``restore`` phase (a bar or log lines).
+    Setting ``stop`` (the server is stopping) ends the download at its next block and
+    removes it. Every start first removes, with a warning, what a restore killed half-way
+    left in the data directory.
 
     Raises:
         RestoreRefused: No backup URL; a snapshot id named while the data dir has data of
@@ -317,11 +324,12 @@ def restore_on_start(
             in an incompatible storage mode.
     """
     which = settings.restore.strip()
+    data_dir = settings.data_dir
+    _remove_stale_restore(data_dir)
     if which == "none":
         return None
     if not settings.backup_url:
         raise RestoreRefused(f"--restore {which} needs --backup-url")
-    data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     own = _own_data(data_dir)
     if own and not settings.restore_replace:
@@ -349,7 +357,12 @@ def restore_on_start(
             log.warning("restore: no snapshot at %s yet; starting empty", settings.backup_url)
             return None
         with (recovery or RecoveryProgress()).start("restore", None, log=log, unit="B") as shown:
-            manifest = store.restore(which, staging, progress=_follow(shown))
+            manifest = store.restore(which, staging, progress=_follow(shown), stop=stop)
+    except TransferStopped as exc:
+        raise RestoreRefused(
+            f"--restore {which}: stopped, as the server is stopping (what it downloaded "
+            "was removed)"
+        ) from exc
     except NoSnapshot as exc:
         raise RestoreRefused(f"--restore {which}: {exc}") from exc
     except SnapshotCorrupt as exc:
@@ -383,6 +396,19 @@ def restore_on_start(
         time.monotonic() - began,
     )
     return manifest
+
+
+def _remove_stale_restore(data_dir: Path) -> None:
+    """Remove what a restore killed half-way left in ``data_dir``: a partial download, or
+    a whole one that was not yet moved into place (the next restore downloads again)."""
+    remove_stale_downloads(data_dir / RESTORING)
+    staging = data_dir / RESTORING
+    if staging.exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        log.warning(
+            "restore: removed %s, a download that a stopped restore did not put in place",
+            staging,
+        )
 
 
 def _follow(shown: Progress) -> Callable[[ProgressInfo], None]:

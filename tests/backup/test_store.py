@@ -5,6 +5,7 @@ Every behaviour runs against a local folder, fsspec's memory filesystem and S3 (
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import posixpath
@@ -347,9 +348,11 @@ def test_a_manifest_refuses_paths_outside_the_snapshot() -> None:
         meta={"lsn": 3},
     )
     assert Manifest.from_json(good.to_json()) == good
-    evil = good.to_json().replace(b'"a/b"', b'"../../etc/passwd"')
+    body = json.loads(good.to_json())
+    del body["checksum"]  # a crafted manifest need not be damaged: its paths are checked too
+    body["files"][0]["path"] = "../../etc/passwd"
     with pytest.raises(ValueError, match="passwd"):
-        Manifest.from_json(evil)
+        Manifest.from_json(json.dumps(body))
     with pytest.raises(ValueError, match="format 2"):
         Manifest.from_json(good.to_json().replace(b'"format": 1', b'"format": 2'))
 
