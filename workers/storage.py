@@ -29,6 +29,7 @@ import numpy as np
 
 from rlreplay.app.storage import layout
 from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
     LSN_KEY,
     REQUEST_IDS_KEY,
@@ -38,6 +39,7 @@ from rlreplay.app.storage.layout import (
     value_key,
 )
 from rlreplay.app.storage.rocks import RocksStore
+from rlreplay.app.storage.salvage import salvage_rocksdb
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.workers.memory_checkpoint import (
@@ -211,6 +213,20 @@ class RocksStorage(Storage):
         self.deletes[:0] = deletes
 
     async def open(self, state: EngineState, *, restored: bool = False) -> int:
+        """Open RocksDB, which reads every block once (so damage stops the start, naming the
+        file, rather than being served); with ``--accept-data-loss``, a damaged database is
+        salvaged (:mod:`rlreplay.app.storage.salvage`) and the log replayed on top."""
+        try:
+            return await self._open(state)
+        except StorageDamaged as exc:
+            state.data_loss.found("checkpoint_damaged", str(exc))  # raises unless accepted
+        if self.store is not None:
+            await self.close(state.io)
+            self.store = None
+        await state.io.run(salvage_rocksdb, state.settings.data_dir / "rocksdb")
+        return await self._open(state)
+
+    async def _open(self, state: EngineState) -> int:
         self.store = store = await state.io.run(RocksStore, state.settings.data_dir / "rocksdb")
 
         def load() -> tuple[int, int, list[Table]]:
