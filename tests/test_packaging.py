@@ -156,8 +156,14 @@ def _clean_env() -> dict[str, str]:
     }
 
 
-def test_the_client_works_with_only_pip_install_dot(wheel: Path, tmp_path: Path) -> None:
-    python = lean_env.make_env(tmp_path / "env", wheel)
+@pytest.fixture(scope="module")
+def client_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of an environment holding ``pip install .`` alone."""
+    return lean_env.make_env(tmp_path_factory.mktemp("client") / "env", wheel)
+
+
+def test_the_client_works_with_only_pip_install_dot(client_python: Path, tmp_path: Path) -> None:
+    python = client_python
     with running_server(tmp_path / "server", "--no-default-table") as server:
         out = _run(
             python,
@@ -182,6 +188,24 @@ def test_the_client_works_with_only_pip_install_dot(wheel: Path, tmp_path: Path)
             tmp_path,
         )
     assert out.strip() == "k"
+
+
+def test_rlreplay_serve_without_the_server_extra_names_it(
+    client_python: Path, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [str(client_python), "-m", "rlreplay", "serve", "--port", str(free_port())],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("rlreplay serve: error: No module named "), result.stderr
+    assert "pip install -e '.[server]'" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 @contextlib.contextmanager
