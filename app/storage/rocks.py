@@ -319,7 +319,8 @@ class RocksStore:
         if self.failure is None:
             return
         if self.damage is not None:  # a reopening would hide it until the next compaction
-            raise self.damage
+            # a new error each time: raising the same one again would grow its traceback
+            raise StorageDamaged(str(self.damage), file=self.damage.file)
         keys = list(self._unflushed)
         values = self.get_many(keys) if keys else []
         need = sum(len(v) for v in values if v is not None) + _REOPEN_SPACE
