@@ -359,6 +359,7 @@ def restore_on_start(
         with (recovery or RecoveryProgress()).start("restore", None, log=log, unit="B") as shown:
             manifest = store.restore(which, staging, progress=_follow(shown), stop=stop)
     except TransferStopped as exc:
+        log.warning("restore: stopped, as the server is stopping; its download was removed")
         raise RestoreRefused(
             f"--restore {which}: stopped, as the server is stopping (what it downloaded "
             "was removed)"
