@@ -131,6 +131,7 @@ async def release(state: EngineState) -> None:
     try:
         await closer.run(state.io.close)
         await state.storage.close(closer)
+        state.storage.store = None  # closed: the engine's stop() has nothing left to close
     finally:
         closer.close()
 

@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from rlreplay.app.log.data_loss import DataLoss
-from rlreplay.app.log.framing import SEGMENT_SUFFIX, SPARE_SUFFIX, LogRecoveryError
+from rlreplay.app.log.framing import (
+    SEGMENT_SUFFIX,
+    SPARE_SUFFIX,
+    LogRecoveryError,
+    segment_name,
+)
 from rlreplay.app.log.manifest import LogManifest, read_manifest
 from rlreplay.app.log.segment_scan import SegmentScan, scan_segment
 
@@ -67,7 +72,8 @@ def replay_segments(
     if manifest is not None:
         _check_listed(manifest, names, after_lsn, loss)
     if paths and names[0] > after_lsn + 1:
-        _hole_before(paths[0], after_lsn, manifest, loss)
+        gone = [] if manifest is None else [n for n in manifest.segments if n < names[0]]
+        _hole_before(paths[0], after_lsn, manifest, gone, loss)
         if loss.log_policy == "prefix":
             _set_aside(paths)
             return
@@ -157,7 +163,13 @@ def _damage(scan: SegmentScan, name: int, lost: list[tuple[list[Any], int]]) -> 
         return f"log {path.name} is damaged: {scan.header}"
     first_lost = (scan.last_lsn if scan.last_lsn is not None else name - 1) + 1
     first, last = lost[0][0][0], lost[-1][0][0]
-    missing = f"records {first_lost} to {first - 1} are lost" if first > first_lost else ""
+    missing = (
+        ""
+        if first <= first_lost
+        else f"record {first_lost} is lost"
+        if first == first_lost + 1
+        else f"records {first_lost} to {first - 1} are lost"
+    )
     header = f"; {scan.header}" if scan.header is not None else ""
     return (
         f"log {path.name} is damaged at bytes {scan.stop_at} to {scan.resumed_at} "
@@ -182,7 +194,7 @@ def _check_listed(manifest: LogManifest, names: list[int], after_lsn: int, loss:
         if bound is not None and bound - 1 <= after_lsn:
             continue  # every record it held is in the checkpoint
         held = f"records {first} to {bound - 1}" if bound is not None else f"records from {first}"
-        gone.append(f"{first:020d}{SEGMENT_SUFFIX} ({held})")
+        gone.append(f"{segment_name(first)} ({held})")
     if gone:
         loss.found(
             "log_missing",
@@ -191,22 +203,29 @@ def _check_listed(manifest: LogManifest, names: list[int], after_lsn: int, loss:
         )
 
 
-def _hole_before(first: Path, after_lsn: int, manifest: LogManifest | None, loss: DataLoss) -> None:
-    """Report the records missing between the checkpoint's position and the first segment."""
+def _hole_before(
+    first: Path, after_lsn: int, manifest: LogManifest | None, gone: list[int], loss: DataLoss
+) -> None:
+    """Report the records missing between the checkpoint's position and the first segment
+    (``gone``: the segments before it that the manifest lists)."""
     name = int(first.stem)
     problem = (
         f"{loss.checkpoint} covers the log up to record {after_lsn}, but "
         f"its oldest segment {first.name} starts at record {name}: records {after_lsn + 1} "
         f"to {name - 1} are missing"
     )
-    if manifest is not None and manifest.checkpoint > after_lsn:
+    if gone:
+        listed = ", ".join(segment_name(n) for n in gone)
+        problem += f" (the log's MANIFEST lists {listed} before it, gone)"
+    if manifest is not None and manifest.checkpoint > after_lsn and not gone:
         loss.found(
             "checkpoint_missing",
             f"{problem}; the log's MANIFEST says a checkpoint covered records up to "
             f"{manifest.checkpoint}, so {loss.checkpoint} is missing or older than the log",
         )
     else:
-        loss.found("log_missing", f"{problem} (a segment was deleted, or the checkpoint lost)")
+        cause = "" if gone else " (a segment was deleted, or the checkpoint lost)"
+        loss.found("log_missing", problem + cause)
 
 
 def drop_spares(folder: Path) -> None:

@@ -192,11 +192,25 @@ def _next_record(data: bytes, after: int, floor: int) -> int | None:
     while pos + FRAME.size <= len(data):
         length, _ = FRAME.unpack_from(data, pos)
         if 0 < length <= len(data) - pos - FRAME.size:
-            try:
-                record = _record_at(data, pos, Path("scan"))
-            except LogRecoveryError:
-                record = None
-            if record is not None and record[0] > floor:
-                return pos
+            lsn = _lsn_at(data, pos + FRAME.size, length)
+            # the LSN first: a recycled segment's old records are passed over unread
+            if lsn is not None and lsn > floor:
+                try:
+                    if _record_at(data, pos, Path("scan")) is not None:
+                        return pos
+                except LogRecoveryError:
+                    pass
         pos += BLOCK
     return None
+
+
+def _lsn_at(data: bytes, start: int, length: int) -> int | None:
+    """The LSN a payload at ``start`` begins with, if it looks like a record's."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(data[start : start + min(length, 16)])
+    try:
+        unpacker.read_array_header()
+        lsn = unpacker.unpack()
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return lsn if isinstance(lsn, int) else None
