@@ -9,7 +9,7 @@ HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 SERVE_STAMP := $(VENV)/.installed-serve-$(HASH)
 TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 
-.PHONY: serve test bench lint clean
+.PHONY: serve test bench lint clean images stack-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ serve: $(SERVE_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
+
+# The images, with BuildKit: rlreplay (the service, no torch) and rlreplay-sidecar. Where no
+# registry answers, on a base made from Debian's packages (docker/build-base.sh); the
+# machine's CA bundle and pip settings go in as build secrets. docs/deployment.md says more.
+images:
+	docker/build-images.sh server sidecar
+
+# The compose stack for real (root, Docker; dockerd is started when none runs): builds the
+# images, starts the service, the sidecar and an S3 server, freezes, kills and restores.
+stack-test: $(TEST_STAMP)
+	PYTHON=$(BIN)/python tests/deploy/stack-test.sh
 
 # TorchRL's prioritized sampler needs its C++ extension, built for torch 2.14 in torchrl
 # 0.14: the baseline runs in a venv of its own (bench/torchrl_baseline.py says why).
