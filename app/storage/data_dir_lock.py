@@ -25,6 +25,8 @@ from pathlib import Path
 __all__ = ["LOCK_FILE", "DataDirInUse", "DataDirLock"]
 
 LOCK_FILE = "server.lock"
+#: What ``lockf`` fails with on a filesystem without record locks.
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 #: ``struct flock`` on Linux: l_type, l_whence, l_start, l_len, l_pid (and padding).
 _FLOCK = struct.Struct("hhqqi4x")
 
@@ -72,6 +74,8 @@ class DataDirLock:
         self.data_dir = data_dir
         self.path = data_dir / LOCK_FILE
         self._fd: int | None = None
+        #: False where the filesystem has no record locks (some network filesystems).
+        self.supported = True
 
     def acquire(self) -> None:
         """Take the lock and write this process's pid into it.
@@ -85,6 +89,10 @@ class DataDirLock:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            if exc.errno in _NO_LOCKS:  # RocksDB's own lock still guards the directory
+                os.close(fd)
+                self.supported = False
+                return
             if exc.errno not in (errno.EACCES, errno.EAGAIN):
                 os.close(fd)
                 raise
