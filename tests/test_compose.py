@@ -1,7 +1,8 @@
 """docker-compose.yml against the Compose Specification's schema, and the files it uses.
 
-No Docker engine runs on these machines, so the files are checked statically; the
-service's command line itself runs as a local process in tests/deploy/test_image.py.
+The files are checked statically here; the service's command line runs as a local process
+in tests/deploy/test_image.py, and `make stack-test` (tests/deploy/stack_docker.py) starts
+the stack with Docker.
 
 Health checks: every long-running service has one. A one-shot job (``restart: "no"``, such
 as ``minio-init``) is exempt: services wait for it with ``service_completed_successfully``.
@@ -231,3 +232,67 @@ def test_no_credentials_are_written_into_the_compose_file() -> None:
         for key, value in raw.items():
             if re.search(r"PASSWORD|SECRET|ACCESS_KEY|API_KEY", key):
                 assert str(value).startswith("${"), (name, key)
+
+
+def test_replay_and_sidecar_restart_when_their_liveness_probe_keeps_failing() -> None:
+    """Docker restarts containers that exit, not unhealthy ones: the check (the images'
+    rlreplay-healthcheck) ends the process after 3 failed /healthz probes, Docker's init in
+    front of it exits, and the restart policy starts the container again. The replay
+    service is healthy (what dependants wait for) only once /readyz answers too."""
+    services = load_compose()["services"]
+    for name, port in (("replay", 8000), ("sidecar", 8100)):
+        service = services[name]
+        assert service["init"] is True, name
+        assert service["restart"] == "unless-stopped", name
+        test = service["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "rlreplay-healthcheck"], name
+        assert test[2:4] == [f"http://127.0.0.1:{port}/healthz", f"http://127.0.0.1:{port}/readyz"]
+        assert test[test.index("--kill-after") + 1] == "3", name
+        # The check's own probes (2 s each) fit Docker's timeout for it.
+        assert service["healthcheck"]["timeout"] == "5s", name
+
+
+def test_replay_and_sidecar_run_on_a_read_only_root_as_a_user() -> None:
+    services = load_compose()["services"]
+    for name in ("replay", "sidecar"):
+        assert services[name]["read_only"] is True, name
+        assert services[name]["tmpfs"] == ["/tmp"], name
+    # /data is the replay service's volume: the only place it writes but /tmp.
+    assert services["replay"]["volumes"] == ["replay-data:/data"]
+    for dockerfile in (REPO / "docker/Dockerfile", SIDECAR_DOCKERFILE):
+        text = dockerfile.read_text()
+        assert re.search(r"^USER 10001:10001$", text, re.M), dockerfile
+        assert "COPY docker/healthcheck.py /usr/local/bin/rlreplay-healthcheck" in text
+
+
+def test_published_host_ports_can_be_moved_and_default_to_the_usual_ones() -> None:
+    services = load_compose()["services"]
+    expected = {
+        "replay": ["127.0.0.1:8000:8000"],
+        "sidecar": ["127.0.0.1:8100:8100"],
+        "minio": ["127.0.0.1:9000:9000", "127.0.0.1:9001:9001"],
+    }
+    for name, ports in expected.items():
+        assert [interpolate(p, {}) for p in services[name]["ports"]] == ports, name
+    moved = interpolate(services["replay"]["ports"][0], {"REPLAY_PORT": "18000"})
+    assert moved == "127.0.0.1:18000:8000"
+
+
+def test_the_stack_tests_override_swaps_minio_for_moto_and_nothing_else() -> None:
+    """tests/deploy/compose.stack.yml: moto on MinIO's name and port, the bucket the backup
+    URL names; the replay service and the sidecar keep their own settings but the interval
+    of their checks."""
+    base = load_compose()
+    override = load_compose(REPO / "tests/deploy/compose.stack.yml")["services"]
+    assert set(override) == {"minio", "minio-init", "replay", "sidecar"}
+    assert override["replay"] == override["sidecar"] == {"healthcheck": {"interval": "2s"}}
+    assert override["minio"]["image"] == override["minio-init"]["image"] == "rlreplay-moto:test"
+    assert "--port" in override["minio"]["command"] and "9000" in override["minio"]["command"]
+    env = service_environment(base["services"]["replay"], {})
+    bucket = env["RLREPLAY_BACKUP_URL"].removeprefix("s3://").split("/")[0]
+    init = " ".join(override["minio-init"]["entrypoint"])
+    assert f"create_bucket(Bucket='{bucket}')" in init
+    assert env["AWS_ENDPOINT_URL"] in init  # http://minio:9000
+    _validate(
+        merge_compose(merge_compose(base, load_compose(CPU_OVERRIDE)), {"services": override})
+    )
