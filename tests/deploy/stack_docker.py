@@ -247,7 +247,9 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 def test_the_stack_serves_restarts_and_restores_from_object_storage(stack: Stack) -> None:
     started = time.monotonic()
     stack.compose("up", "-d", "--no-build", timeout_s=START_S)
+    stack.timings["compose_up_s"] = round(time.monotonic() - started, 1)
     _wait(stack, "replay healthy", START_S, _healthy(stack, "replay"))
+    stack.timings["replay_healthy_s"] = round(time.monotonic() - started, 1)
     _wait(stack, "sidecar healthy", START_S, _healthy(stack, "sidecar"))
     stack.timings["stack_start_s"] = round(time.monotonic() - started, 1)
     replay_url = stack.url("REPLAY_PORT")
