@@ -3,9 +3,9 @@ terminal; the start-up's restore and replay also in ``/metrics``."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
-import fcntl
 import os
 import select
 import struct
