@@ -7,12 +7,16 @@ costs, and what several threads sharing one client win back:
 
 * small calls: ``push`` of one small item and ``sample`` of one, calls/s;
 * large calls: ``push`` of 64 items of 4 KiB and ``sample`` of 256 of them, items/s;
+* the hand-over alone: microseconds per ``get`` answered in process by an
+  ``httpx.MockTransport`` (no server, no socket), so that what is left is the clients' own
+  work and, for ``Client``, the hand-over between threads.
 
-each by the async ``ReplayClient`` (one task; three tasks through ``asyncio.gather``) and by
-the synchronous ``Client`` (one thread; three threads sharing the client), in this process,
-against a server in a process of its own (hybrid, ``--durability none``, so that a push's
-answer does not wait for an fsync, which would hide the clients' own costs). Each figure is
-the median of ``--repeats`` runs of ``--duration`` seconds, the four arms interleaved.
+Small and large calls are made by the async ``ReplayClient`` (one task; three tasks through
+``asyncio.gather``) and by the synchronous ``Client`` (one thread; three threads sharing the
+client), in this process, against a server in a process of its own (hybrid, ``--durability
+none``, so that a push's answer does not wait for an fsync, which would hide the clients' own
+costs). Each figure is the median of ``--repeats`` runs of ``--duration`` seconds, the arms
+interleaved.
 
 Run: ``python -m bench.sync_client [--duration 2] [--repeats 3] [--quick]``.
 """
@@ -30,12 +34,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from bench.http import free_port, start_process, stop_process
 from bench.report import print_table
 from rlreplay import Client, ReplayClient
 from rlreplay.app.cli import serve_command
+from rlreplay.wire.codec import packb
 
 TABLE = "sync_bench"
 CAPACITY = 20_000
@@ -155,6 +161,41 @@ def measure(url: str, seconds: float, repeats: int) -> list[list[Any]]:
     return rows
 
 
+def _fixed_item(request: httpx.Request) -> httpx.Response:
+    body = packb({"key": "k", "value": {"r": 1.0}, "priority": 1.0})
+    return httpx.Response(200, content=body, headers={"Content-Type": "application/msgpack"})
+
+
+def hand_over_us(seconds: float, repeats: int) -> list[list[Any]]:
+    """Microseconds per ``get`` of each client against an in-process transport."""
+    transport = httpx.MockTransport(_fixed_item)
+
+    async def async_calls() -> float:
+        async with ReplayClient("http://replay.test", transport=transport) as rb:
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                await rb.get(TABLE, "k")
+                n += 1
+            return (time.perf_counter() - t0) / n * 1e6
+
+    def sync_calls() -> float:
+        with Client("http://replay.test", transport=transport) as rb:
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                rb.get(TABLE, "k")
+                n += 1
+            return (time.perf_counter() - t0) / n * 1e6
+
+    a, s = [], []
+    for _ in range(repeats):
+        a.append(asyncio.run(async_calls()))
+        s.append(sync_calls())
+    a_us, s_us = statistics.median(a), statistics.median(s)
+    return [
+        ["get, in-process transport", f"{a_us:.0f} us", f"{s_us:.0f} us", f"+{s_us - a_us:.0f} us"]
+    ]
+
+
 def _prefill(url: str) -> None:
     with Client(url) as rb:
         rb.create_table(TABLE, max_size=CAPACITY)
@@ -183,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
             rows = measure(url, seconds, repeats)
         finally:
             stop_process(proc)
+    handed = hand_over_us(seconds, repeats)
     print_table(
         "Synchronous Client next to the async ReplayClient (one process, a live server)",
         [
@@ -196,6 +238,11 @@ def main(argv: list[str] | None = None) -> None:
             "sync / async",
         ],
         rows,
+    )
+    print_table(
+        "What a Client call adds: the hand-over to its loop thread and back (no server)",
+        ["call", "ReplayClient", "Client", "added per call"],
+        handed,
     )
 
 
