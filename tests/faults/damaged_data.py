@@ -89,7 +89,7 @@ def remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
     else:
-        path.unlink()
+        path.unlink(missing_ok=True)
 
 
 def flip(path: Path, at: int) -> None:

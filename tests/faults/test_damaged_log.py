@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from pathlib import Path
 
+import fsspec
 import httpx
 import msgpack
 import pytest
@@ -28,6 +30,7 @@ from tests.faults.damaged_data import (
     remove,
     segments,
     started,
+    value_of,
     values,
     zero,
 )
@@ -302,3 +305,44 @@ def test_rlreplay_serve_exits_3_naming_a_deleted_segment_and_starts_when_told(
     finally:
         stop_server(told)
     assert "data lost:" in told.log() and oldest.name in told.log()
+
+
+@pytest.mark.parametrize("mode", ["memory", "hybrid"])
+@pytest.mark.parametrize("checkpoints_since", [0, 2])
+async def test_restore_latest_onto_a_kept_log_refuses_a_hole_past_the_snapshot(
+    tmp_path: Path, mode: str, checkpoints_since: int
+) -> None:
+    """The operator's way when the checkpoint is lost: remove it, keep the log, restore the
+    newest snapshot. The log replayed on top must continue from the snapshot's position:
+    it does when no checkpoint has cut it since, else the start refuses."""
+    url = f"memory://damaged-log-{uuid.uuid4().hex}"
+    data = tmp_path / "data"
+    backup = {"backup_url": url, "backup_interval_s": 0}
+    eng = await started(data, mode, **backup)
+    await eng.create_table("t", TableConfig())
+    answered: dict[str, bytes] = {}
+    for phase in range(3):
+        for i in range(4):
+            key = f"p{phase}-{i}"
+            await eng.push("t", [NewItem(key, value_of(key), 1.0)])
+            answered[key] = value_of(key)
+        if phase == 0:
+            await eng.take_snapshot()
+        elif phase <= checkpoints_since:
+            await eng.flush()
+    await crash(eng)
+    remove(checkpoint_of(data, mode))
+    try:
+        if checkpoints_since:
+            refusal = await refused(data, mode, restore="latest", **backup)
+            assert "are missing" in str(refusal)
+        else:
+            eng = await started(data, mode, restore="latest", **backup)
+            try:
+                assert await values(eng, list(answered)) == answered
+            finally:
+                await eng.stop()
+    finally:
+        fs = fsspec.filesystem("memory")
+        if fs.exists(url):
+            fs.rm(url, recursive=True)
