@@ -7,7 +7,9 @@ two forms names both; the document gets a component that is ``oneOf`` them
 (``PushRequestOrColumnsPushRequest``). FastAPI collects
 only the models it validates itself, so :func:`build_openapi` adds the schemas of these to
 the document's components: msgspec generates them from the same Structs the server decodes
-with.
+with. Every Struct a route names is registered as it is named, so the document defines
+each schema it refers to; :func:`dangling_refs` finds any ``$ref`` that would not resolve,
+and :func:`build_openapi` refuses to serve such a document.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "V1_ERRORS",
     "answers",
     "build_openapi",
+    "dangling_refs",
     "request_body",
     "summaries_from_docstrings",
 ]
@@ -98,14 +101,19 @@ BODY_ERRORS: tuple[type[ReplayError], ...] = (
 
 #: The components that are ``oneOf`` several Structs, by name (see :func:`_one_of`).
 _ONE_OF: dict[str, tuple[type[msgspec.Struct], ...]] = {}
+#: The Structs routes name in their bodies and answers, by name (see :func:`_ref`).
+_NAMED: dict[str, type[msgspec.Struct]] = {}
 
 #: A Struct, or the Structs of a body or answer that takes any of several forms.
 Forms = type[Any] | tuple[type[msgspec.Struct], ...]
 
 
 def _ref(schema: Forms) -> dict[str, str]:
+    """A reference to ``schema``'s component, registered for the document."""
     if isinstance(schema, tuple):
         return {"$ref": _REF.format(name=_one_of(schema))}
+    if isinstance(schema, type) and issubclass(schema, msgspec.Struct):
+        _NAMED[schema.__name__] = schema
     return {"$ref": _REF.format(name=schema.__name__)}
 
 
@@ -113,6 +121,8 @@ def _one_of(structs: tuple[type[msgspec.Struct], ...]) -> str:
     """The name of the component that is ``oneOf`` ``structs`` (registered for the document)."""
     name = "Or".join(struct.__name__ for struct in structs)
     _ONE_OF[name] = structs
+    for struct in structs:
+        _NAMED[struct.__name__] = struct
     return name
 
 
@@ -223,14 +233,48 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     )
     for name, definition in defs.get("$defs", {}).items():
         components.setdefault(name, definition)
+    dangling = dangling_refs(schema)
+    if dangling:
+        raise RuntimeError(f"the OpenAPI document refers to undefined schemas: {dangling}")
     app.openapi_schema = schema
     return schema
 
 
+def dangling_refs(document: dict[str, Any]) -> list[str]:
+    """The local ``$ref`` pointers of ``document`` (a JSON document) that resolve to nothing,
+    each once, in the order met."""
+    found: dict[str, None] = {}
+
+    def resolves(pointer: str) -> bool:
+        node: Any = document
+        for token in pointer.removeprefix("#/").split("/") if pointer != "#" else []:
+            token = token.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and token in node:
+                node = node[token]
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                return False
+        return True
+
+    stack: list[Any] = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and (not ref.startswith("#") or not resolves(ref)):
+                found.setdefault(ref)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return list(found)
+
+
 def _struct_components() -> dict[str, Any]:
     """The JSON Schemas of the wire Structs, by name, linked to each other by ``$ref``."""
-    _, components = msgspec.json.schema_components(_STRUCTS, ref_template=_REF)
-    for struct in _STRUCTS:
+    structs = tuple({**{s.__name__: s for s in _STRUCTS}, **_NAMED}.values())
+    _, components = msgspec.json.schema_components(structs, ref_template=_REF)
+    for struct in structs:
         example = getattr(struct, "EXAMPLE", None)  # request bodies have one
         if example is not None:
             components[struct.__name__]["examples"] = [example]
