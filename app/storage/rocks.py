@@ -124,7 +124,10 @@ class RocksStore:
             try:
                 self.verify()
             except BaseException:
-                self._db.close()
+                try:
+                    self._db.close()
+                except Exception as exc:  # a compaction may have met the same damage
+                    log.info("RocksDB in %s closed with its error: %s", path, exc)
                 self._db = None
                 gc.collect()  # the handle's lock on the folder goes with it
                 raise
