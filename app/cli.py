@@ -295,11 +295,27 @@ def preflight(settings: Settings) -> DataDirLock:
     except OSError as exc:
         raise UsageError(f"data dir {str(settings.data_dir)!r} cannot be used: {exc}") from exc
     try:
-        _check_port(settings.host, settings.port)
+        if settings.tcp:
+            _check_port(settings.host, settings.port)
+        _check_unix_socket(settings)
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def _check_unix_socket(settings: Settings) -> None:
+    """``--uds``: a path no live server holds; ``--no-tcp`` only with it."""
+    from rlreplay.app.api.unix_socket import UnixSocketInUse, check_unix_socket
+
+    if settings.uds is None:
+        if not settings.tcp:
+            raise UsageError("--no-tcp needs --uds PATH (or RLREPLAY_UDS): nothing to serve on")
+        return
+    try:
+        check_unix_socket(settings.uds)
+    except UnixSocketInUse as exc:
+        raise UsageError(f"cannot listen on unix socket: {exc}") from exc
 
 
 def _serve(settings: Settings) -> int:
@@ -336,14 +352,45 @@ def _serve(settings: Settings) -> int:
         timeout_graceful_shutdown=5,
         **uvicorn_options(settings),
     )
-    server = uvicorn.Server(config)
-    server.run()
+    if settings.uds is None:
+        server = uvicorn.Server(config)
+        server.run()
+    else:
+        from rlreplay.app.api.unix_socket import UnixSocketServer
+
+        sockets, listener = _listen(config, settings)
+        server = UnixSocketServer(config, listener)
+        try:
+            server.run(sockets=sockets)
+        finally:
+            listener.remove()
     if failures:
         if isinstance(failures[0], RestoreRefused):  # --restore asked for what cannot be
             print(f"rlreplay serve: error: {failures[0]}", file=sys.stderr)
             return 2
         return 3  # uvicorn's status for a failed start-up
     return 0 if server.started else 1
+
+
+def _listen(config: Any, settings: Settings) -> tuple[list[socket.socket], Any]:
+    """The sockets to serve with ``--uds``: ``host:port`` unless ``--no-tcp``, and the Unix
+    socket (its :class:`~rlreplay.app.api.unix_socket.UnixListener` returned too)."""
+    import logging
+
+    from rlreplay.app.api.unix_socket import UnixListener
+
+    assert settings.uds is not None
+    sockets = [config.bind_socket()] if settings.tcp else []  # logs the TCP address
+    try:
+        listener = UnixListener(settings.uds)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise UsageError(f"cannot listen on unix socket {str(settings.uds)!r}: {exc}") from exc
+    logging.getLogger("uvicorn.error").info(
+        "Uvicorn running on unix socket %s (Press CTRL+C to quit)", settings.uds
+    )
+    return [*sockets, listener.sock], listener
 
 
 def _command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -412,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"rlreplay serve: error: {exc}\n")
     try:
         status = _serve(settings)
+    except UsageError as exc:
+        parser.exit(2, f"rlreplay serve: error: {exc}\n")
     finally:
         lock.release()
     raise SystemExit(status)

@@ -26,6 +26,16 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
+    uds: Path | None = Field(
+        None,
+        description=(
+            "Also serve on this Unix domain socket (mode 0660; a stale one is replaced, "
+            "the file removed at stop); clients use unix:///path."
+        ),
+    )
+    tcp: bool = Field(
+        True, description="Serve on host:port (--no-tcp with --uds: the socket only)."
+    )
     data_dir: Path = Field(Path("./data"), description="RocksDB and the write-ahead log live here.")
     storage_mode: StorageMode = Field("hybrid", description="memory, disk or hybrid.")
     cache_memory_limit_mb: float = Field(

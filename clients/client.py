@@ -67,7 +67,9 @@ class ReplayClient(RolloutCalls):
     large batches may also call :func:`rlreplay.tune_malloc` once, on purpose.
 
     Args:
-        base_url: The server's root URL.
+        base_url: The server's root URL: ``http://host:port``, ``https://...``, or
+            ``unix:///path/to.sock`` for a server on this host serving a Unix socket
+            (``rlreplay serve --uds``; see :mod:`rlreplay.clients.server_url`).
         api_key: Sent as ``Authorization: Bearer <api_key>`` when given.
         timeout_s: Connect, read, write and pool timeout of one attempt, in seconds. A
             sample's read timeout is stretched past its ``timeout_ms``.

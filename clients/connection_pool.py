@@ -26,10 +26,12 @@ class ConnectionPool:
         max_idle: Idle connections kept per ``(host, port)``; the oldest is closed to make
             room for another.
         expiry: Seconds an idle connection may wait before it is closed instead of reused.
+        uds: Connect to this Unix domain socket rather than to the address over TCP.
     """
 
-    def __init__(self, *, max_idle: int, expiry: float) -> None:
+    def __init__(self, *, max_idle: int, expiry: float, uds: str | None = None) -> None:
         self._max_idle = max_idle
+        self._uds = uds
         self._expiry = expiry
         self._idle: dict[Address, list[Connection]] = {}
         self._closed = False
@@ -85,21 +87,24 @@ class ConnectionPool:
             pool.pop(0).close()  # the oldest idle one: the likeliest to go stale
         pool.append(conn)
 
-    @staticmethod
-    async def connect(address: Address, timeout_s: float | None) -> Connection:
-        """A fresh connection to ``address``.
+    async def connect(self, address: Address, timeout_s: float | None) -> Connection:
+        """A fresh connection to ``address`` (or to the pool's Unix socket).
 
         Raises:
             httpx.ConnectTimeout: Connecting took longer than ``timeout_s``.
             httpx.ConnectError: The connection was refused, unreachable, or DNS failed.
         """
         host, port = address
+        where = f"{host}:{port}" if self._uds is None else f"unix socket {self._uds}"
         try:
             async with asyncio.timeout(timeout_s):
                 loop = asyncio.get_running_loop()
-                _, conn = await loop.create_connection(lambda: Connection(loop), host, port)
+                if self._uds is None:
+                    _, conn = await loop.create_connection(lambda: Connection(loop), host, port)
+                else:
+                    _, conn = await loop.create_unix_connection(lambda: Connection(loop), self._uds)
         except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out") from exc
+            raise httpx.ConnectTimeout(f"connecting to {where} timed out") from exc
         except OSError as exc:
-            raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise httpx.ConnectError(f"cannot connect to {where}: {exc}") from exc
         return conn

@@ -19,6 +19,7 @@ import httpx
 from rlreplay.clients.bodies import encode_body
 from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.retry import RetryPolicy, parse_retry_after
+from rlreplay.clients.server_url import server_address
 from rlreplay.clients.transport import LeanTransport
 from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.errors import Overloaded, ReplayError, Unavailable, error_from_body
@@ -77,6 +78,7 @@ class Requester:
             retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
         )
         self._timeout_s = timeout_s
+        base_url, uds = server_address(base_url)
         # Our own LeanTransport is called directly (see _exchange), skipping the per-request work
         # of httpx.AsyncClient (auth and redirect flows, cookies, hooks) that we never use.
         self._lean: LeanTransport | None = None
@@ -85,6 +87,16 @@ class Requester:
                 max_connections=max_connections,
                 max_keepalive_connections=max_connections,
                 keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+                uds=uds,
+            )
+        elif transport is None and uds is not None:
+            transport = httpx.AsyncHTTPTransport(
+                uds=uds,
+                limits=httpx.Limits(
+                    max_connections=max_connections,
+                    max_keepalive_connections=max_connections,
+                    keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+                ),
             )
         # Calls beyond max_connections wait here, in O(1), rather than in httpcore's pool
         # queue, whose bookkeeping costs O(connections x queued requests) per event.

@@ -103,6 +103,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         keepalive_expiry: Seconds an idle connection may wait in the pool before it is
             closed instead of reused.
         max_header_bytes: The largest status line plus headers accepted.
+        uds: Connect to this Unix domain socket, whatever the URL's host and port (as
+            ``httpx.AsyncHTTPTransport(uds=...)`` does).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         max_keepalive_connections: int = 16,
         keepalive_expiry: float = 30.0,
         max_header_bytes: int = MAX_HEADER_BYTES,
+        uds: str | None = None,
     ) -> None:
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections ({max_connections}) must be >= 1 or None")
@@ -124,7 +127,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if max_header_bytes < 64:
             raise ValueError(f"max_header_bytes ({max_header_bytes}) must be >= 64")
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
-        self._pool = ConnectionPool(max_idle=max_keepalive_connections, expiry=keepalive_expiry)
+        self._pool = ConnectionPool(
+            max_idle=max_keepalive_connections, expiry=keepalive_expiry, uds=uds
+        )
         self._max_header = max_header_bytes
 
     def idle_connections(self) -> int:

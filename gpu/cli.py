@@ -136,7 +136,13 @@ def build_sidecar_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, default=value, help=help_text, **kw)
 
     server, table = env("server", str, None), env("table", str, None)
-    parser.add_argument("--server", metavar="URL", default=server, required=server is None)
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        default=server,
+        required=server is None,
+        help="the replay server: http://host:port, or unix:///path/to.sock on this host",
+    )
     parser.add_argument("--table", metavar="NAME", default=table, required=table is None)
     add("--device", str, "auto", "auto (cuda when torch sees a GPU, else cpu), cuda, cuda:N, cpu")
     add("--host", str, "127.0.0.1", "address to bind")
