@@ -24,7 +24,6 @@ from rlreplay.app.engine.reads import EngineReads
 from rlreplay.app.log import records
 from rlreplay.app.storage.layout import value_key
 from rlreplay.app.tables.items import PatchedItem
-from rlreplay.app.tables.name_masks import row_mask, row_masks
 from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
@@ -239,13 +238,13 @@ class EngineRollouts(EngineReads):
         catch_up = max(timeout, DEFAULT_TIMEOUT_S)
         await self._caught_up(t, time.monotonic() + catch_up, catch_up)
         r = t.rollouts
-        want = r.want(fields)
-        if want:
+        if fields:
             await self._fields_learned(t)
         state = r.task(task)
-        state.want = want
+        state.fields = fields or []
         while True:
-            slots = r.pick(state, want, batch_size, group_size, min_version)
+            want = r.want(fields)  # None until some item has each field
+            slots = [] if want is None else r.pick(state, want, batch_size, group_size, min_version)
             if len(slots) >= batch_size:
                 break
             left = deadline - time.monotonic()
@@ -261,11 +260,12 @@ class EngineRollouts(EngineReads):
             state = r.task(task)
         if not slots:
             return None, []
+        assert want is not None  # items were picked for it
         # whole values past the cap are refused before anything is leased (the items stay
         # ready); values cut to ``fields`` are measured once cut, before the answer is built
         measure = int(t.size[slots].sum()) > self._max_answer_bytes
         if measure and (
-            fields is None or all(mask == want for mask in row_masks(t.field_mask, slots))
+            fields is None or all(mask == want for mask in r.field_masks.get_many(slots))
         ):
             raise self._too_big(int(t.size[slots].sum()), f"a claim of {len(slots)} items")
         lease = r.lease(state, slots, lease_s)
@@ -300,7 +300,7 @@ class EngineRollouts(EngineReads):
         relearn = r.relearn
         try:
             n = len(t.keys)
-            unknown = t.field_mask[:n].any(axis=1) == 0
+            unknown = r.field_masks.empty(n)
             if relearn:  # saved by a version that dropped names: every item again
                 unknown[:] = True
             misses: list[tuple[int, str, int]] = []  # slot, key, value version
@@ -359,7 +359,7 @@ class EngineRollouts(EngineReads):
         gone: list[str] = []
         groups, versions = t.rollouts.groups, t.policy_version
         prios = t.priority[slots].tolist()
-        masks = row_masks(t.field_mask, slots)
+        masks = t.rollouts.field_masks.get_many(slots)
         for key, slot, value, prio, mask in zip(keys, slots, values, prios, masks, strict=True):
             if value is None:
                 gone.append(key)
@@ -451,7 +451,7 @@ class EngineRollouts(EngineReads):
                         break
                 else:
                     bit = r.task_bits.known(name)
-                    if bit is None or not row_mask(t.acked_mask, slot) & bit:
+                    if bit is None or not r.acked_masks.get(slot) & bit:
                         break
             else:
                 doomed.append(key)

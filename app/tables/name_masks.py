@@ -2,54 +2,36 @@
 acknowledged it (see :mod:`rlreplay.app.tables.rollouts`).
 
 :class:`Names` numbers names in the order first seen, without a limit; a set of them is a
-*mask*, a Python int with bit ``i`` for the name numbered ``i``. A table keeps one mask per
-slot in a 2-D ``uint64`` column, one row per slot and one word per 64 names: the column
-gains a word each time a 65th, 129th... name is numbered, so it costs one bit per slot and
-name. The helpers below move masks in and out of such columns; a column of one word (64
-names or fewer, the common case) is read and written as the 1-D view of that word.
+*mask*, a Python int with bit ``i`` for the name numbered ``i``. :class:`SlotMasks` keeps one
+mask per slot of a table: the bits of the first 64 names in one of the table's ``uint64``
+columns (dense, read by a claim's walk at NumPy speed), the bits of later names in a dict by
+slot, holding only the slots that have some. So a table whose values have 64 top-level
+fields or fewer (the common case) pays one word per slot, and a name past the 64th costs
+only the items that hold it, however many names the table has seen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = [
-    "WORD_BITS",
-    "Names",
-    "mask_of_row",
-    "row_mask",
-    "row_masks",
-    "set_row",
-    "set_rows",
-    "widened",
-    "word_masks",
-]
+__all__ = ["LOW_BITS", "Names", "SlotMasks"]
 
-#: Names per word of a mask column.
-WORD_BITS = 64
-_WORD = (1 << WORD_BITS) - 1
-
-MaskColumn = npt.NDArray[np.uint64]
+#: Names whose bits a table's dense column holds.
+LOW_BITS = 64
+#: The bits of the dense column, in a mask.
+LOW = (1 << LOW_BITS) - 1
 
 
 class Names:
-    """Names numbered in the order first seen, without a limit.
+    """Names numbered in the order first seen, without a limit."""
 
-    Args:
-        widen: Called with the number of words masks now need, each time a name is
-            numbered past what the current words hold (the owner widens its columns).
-    """
-
-    def __init__(self, widen: Callable[[int], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.positions: dict[str, int] = {}
         self._order: list[str] = []
-        self._widen = widen
-        #: The words a mask of every name numbered so far needs.
-        self.words = 1
 
     def __len__(self) -> int:
         return len(self._order)
@@ -60,10 +42,6 @@ class Names:
         if pos is None:
             pos = self.positions[name] = len(self._order)
             self._order.append(name)
-            if pos >= self.words * WORD_BITS:
-                self.words += 1
-                if self._widen is not None:
-                    self._widen(self.words)
         return 1 << pos
 
     def known(self, name: str) -> int | None:
@@ -80,6 +58,17 @@ class Names:
             mask |= self.bit(name) if pos is None else 1 << pos
         return mask
 
+    def known_mask(self, names: Iterable[str]) -> int | None:
+        """The mask of ``names`` if every one is numbered (None: one never seen)."""
+        mask = 0
+        positions = self.positions
+        for name in names:
+            pos = positions.get(name)
+            if pos is None:
+                return None
+            mask |= 1 << pos
+        return mask
+
     def names(self, mask: int) -> list[str]:
         """The names in ``mask``, in the order they were numbered."""
         order = self._order
@@ -91,67 +80,85 @@ class Names:
         return out
 
 
-def widened(column: MaskColumn, words: int) -> MaskColumn:
-    """``column`` with ``words`` words per row (the new ones zero)."""
-    new = np.zeros((len(column), words), dtype=np.uint64)
-    new[:, : column.shape[1]] = column
-    return new
+class SlotMasks:
+    """A mask per slot of ``table``: the low bits in its column ``column`` (which the table
+    grows with its other columns), the others in :attr:`high` (see the module docstring)."""
 
+    def __init__(self, table: Any, column: str) -> None:
+        self._table = table
+        self._column = column
+        #: slot → the bits past :data:`LOW_BITS` of its mask (slots with none are absent).
+        self.high: dict[int, int] = {}
 
-def _words(mask: int, words: int) -> list[int]:
-    return [(mask >> (WORD_BITS * w)) & _WORD for w in range(words)]
+    @property
+    def low(self) -> npt.NDArray[np.uint64]:
+        """The dense column of the low bits."""
+        column: npt.NDArray[np.uint64] = getattr(self._table, self._column)
+        return column
 
+    def get(self, slot: int) -> int:
+        """The mask of ``slot``."""
+        mask = int(self.low[slot])
+        return mask | self.high[slot] if self.high and slot in self.high else mask
 
-def mask_of_row(row: Sequence[Any]) -> int:
-    """The mask a row of words holds."""
-    mask = 0
-    for w, word in enumerate(row):
-        if word:
-            mask |= int(word) << (WORD_BITS * w)
-    return mask
-
-
-def row_mask(column: MaskColumn, slot: int) -> int:
-    """The mask the row of ``slot`` holds."""
-    if column.shape[1] == 1:
-        return int(column[slot, 0])
-    return mask_of_row(column[slot].tolist())
-
-
-def set_row(column: MaskColumn, slot: int, mask: int) -> None:
-    """Store ``mask`` in the row of ``slot`` (it fits the column's words)."""
-    words = column.shape[1]
-    if words == 1:
-        column[slot, 0] = mask
-    else:
-        column[slot] = _words(mask, words)
-
-
-def set_rows(column: MaskColumn, slots: Any, masks: list[int]) -> None:
-    """Store ``masks[i]`` in the row of ``slots[i]`` (a mask fits the column's words)."""
-    words = column.shape[1]
-    if words == 1:
-        column[slots, 0] = masks
-    else:
-        column[slots] = [_words(mask, words) for mask in masks]
-
-
-def row_masks(column: MaskColumn, slots: Any) -> list[int]:
-    """The masks the rows of ``slots`` hold."""
-    if column.shape[1] == 1:
-        masks: list[int] = column[slots, 0].tolist()
+    def get_many(self, slots: Any) -> list[int]:
+        """The masks of ``slots`` (a list or an array of slots)."""
+        masks: list[int] = self.low[slots].tolist()
+        high = self.high
+        if high:
+            for i, slot in enumerate(np.asarray(slots).tolist()):
+                more = high.get(slot)
+                if more:
+                    masks[i] |= more
         return masks
-    return [mask_of_row(row) for row in column[slots].tolist()]
 
+    def set(self, slot: int, mask: int) -> None:
+        """Set the mask of ``slot``."""
+        self.low[slot] = mask & LOW
+        if mask > LOW:
+            self.high[slot] = mask & ~LOW
+        elif self.high:
+            self.high.pop(slot, None)
 
-def word_masks(mask: int) -> list[tuple[int, np.uint64]]:
-    """``mask``'s nonzero words: (word index, its bits)."""
-    out: list[tuple[int, np.uint64]] = []
-    w = 0
-    while mask:
-        word = mask & _WORD
-        if word:
-            out.append((w, np.uint64(word)))
-        mask >>= WORD_BITS
-        w += 1
-    return out
+    def set_many(self, slots: npt.NDArray[np.int64], masks: list[int]) -> None:
+        """Set the masks of distinct ``slots``."""
+        if self.high or (masks and max(masks) > LOW):
+            for slot, mask in zip(slots.tolist(), masks, strict=True):
+                self.set(slot, mask)
+        else:
+            self.low[slots] = masks
+
+    def clear(self, slots: npt.NDArray[np.int64], slot_list: list[int]) -> None:
+        """Empty the masks of ``slots`` (the same as ``slot_list``)."""
+        self.low[slots] = 0
+        if self.high:
+            for slot in slot_list:
+                self.high.pop(slot, None)
+
+    def add(self, slots: npt.NDArray[np.int64], bit: int) -> None:
+        """Add the one-name mask ``bit`` to the masks of distinct ``slots``."""
+        if bit <= LOW:
+            self.low[slots] |= np.uint64(bit)
+            return
+        high = self.high
+        for slot in slots.tolist():
+            high[slot] = high.get(slot, 0) | bit
+
+    def lacking(self, n: int, bit: int) -> npt.NDArray[np.bool_]:
+        """Whether each of the first ``n`` slots' masks lacks the one-name mask ``bit``."""
+        if bit <= LOW:
+            lacks: npt.NDArray[np.bool_] = (self.low[:n] & np.uint64(bit)) == 0
+            return lacks
+        lacks = np.ones(n, dtype=bool)
+        for slot, more in self.high.items():
+            if more & bit and slot < n:
+                lacks[slot] = False
+        return lacks
+
+    def empty(self, n: int) -> npt.NDArray[np.bool_]:
+        """Whether each of the first ``n`` slots' masks is empty."""
+        empty: npt.NDArray[np.bool_] = self.low[:n] == 0
+        for slot in self.high:
+            if slot < n:
+                empty[slot] = False
+        return empty

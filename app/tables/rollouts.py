@@ -5,10 +5,11 @@ The index lives in memory next to the table's columns, so a claim decides from i
 never reads a value to do so:
 
 * :class:`~rlreplay.app.tables.name_masks.Names` numbers each field name (and each task
-  name), without a limit; per slot the table keeps the bits of the fields its value has
-  (``field_mask``) and of the tasks that acknowledged it (``acked_mask``), in 2-D columns
-  that gain a word per 64 names. What is durable are the names (in the item's metadata
-  record), never the bits, so a bit means what this process made it mean.
+  name), without a limit; per slot :class:`~rlreplay.app.tables.name_masks.SlotMasks` keep
+  the bits of the fields its value has (:attr:`Rollouts.field_masks`, the first 64 names'
+  in the table's ``field_mask`` column) and of the tasks that acknowledged it
+  (:attr:`Rollouts.acked_masks`, ``acked_mask``). What is durable are the names (in the
+  item's metadata record), never the bits, so a bit means what this process made it mean.
 * Each :class:`TaskState` keeps the items the task has not acknowledged, oldest first, and
   those it holds under a live lease: a claim walks them from the oldest, skipping the
   leased ones and those still missing a field, so its cost follows what is in flight, not
@@ -32,14 +33,7 @@ import msgspec
 import numpy as np
 
 from rlreplay.app.tables.items import PatchedItem
-from rlreplay.app.tables.name_masks import (
-    Names,
-    row_mask,
-    set_row,
-    set_rows,
-    widened,
-    word_masks,
-)
+from rlreplay.app.tables.name_masks import LOW, Names, SlotMasks
 from rlreplay.wire.errors import ValidationFailed
 
 if TYPE_CHECKING:
@@ -128,7 +122,7 @@ class TaskState:
     unacked: dict[int, int] = field(default_factory=dict)
     leased: dict[int, str] = field(default_factory=dict)
     #: The fields its last claim asked for (the ``ready`` count of ``/tasks`` uses them).
-    want: int = 0
+    fields: list[str] = field(default_factory=list)
     acked: int = 0
     expired: int = 0
 
@@ -156,8 +150,10 @@ class Rollouts:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.fields = Names(lambda words: self._widen("field_mask", words))
-        self.task_bits = Names(lambda words: self._widen("acked_mask", words))
+        self.fields = Names()
+        self.task_bits = Names()
+        self.field_masks = SlotMasks(table, "field_mask")
+        self.acked_masks = SlotMasks(table, "acked_mask")
         self.tasks: dict[str, TaskState] = {}
         self.leases: dict[str, Lease] = {}
         self.groups: dict[int, str] = {}  # slot → group, for items pushed with one
@@ -175,10 +171,6 @@ class Rollouts:
         self.names_whole = True
         #: Whether the learning must read every item's fields again, not only the unknown.
         self.relearn = False
-
-    def _widen(self, column: str, words: int) -> None:
-        """A mask column of the table gets ``words`` words per slot (a name was numbered)."""
-        setattr(self.table, column, widened(getattr(self.table, column), words))
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -204,8 +196,8 @@ class Rollouts:
         t = self.table
         group = self.groups.get(slot)
         version = int(t.policy_version[slot])
-        acked = row_mask(t.acked_mask, slot)
-        fields = row_mask(t.field_mask, slot)
+        acked = self.acked_masks.get(slot)
+        fields = self.field_masks.get(slot)
         if group is None and version == NO_VERSION and not acked and not fields:
             return None
         return [
@@ -223,13 +215,12 @@ class Rollouts:
         once their values can be read."""
         t = self.table
         slots = np.asarray(slot_list, dtype=np.int64)
-        t.acked_mask[slots] = 0
+        self.acked_masks.clear(slots, slot_list)
         if self.learning is not None:
             mask_of, names = self.fields.mask, field_names
-            masks = [mask_of(names(v)) for v in values]  # may widen the column: first
-            set_rows(t.field_mask, slots, masks)
+            self.field_masks.set_many(slots, [mask_of(names(v)) for v in values])
         else:
-            t.field_mask[slots] = 0  # not known yet: see learning
+            self.field_masks.clear(slots, slot_list)  # not known yet: see learning
         groups = self.groups
         versions = t.policy_version
         if any(it.group is not None or it.version is not None for it in items):
@@ -273,8 +264,8 @@ class Rollouts:
         them. The columns are indexed by the array: NumPy converts a list on every use."""
         self.forget(slot_list)
         t = self.table
-        t.field_mask[slots] = 0
-        t.acked_mask[slots] = 0
+        self.field_masks.clear(slots, slot_list)
+        self.acked_masks.clear(slots, slot_list)
         t.policy_version[slots] = NO_VERSION
         if self.groups:
             for slot in slot_list:
@@ -283,17 +274,16 @@ class Rollouts:
     def on_patch(self, slot: int, value: bytes) -> None:
         """An item's value got new fields (or its fields are learned: see
         the learning)."""
-        mask = self.fields.mask(field_names(value))
-        set_row(self.table.field_mask, slot, mask)
+        self.field_masks.set(slot, self.fields.mask(field_names(value)))
 
     def on_ack(self, task_name: str, slots: list[int]) -> None:
         """``task_name`` acknowledged the items at ``slots`` (durably, once applied)."""
         t = self.table
-        ((word, bit),) = word_masks(self.task_bits.bit(task_name))
+        bit = self.task_bits.bit(task_name)
         if not slots:
             return
         at = np.asarray(slots, dtype=np.int64)
-        t.acked_mask[at, word] |= bit
+        self.acked_masks.add(at, bit)
         t.meta_dirty[at] = 1
         task = self.tasks.get(task_name)
         if task is not None:
@@ -311,10 +301,8 @@ class Rollouts:
         if version is not None:
             t.policy_version[slot] = version
             self.has_meta = True
-        field_mask = self.fields.mask(fields)
-        acked_mask = self.task_bits.mask(acked)
-        set_row(t.field_mask, slot, field_mask)
-        set_row(t.acked_mask, slot, acked_mask)
+        self.field_masks.set(slot, self.fields.mask(fields))
+        self.acked_masks.set(slot, self.task_bits.mask(acked))
         if not self.names_whole and len(self.fields) >= LEGACY_MAX_NAMES:
             self.relearn = True  # the names past the old limit were not saved
 
@@ -326,11 +314,11 @@ class Rollouts:
         if state is not None:
             return state
         t = self.table
-        ((word, bit),) = word_masks(self.task_bits.bit(name))
+        bit = self.task_bits.bit(name)
         n = len(t.keys)
         live = np.flatnonzero(
             np.fromiter((k is not None for k in t.keys), dtype=bool, count=n)
-            & ((t.acked_mask[:n, word] & bit) == 0)
+            & self.acked_masks.lacking(n, bit)
         )
         live = live[np.argsort(t.order[live], kind="stable")]
         state = TaskState(name, dict(zip(t.order[live].tolist(), live.tolist(), strict=True)))
@@ -342,10 +330,10 @@ class Rollouts:
         s = self.table.config.max_staleness
         return None if s is None else self.version - s
 
-    def want(self, names: list[str] | None) -> int:
-        """The bits of the fields a claim asks for (new names are numbered: items that
-        get those fields later become ready for it)."""
-        return self.fields.mask(names) if names else 0
+    def want(self, names: list[str] | None) -> int | None:
+        """The bits of the fields a claim asks for; None while one of them is in no item
+        yet (a claim asks again once items change: asking numbers no name)."""
+        return self.fields.known_mask(names) if names else 0
 
     def pick(
         self,
@@ -360,12 +348,10 @@ class Rollouts:
         whole groups of ``group_size`` when given. At most ``batch_size``."""
         t = self.table
         versions, leased, groups = t.policy_version, task.leased, self.groups
-        # the fields are checked word by word: with 64 names or fewer, in the one word of
-        # the first; ``more`` holds the other words a claim for later names needs
-        words = word_masks(want) or [(0, np.uint64(0))]
-        first, want_u = words[0]
-        fmask, more = t.field_mask[:, first], words[1:]
-        rows = t.field_mask
+        # the first 64 names' bits are checked in the table's column; later ones, where a
+        # claim asks for them, in the masks' dict of the slots that have some
+        fmask, high = t.field_mask, self.field_masks.high
+        want_u, want_high = np.uint64(want & LOW), want & ~LOW
         low = self.floor()
         if min_version is not None:
             low = min_version if low is None else max(low, min_version)
@@ -374,7 +360,7 @@ class Rollouts:
         for order, slot in task.unacked.items():
             if order in leased or (fmask[slot] & want_u) != want_u:
                 continue
-            if more and any((rows[slot, w] & bits) != bits for w, bits in more):
+            if want_high and (high.get(slot, 0) & want_high) != want_high:
                 continue
             if low is not None:
                 version = versions[slot]
@@ -399,7 +385,10 @@ class Rollouts:
 
     def ready_count(self, task: TaskState) -> int:
         """Items ready for ``task`` with the fields its last claim asked for."""
-        return len(self.pick(task, task.want, len(task.unacked) + 1, None, None))
+        want = self.want(task.fields)
+        if want is None:
+            return 0
+        return len(self.pick(task, want, len(task.unacked) + 1, None, None))
 
     def lease(self, task: TaskState, slots: list[int], lease_s: float) -> Lease:
         """Hand ``slots`` to ``task`` under a new lease."""

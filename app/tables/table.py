@@ -87,11 +87,11 @@ class Table:
         self.next_order = 0
         self.fields: dict[int, dict[str, Any]] = {}  # slot → indexed fields (plugin samplers)
         # rollout tables: the policy version (NO_VERSION: none), the bits of the fields the
-        # value has and of the tasks that acknowledged it, a word per 64 names (see
+        # value has and of the tasks that acknowledged it: those of the first 64 names (see
         # rollouts.py and name_masks.py)
         self.policy_version = np.zeros(cap, dtype=np.int64)
-        self.field_mask = np.zeros((cap, 1), dtype=np.uint64)
-        self.acked_mask = np.zeros((cap, 1), dtype=np.uint64)
+        self.field_mask = np.zeros(cap, dtype=np.uint64)
+        self.acked_mask = np.zeros(cap, dtype=np.uint64)
         self.rollouts = Rollouts(self)
         self.bytes_in_cache = 0
         self.bytes_on_disk = 0
@@ -165,7 +165,7 @@ class Table:
             "acked_mask",
         ):
             old = getattr(self, name)
-            new = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
+            new = np.zeros(cap, dtype=old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
 

@@ -3,7 +3,9 @@ version that tracked at most 64 field names learns its items' fields again."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -14,43 +16,76 @@ from rlreplay.app.engine.engine import Engine
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
-from rlreplay.app.tables.name_masks import Names, row_mask, row_masks, set_row, set_rows, widened
+from rlreplay.app.tables.name_masks import Names, SlotMasks
 from rlreplay.app.tables.table import Table
 
 NAMES = [f"n{i}" for i in range(200)]
 
 
-@given(st.lists(st.lists(st.sampled_from(NAMES), max_size=12), min_size=1, max_size=30))
-def test_rows_hold_the_names_they_were_given(rows: list[list[str]]) -> None:
-    column = np.zeros((len(rows), 1), dtype=np.uint64)
+class _Table:
+    """What :class:`SlotMasks` needs of a table: a column it may replace as it grows."""
 
-    def widen(words: int) -> None:
-        nonlocal column
-        column = widened(column, words)
+    def __init__(self, n: int) -> None:
+        self.masks = np.zeros(n, dtype=np.uint64)
 
-    names = Names(widen)
-    for slot, row in enumerate(rows):
-        masks = [names.mask(row)]  # may widen: before the column is read
-        if slot % 2:
-            set_rows(column, [slot], masks)
-        else:
-            set_row(column, slot, masks[0])
-    assert column.shape[1] == max(1, (len(names) + 63) // 64)
-    for slot, row in enumerate(rows):
-        assert set(names.names(row_mask(column, slot))) == set(row)
-    assert [set(names.names(m)) for m in row_masks(column, list(range(len(rows))))] == [
-        set(row) for row in rows
-    ]
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["set", "set_many", "clear", "add"]),
+        st.lists(st.integers(0, 19), min_size=1, max_size=5, unique=True),
+        st.lists(st.sampled_from(NAMES), max_size=8),
+    ),
+    max_size=40,
+)
+
+
+@given(ops)
+def test_slot_masks_hold_the_names_they_were_given(steps: list[Any]) -> None:
+    table = _Table(20)
+    names = Names()
+    masks = SlotMasks(table, "masks")
+    model: dict[int, set[str]] = {slot: set() for slot in range(20)}
+    for op, slots, given_names in steps:
+        at = np.asarray(slots, dtype=np.int64)
+        if op == "set":
+            masks.set(slots[0], names.mask(given_names))
+            model[slots[0]] = set(given_names)
+        elif op == "set_many":
+            masks.set_many(at, [names.mask(given_names[i:]) for i in range(len(slots))])
+            for i, slot in enumerate(slots):
+                model[slot] = set(given_names[i:])
+        elif op == "clear":
+            masks.clear(at, slots)
+            for slot in slots:
+                model[slot] = set()
+        elif given_names:
+            masks.add(at, names.bit(given_names[0]))
+            for slot in slots:
+                model[slot].add(given_names[0])
+        if op == "set" and slots[0] % 3 == 0:  # the table grows its column meanwhile
+            grown = np.zeros(len(table.masks) + 4, dtype=np.uint64)
+            grown[: len(table.masks)] = table.masks
+            table.masks = grown
+    everyone = list(range(20))
+    assert [set(names.names(m)) for m in masks.get_many(everyone)] == [model[s] for s in everyone]
+    assert [set(names.names(masks.get(s))) for s in everyone] == [model[s] for s in everyone]
+    assert masks.empty(20).tolist() == [not model[s] for s in everyone]
+    for name in NAMES[:3] + NAMES[64:67] + NAMES[150:151]:
+        bit = names.known(name)
+        if bit is not None:
+            assert masks.lacking(20, bit).tolist() == [name not in model[s] for s in everyone]
+    # only slots holding a name past the 64th keep more than their column's word
+    assert all(more and (more >> 64) for more in masks.high.values())
 
 
 def test_names_are_numbered_without_a_limit() -> None:
-    widths: list[int] = []
-    names = Names(widths.append)
+    names = Names()
     bits = [names.bit(name) for name in NAMES]
     assert bits == [1 << i for i in range(len(NAMES))]
-    assert widths == [2, 3, 4]
     assert names.names(bits[70] | bits[199] | bits[0]) == ["n0", "n70", "n199"]
     assert names.known("n150") == 1 << 150 and names.known("nope") is None
+    assert names.known_mask(["n1", "n150"]) == bits[1] | bits[150]
+    assert names.known_mask(["n1", "nope"]) is None and "nope" not in names.positions
 
 
 def _legacy_table(n_names: int) -> Table:
@@ -88,11 +123,30 @@ async def test_a_claim_relearns_the_fields_a_legacy_table_lost(tmp_path: Path) -
         # as restored from a version that kept 64 names: the later ones are missing
         r = t.rollouts
         r.learning, r.relearn = None, True
-        t.field_mask[:] = 0
         for slot in range(3):
-            set_row(t.field_mask, slot, r.fields.mask([f"f{j}" for j in range(64)]))
+            r.field_masks.set(slot, r.fields.mask([f"f{j}" for j in range(64)]))
         lease, items = await engine.claim("t", "trainer", 3, fields=["f70"], wait_ms=0)
         assert lease is not None and [it.key for it in items] == ["r0", "r1", "r2"]
         assert not r.relearn and t.state_dict()["rollouts"]["names_whole"] is True
+    finally:
+        await engine.stop()
+
+
+async def test_a_claim_for_a_field_no_item_has_waits_for_it_and_numbers_nothing(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(Settings(data_dir=tmp_path, io_threads=1, storage_mode="memory"))
+    await engine.start()
+    try:
+        await engine.create_table("t", TableConfig.model_validate({"sampler": {"type": "fifo"}}))
+        await engine.push("t", [NewItem("r0", msgpack.packb({"prompt": 1}), 1.0)], wait=True)
+        claim = asyncio.ensure_future(engine.claim("t", "trainer", 1, fields=["late"]))
+        await asyncio.sleep(0.2)
+        assert not claim.done()
+        assert "late" not in engine._table("t").rollouts.fields.positions
+        await engine.patch("t", [("r0", msgpack.packb({"late": 2}))], wait=True)
+        lease, items = await asyncio.wait_for(claim, 30)
+        assert lease is not None and [it.key for it in items] == ["r0"]
+        assert msgpack.unpackb(items[0].value) == {"late": 2}
     finally:
         await engine.stop()
