@@ -109,7 +109,7 @@ class Settings(BaseSettings):
         256,
         gt=0,
         description=(
-            "Largest answer built: a sample or batchGet whose items (keys and values as "
+            "Largest answer built: a sample, batchGet or claim whose items (keys and values as "
             "stored) would take more is refused with 422 before it is built."
         ),
     )
