@@ -6,6 +6,8 @@
 #   server   rlreplay:latest           docker/Dockerfile (no torch)
 #   sidecar  rlreplay-sidecar:latest   docker/Dockerfile.sidecar
 #   moto     rlreplay-moto:test        tests/deploy/Dockerfile.moto (the stack test's S3)
+#   prometheus  rlreplay-prometheus:test  tests/deploy/Dockerfile.prometheus (Debian's package,
+#            for the stack test)
 #
 # Everything below is optional; the defaults build as on any machine with open access.
 #   BASE_IMAGE         the Python 3.11 base. Default: python:3.11-slim when it is here or can
@@ -147,6 +149,7 @@ for target in "${targets[@]}"; do
       build sidecar rlreplay-sidecar:latest docker/Dockerfile.sidecar "${args[@]}"
       ;;
     moto) build moto rlreplay-moto:test tests/deploy/Dockerfile.moto ;;
-    *) log "unknown image $target (server, sidecar, moto)"; exit 2 ;;
+    prometheus) build prometheus rlreplay-prometheus:test tests/deploy/Dockerfile.prometheus ;;
+    *) log "unknown image $target (server, sidecar, moto, prometheus)"; exit 2 ;;
   esac
 done

@@ -271,6 +271,8 @@ def test_published_host_ports_can_be_moved_and_default_to_the_usual_ones() -> No
         "replay": ["127.0.0.1:8000:8000"],
         "sidecar": ["127.0.0.1:8100:8100"],
         "minio": ["127.0.0.1:9000:9000", "127.0.0.1:9001:9001"],
+        "prometheus": ["127.0.0.1:9090:9090"],
+        "grafana": ["127.0.0.1:3000:3000"],
     }
     for name, ports in expected.items():
         assert [interpolate(p, {}) for p in services[name]["ports"]] == ports, name
@@ -280,11 +282,12 @@ def test_published_host_ports_can_be_moved_and_default_to_the_usual_ones() -> No
 
 def test_the_stack_tests_override_swaps_minio_for_moto_and_nothing_else() -> None:
     """tests/deploy/compose.stack.yml: moto on MinIO's name and port, the bucket the backup
-    URL names; the replay service and the sidecar keep their own settings but the interval
-    of their checks."""
+    URL names, Debian's Prometheus in prom/prometheus's place; the replay service and the
+    sidecar keep their own settings but the interval of their checks."""
     base = load_compose()
     override = load_compose(REPO / "tests/deploy/compose.stack.yml")["services"]
-    assert set(override) == {"minio", "minio-init", "replay", "sidecar"}
+    assert set(override) == {"minio", "minio-init", "replay", "sidecar", "prometheus"}
+    assert override["prometheus"] == {"image": "rlreplay-prometheus:test"}
     assert override["replay"] == override["sidecar"] == {"healthcheck": {"interval": "2s"}}
     assert override["minio"]["image"] == override["minio-init"]["image"] == "rlreplay-moto:test"
     assert "--port" in override["minio"]["command"] and "9000" in override["minio"]["command"]

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker/Dockerfile"
 SIDECAR_DOCKERFILE = REPO / "docker/Dockerfile.sidecar"
 MOTO_DOCKERFILE = REPO / "tests/deploy/Dockerfile.moto"
+PROMETHEUS_DOCKERFILE = REPO / "tests/deploy/Dockerfile.prometheus"
 REQUIREMENTS_SCRIPT = REPO / "docker/requirements.py"
 HEALTHCHECK_SCRIPT = REPO / "docker/healthcheck.py"
 COMPOSE_FILE = REPO / "docker-compose.yml"

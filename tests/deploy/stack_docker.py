@@ -4,8 +4,10 @@ minutes).
 
 docker-compose.yml with docker-compose.cpu.yml (the sidecar on the CPU) and
 tests/deploy/compose.stack.yml (moto's S3 server in place of MinIO, health checks every 2 s)
-starts the service, the sidecar and the S3 server. Through the published ports, on
-127.0.0.1 only, the Python client pushes, samples and takes a snapshot. Then:
+starts the service, the sidecar, the S3 server and Prometheus (Debian's package in place of
+prom/prometheus). Through the published ports, on 127.0.0.1 only, the Python client pushes,
+samples and takes a snapshot, and Prometheus has scraped both the server and the sidecar.
+Then:
 
 1. The server is frozen (SIGSTOP): /healthz stops answering, the health check ends the
    process after three failures, and `restart: unless-stopped` brings the container back on
@@ -37,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgpack
@@ -46,6 +49,7 @@ import yaml
 
 from rlreplay import ReplayClient
 from rlreplay.wire.codec import unpackb
+from rlreplay.wire.errors import ReplayError
 from tests.deploy.files import (
     COMPOSE_FILE,
     CPU_OVERRIDE,
@@ -56,6 +60,9 @@ from tests.deploy.files import (
 from tests.live import free_port
 
 STACK_OVERRIDE = REPO / "tests/deploy/compose.stack.yml"
+#: Grafana's image is the one left out (it cannot be pulled here); naming Prometheus starts it
+#: without the whole "monitoring" profile.
+SERVICES = ("replay", "sidecar", "minio", "minio-init", "prometheus")
 PROJECT = "rlreplay-stack-test"
 TABLE = "default"
 ITEMS = 400
@@ -95,7 +102,13 @@ class Stack:
         for path in files:
             self.argv += ["-f", str(path)]
         if not self.ports:
-            names = ("REPLAY_PORT", "SIDECAR_PORT", "MINIO_PORT", "MINIO_CONSOLE_PORT")
+            names = (
+                "REPLAY_PORT",
+                "SIDECAR_PORT",
+                "MINIO_PORT",
+                "MINIO_CONSOLE_PORT",
+                "PROMETHEUS_PORT",
+            )
             self.ports = {name: free_port() for name in names}
 
     def environment(self) -> dict[str, str]:
@@ -154,14 +167,18 @@ def _state(container: str) -> dict[str, str]:
 
 
 def _wait(stack: Stack, what: str, timeout_s: float, done: Callable[[], bool]) -> float:
-    """Polls ``done`` until it holds; the seconds it took. Fails with the stack's state."""
+    """Polls ``done`` until it holds; the seconds it took. Fails with the last error ``done``
+    raised and the stack's state."""
     started = time.monotonic()
+    last: Exception | None = None
     while time.monotonic() - started < timeout_s:
-        with contextlib.suppress(httpx.HTTPError, AssertionError):
+        try:
             if done():
                 return time.monotonic() - started
+        except (httpx.HTTPError, ReplayError, AssertionError, OSError) as exc:
+            last = exc
         time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout_s} s\n{stack.report()}")
+    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})\n{stack.report()}")
 
 
 def _healthy(stack: Stack, service: str) -> Callable[[], bool]:
@@ -207,6 +224,28 @@ async def _get_all(url: str, keys: list[str]) -> list[dict[str, object] | None]:
         return list(await rb.get_many(TABLE, keys))
 
 
+def _all_there(url: str, keys: list[str]) -> bool:
+    _check_values(asyncio.run(_get_all(url, keys)), keys)
+    return True
+
+
+def _query(prometheus_url: str, query: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    result: list[dict[str, Any]] = answer.json()["data"]["result"]
+    return result
+
+
+def _scraped(prometheus_url: str) -> bool:
+    """Both jobs up, the dashboard's item count at ITEMS, the sidecar's lag reported."""
+    up = {r["metric"]["job"]: r["value"][1] for r in _query(prometheus_url, "up")}
+    assert up == {"rlreplay": "1", "rlreplay-sidecar": "1"}, up
+    items = _query(prometheus_url, 'rlreplay_all_tables_items{job="rlreplay"}')
+    assert items and float(items[0]["value"][1]) == ITEMS, items
+    assert _query(prometheus_url, 'rlreplay_sidecar_lag_events{job="rlreplay-sidecar"}')
+    return True
+
+
 def _sidecar_sample(url: str) -> dict[str, object]:
     answer = httpx.post(
         f"{url}/v1/sample",
@@ -246,7 +285,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 def test_the_stack_serves_restarts_and_restores_from_object_storage(stack: Stack) -> None:
     started = time.monotonic()
-    stack.compose("up", "-d", "--no-build", timeout_s=START_S)
+    stack.compose("up", "-d", "--no-build", *SERVICES, timeout_s=START_S)
     stack.timings["compose_up_s"] = round(time.monotonic() - started, 1)
     _wait(stack, "replay healthy", START_S, _healthy(stack, "replay"))
     stack.timings["replay_healthy_s"] = round(time.monotonic() - started, 1)
@@ -265,6 +304,10 @@ def test_the_stack_serves_restarts_and_restores_from_object_storage(stack: Stack
         lambda: _sidecar_serves_the_values(sidecar_url),
     )
 
+    # Prometheus (the compose file's service and configuration) scrapes both.
+    prometheus_url = stack.url("PROMETHEUS_PORT")
+    _wait(stack, "Prometheus scrapes the items", RESTART_S, lambda: _scraped(prometheus_url))
+
     # 1. A frozen server: the liveness probe fails three times, the check ends it, and the
     # restart policy starts the container again on its volume.
     replay = stack.container("replay")
@@ -280,7 +323,7 @@ def test_the_stack_serves_restarts_and_restores_from_object_storage(stack: Stack
         1,
     )
     _wait(stack, "replay healthy after its restart", RESTART_S, _healthy(stack, "replay"))
-    _check_values(asyncio.run(_get_all(replay_url, keys)), keys)
+    _wait(stack, "every answered item after the restart", 60, lambda: _all_there(replay_url, keys))
 
     # 2. The node is lost: SIGKILL, the volume removed, the service started again.
     _docker("kill", "-s", "KILL", replay)
@@ -294,7 +337,7 @@ def test_the_stack_serves_restarts_and_restores_from_object_storage(stack: Stack
     stack.timings["restore_to_healthy_s"] = round(time.monotonic() - restore_started, 1)
     logs = stack.compose("logs", "--no-color", "replay")
     assert snapshot_id in logs, f"no restore of {snapshot_id} in the log:\n{logs[-3000:]}"
-    _check_values(asyncio.run(_get_all(replay_url, keys)), keys)
+    _wait(stack, "every answered item after the restore", 60, lambda: _all_there(replay_url, keys))
 
     # 3. The sidecar serves the restored values.
     _wait(
@@ -308,7 +351,12 @@ def test_the_stack_serves_restarts_and_restores_from_object_storage(stack: Stack
 
 def _image_sizes() -> dict[str, int]:
     sizes = {}
-    for image in ("rlreplay:latest", "rlreplay-sidecar:latest", "rlreplay-moto:test"):
+    for image in (
+        "rlreplay:latest",
+        "rlreplay-sidecar:latest",
+        "rlreplay-moto:test",
+        "rlreplay-prometheus:test",
+    ):
         sizes[image] = int(_docker("image", "inspect", "-f", "{{.Size}}", image)) // 1_000_000
     return sizes
 

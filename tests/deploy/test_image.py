@@ -25,6 +25,7 @@ from rlreplay.app.cli import main as cli_main
 from tests.deploy.files import (
     DOCKERFILE,
     MOTO_DOCKERFILE,
+    PROMETHEUS_DOCKERFILE,
     REPO,
     REQUIREMENTS_SCRIPT,
     SETTING_VARIABLES,
@@ -45,9 +46,10 @@ def _hadolint() -> str:
     return found
 
 
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, MOTO_DOCKERFILE, PROMETHEUS_DOCKERFILE])
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
     result = subprocess.run(
-        [_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+        [_hadolint(), "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
