@@ -7,7 +7,8 @@ client (one Python client process vs wrk, codec costs, push latency), sync_clien
 synchronous Client next to the async ReplayClient),
 sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
 sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
-+ ack next to sample, patch next to push).
++ ack next to sample, patch next to push), bulk (big batches over TCP and a Unix socket
+next to the sockets' own bandwidth).
 With no section named, all run.
 """
 
@@ -31,6 +32,7 @@ SECTIONS = (
     "sharded",
     "sidecar",
     "rollouts",
+    "bulk",
 )
 
 

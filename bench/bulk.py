@@ -1,0 +1,357 @@
+"""Big batches at the speed of the socket: rlreplay's bandwidth next to the socket's own.
+
+In one run, medians of 3 rounds (each figure a run of ``--duration`` seconds, the rounds
+alternating TCP and the Unix socket first):
+
+* baselines: a NumPy copy of 16 MiB (``np.copyto`` into a buffer reused); TCP on 127.0.0.1
+  and a Unix domain socket between two Python processes (``sendall`` of 16 MiB, the other
+  process ``recv_into`` a buffer of its own, then one byte back);
+* rlreplay (``rlreplay serve``, hybrid with ``wal``, on TCP and on ``--uds``; one
+  ``ReplayClient`` in the bench's process): ``get_many`` of every item, ``sample`` of as
+  many, ``stream`` (``prefetch=2``) and pushes replacing the same keys (``push`` for the
+  items layout, ``push_columns`` for the columns layout), in both layouts, for four
+  shapes: 512 x 4 KiB (uint8), 32 x 400 KiB (int32 tokens), 4 x 4 MiB (uint8), and 64
+  variable-length token rows (2 to 32 k int32 tokens, two fields: tokens and float32
+  log-probabilities; ``cu_seqlens`` in columns, which ``push_columns`` cannot take).
+
+GB/s counts the arrays' bytes (not msgpack's framing); the ratio is to the socket baseline
+of the same transport. With ``--arms`` the columnar reads run again with the fast paths of
+``clients/receive_buffers.py`` (the client) and ``app/api/column_answers.py`` (the server)
+turned off, in alternate rounds, against the same data.
+
+Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.http import free_port, stop_process
+from bench.report import print_table
+from rlreplay.app.cli import serve_command
+from rlreplay.clients import ReplayClient, tune_malloc
+
+MIB = 1 << 20
+BASELINE_BYTES = 16 * MIB
+TABLE_PREFIX = "bulk"
+
+
+# --- the shapes ---------------------------------------------------------------------------------
+
+
+def _shapes(rng: np.random.Generator) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Each shape's items' values, by name."""
+    tokens = rng.integers(0, 2**31 - 1, (32, 100 * 1024), dtype=np.int32)
+    big = rng.integers(0, 256, (4, 4 * MIB), dtype=np.uint8)
+    small = rng.integers(0, 256, (512, 4096), dtype=np.uint8)
+    lengths = rng.integers(2048, 32 * 1024 + 1, 64)
+    varlen = [
+        {
+            "tokens": rng.integers(0, 2**31 - 1, int(n), dtype=np.int32),
+            "logp": rng.standard_normal(int(n)).astype(np.float32),
+        }
+        for n in lengths
+    ]
+    return {
+        "512 x 4 KiB": [{"x": row} for row in small],
+        "32 x 400 KiB": [{"tokens": row} for row in tokens],
+        "4 x 4 MiB": [{"x": row} for row in big],
+        "64 token rows": varlen,
+    }
+
+
+def _payload_bytes(values: list[dict[str, np.ndarray]]) -> int:
+    return sum(array.nbytes for value in values for array in value.values())
+
+
+def _stackable(values: list[dict[str, np.ndarray]]) -> bool:
+    first = values[0]
+    return all(v[name].shape == a.shape for v in values for name, a in first.items())
+
+
+# --- baselines ----------------------------------------------------------------------------------
+
+
+def numpy_copy_gbps(seconds: float) -> float:
+    src = np.random.default_rng(0).integers(0, 256, BASELINE_BYTES, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    copies, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds or copies < 3:
+        np.copyto(dst, src)
+        copies += 1
+    return copies * BASELINE_BYTES / elapsed / 1e9
+
+
+_RECEIVER = """
+import socket, sys
+family, address, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if family == "unix":
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+else:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+buf = bytearray(size)
+view = memoryview(buf)
+while True:
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if not n:
+            sys.exit(0)
+        got += n
+    sock.sendall(b"k")
+"""
+
+
+def socket_gbps(family: str, folder: Path, seconds: float) -> float:
+    """One process ``sendall``s 16 MiB, another ``recv_into``s a buffer and answers a byte."""
+    if family == "unix":
+        path = str(folder / "baseline.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        address = path
+    else:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+    listener.listen(1)
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", _RECEIVER, family, address, str(BASELINE_BYTES)]
+    )
+    try:
+        conn, _ = listener.accept()
+        with conn:
+            payload = np.random.default_rng(1).integers(0, 256, BASELINE_BYTES, np.uint8)
+            data = memoryview(payload.data)
+            sends, t0 = 0, 0.0
+            for i in range(10**6):
+                if i == 1:  # the first send warms both ends up
+                    t0 = time.perf_counter()
+                conn.sendall(data)
+                if conn.recv(1) != b"k":
+                    raise RuntimeError("the receiver went away")
+                sends = i
+                if i and time.perf_counter() - t0 >= seconds and i >= 3:
+                    break
+            elapsed = time.perf_counter() - t0
+    finally:
+        listener.close()
+        receiver.wait(30)
+        if family == "unix":
+            os.unlink(address)
+    return sends * BASELINE_BYTES / elapsed / 1e9
+
+
+# --- rlreplay -----------------------------------------------------------------------------------
+
+
+async def _rate(call: Callable[[], Awaitable[int]], seconds: float) -> float:
+    """Bytes/s of ``call`` (which returns the bytes it moved), repeated for ``seconds``."""
+    await call()  # warm
+    moved, calls, t0 = 0, 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds or calls < 3:
+        moved += await call()
+        calls += 1
+    return moved / elapsed
+
+
+async def _stream_rate(
+    rb: ReplayClient, table: str, n: int, nbytes: int, layout: Any, seconds: float
+) -> float:
+    batches = rb.stream(table, batch_size=n, prefetch=2, layout=layout)
+    async with aclosing(batches) as stream:
+        got, t0 = -1, 0.0
+        async for _ in stream:
+            got += 1
+            if got == 0:
+                t0 = time.perf_counter()
+            elif time.perf_counter() - t0 >= seconds and got >= 3:
+                break
+        return got * nbytes / (time.perf_counter() - t0)
+
+
+async def _fill(rb: ReplayClient, table: str, values: list[dict[str, np.ndarray]]) -> list[str]:
+    await rb.create_table(table)
+    keys = [f"k{i}" for i in range(len(values))]
+    for start in range(0, len(values), 8):
+        items = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)][
+            start : start + 8
+        ]
+        await rb.push(table, items, wait=True)
+    return keys
+
+
+async def _shape_rates(
+    rb: ReplayClient, table: str, values: list[dict[str, np.ndarray]], seconds: float
+) -> dict[tuple[str, str], float]:
+    """(op, layout) -> bytes/s of one shape's table."""
+    keys = [f"k{i}" for i in range(len(values))]
+    n, nbytes = len(values), _payload_bytes(values)
+    items = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+    rates: dict[tuple[str, str], float] = {}
+    for layout in ("items", "columns"):
+
+        async def get_many(layout: Any = layout) -> int:
+            await rb.get_many(table, keys, layout=layout)
+            return nbytes
+
+        async def sample(layout: Any = layout) -> int:
+            await rb.sample(table, n, layout=layout)
+            return nbytes
+
+        rates["get_many", layout] = await _rate(get_many, seconds)
+        rates["sample", layout] = await _rate(sample, seconds)
+        rates["stream", layout] = await _stream_rate(rb, table, n, nbytes, layout, seconds)
+
+    async def push() -> int:
+        await rb.push(table, items)
+        return nbytes
+
+    rates["push", "items"] = await _rate(push, seconds)
+    if _stackable(values):  # push_columns takes no rows of varying length
+        columns = {field: np.stack([v[field] for v in values]) for field in values[0]}
+
+        async def push_columns() -> int:
+            await rb.push_columns(table, keys, columns)
+            return nbytes
+
+        rates["push", "columns"] = await _rate(push_columns, seconds)
+    return rates
+
+
+async def rlreplay_rates(
+    url: str, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float
+) -> dict[tuple[str, str, str], float]:
+    """(shape, op, layout) -> bytes/s over ``url``."""
+    rates: dict[tuple[str, str, str], float] = {}
+    async with ReplayClient(url, timeout_s=120) as rb:
+        tables = {t["name"] for t in await rb.list_tables()}
+        for index, (name, values) in enumerate(shapes.items()):
+            table = f"{TABLE_PREFIX}{index}"
+            if table not in tables:
+                await _fill(rb, table, values)
+            for (op, layout), rate in (await _shape_rates(rb, table, values, seconds)).items():
+                rates[name, op, layout] = rate
+    return rates
+
+
+OPS = ("get_many", "sample", "stream", "push")
+
+
+def _server(workdir: Path, sock: Path, env: dict[str, str] | None = None) -> Any:
+    """``rlreplay serve`` (hybrid, ``wal``) on 127.0.0.1 and on ``sock``: (process, TCP URL)."""
+    port = free_port()
+    cmd = serve_command(
+        port,
+        workdir / "data",
+        "--uds",
+        str(sock),
+        "--max-request-mb",
+        "256",
+        "--max-response-mb",
+        "256",
+        "--log-level",
+        "warning",
+    )
+    url = f"http://127.0.0.1:{port}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    _wait_ready(url, proc)
+    return proc, url
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server not ready in 60 s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bulk", description=__doc__)
+    parser.add_argument("--duration", type=float, default=1.0, help="seconds per figure")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="0.25 s per figure")
+    parser.add_argument("--arms", action="store_true", help="fast paths on and off")
+    args = parser.parse_args(argv)
+    seconds = 0.25 if args.quick else args.duration
+    tune_malloc()
+    shapes = _shapes(np.random.default_rng(7))
+    with tempfile.TemporaryDirectory(prefix="rlrb") as folder:
+        root = Path(folder)
+        copy = statistics.median(numpy_copy_gbps(seconds) for _ in range(args.rounds))
+        base = {
+            family: statistics.median(
+                socket_gbps(family, root, seconds) for _ in range(args.rounds)
+            )
+            for family in ("tcp", "unix")
+        }
+        print_table(
+            f"Bulk: baselines (GB/s, medians of {args.rounds} rounds)",
+            ["NumPy copy of 16 MiB", "TCP 127.0.0.1, two processes", "Unix socket, two processes"],
+            [[copy, base["tcp"], base["unix"]]],
+        )
+        sock = root / "replay.sock"
+        proc, url = _server(root / "server", sock)
+        try:
+            urls = {"tcp": url, "unix": f"unix://{sock}"}
+            runs: dict[str, list[dict[tuple[str, str, str], float]]] = {"tcp": [], "unix": []}
+            for r in range(args.rounds):
+                order = ("tcp", "unix") if r % 2 == 0 else ("unix", "tcp")
+                for family in order:
+                    runs[family].append(asyncio.run(rlreplay_rates(urls[family], shapes, seconds)))
+        finally:
+            stop_process(proc)
+    rows = []
+    for name in shapes:
+        for op in OPS:
+            for layout in ("items", "columns"):
+                cells: list[object] = [
+                    name,
+                    "push_columns" if op == "push" and layout == "columns" else op,
+                    layout,
+                ]
+                for family in ("tcp", "unix"):
+                    got = [run.get((name, op, layout)) for run in runs[family]]
+                    if any(g is None for g in got):
+                        cells += ["-", "-"]
+                        continue
+                    gbps = statistics.median(got) / 1e9  # type: ignore[type-var]
+                    cells += [gbps, f"{gbps / base[family]:.2f}x"]
+                rows.append(cells)
+    print_table(
+        "Bulk: rlreplay, GB/s of array bytes and the ratio to the same socket's baseline",
+        ["shape", "call", "layout", "TCP GB/s", "/ TCP", "Unix GB/s", "/ Unix"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
