@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import uuid
 from pathlib import Path
 
@@ -271,32 +272,79 @@ def _push_all(url: str, n: int) -> dict[str, bytes]:
     return answered
 
 
-def test_rlreplay_serve_exits_3_naming_a_deleted_segment_and_starts_when_told(
-    tmp_path: Path,
-) -> None:
+def _damage_copy(source: Path, dest: Path, damage: str) -> str:
+    """Copy the data dir ``source`` to ``dest`` and damage it; returns what the refusal
+    must name."""
+    shutil.copytree(source, dest)
+    wal = segments(dest)
+    if damage == "oldest segment deleted":
+        remove(wal[0])
+        return wal[0].name
+    if damage == "checkpoint removed":
+        remove(dest / "rocksdb")
+        return "which is missing"
+    if damage == "a byte flipped in a segment":
+        flip(wal[0], BLOCK + 100)  # its first record: whole records follow
+        return f"log {wal[0].name} is damaged at bytes"
+    if damage == "newest segment emptied":
+        wal[-1].write_bytes(b"")
+        return f"log {wal[-1].name} is empty"
+    with wal[-1].open("ab") as f:  # a torn tail: a flush in flight cut short
+        f.write(FRAME.pack(5000, 1234) + b"x" * 300)
+    return ""
+
+
+def _get_all(url: str, keys: list[str]) -> list[bytes | None]:
+    r = httpx.post(
+        f"{url}/v1/tables/default/items:batchGet",
+        content=msgpack.packb({"keys": keys}),
+        headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return [None if it is None else it["value"] for it in msgpack.unpackb(r.content)["items"]]
+
+
+def test_rlreplay_serve_exits_3_naming_each_damage_and_starts_when_told(tmp_path: Path) -> None:
+    """Through the real command, once per kind of damage to the log and the checkpoint: exit
+    status 3 and one line naming it; a torn tail starts with every answered item; the flag
+    (its variable here) starts anyway and counts what it dropped."""
     flags = ("--storage-mode", "hybrid", "--wal-checkpoint-mb", "0.05")
     server = start_server(tmp_path / "first", *flags)
     try:
-        _push_all(server.url, 60)  # 240 KB of values: several checkpoints, several segments
+        answered = _push_all(server.url, 60)  # 240 KB: several checkpoints and segments
     finally:
         server.process.kill()
         server.process.wait(15)
-    oldest = segments(server.data_dir)[0]
-    remove(oldest)
-    again = launch_server(tmp_path / "second", *flags, data_dir=server.data_dir)
+    damages = [
+        "oldest segment deleted",
+        "checkpoint removed",
+        "a byte flipped in a segment",
+        "newest segment emptied",
+    ]
+    for n, damage in enumerate(damages):
+        data = tmp_path / f"data-{n}"
+        named = _damage_copy(server.data_dir, data, damage)
+        again = launch_server(tmp_path / f"damaged-{n}", *flags, data_dir=data)
+        try:
+            assert again.process.wait(60) == 3, damage
+        finally:
+            stop_server(again)
+        failures = [line for line in again.log().splitlines() if "recovery failed" in line]
+        assert len(failures) == 1, again.log()
+        assert named in failures[0] and "--accept-data-loss" in failures[0], failures[0]
+        assert "Traceback" not in again.log()
+    data = tmp_path / "data-torn"
+    _damage_copy(server.data_dir, data, "torn tail")
+    torn = start_server(tmp_path / "torn", *flags, data_dir=data)
     try:
-        assert again.process.wait(60) == 3
+        assert _get_all(torn.url, list(answered)) == list(answered.values())
     finally:
-        stop_server(again)
-    failures = [line for line in again.log().splitlines() if "recovery failed" in line]
-    assert len(failures) == 1, again.log()
-    assert oldest.name in failures[0] and "are missing" in failures[0]
-    assert "Traceback" not in again.log()
+        stop_server(torn)
+    data = tmp_path / "data-told"
+    oldest = _damage_copy(server.data_dir, data, "oldest segment deleted")
     told = start_server(
-        tmp_path / "third",
-        *flags,
-        data_dir=server.data_dir,
-        env={"RLREPLAY_ACCEPT_DATA_LOSS": "1"},
+        tmp_path / "told", *flags, data_dir=data, env={"RLREPLAY_ACCEPT_DATA_LOSS": "1"}
     )
     try:
         metrics = httpx.get(f"{told.url}/metrics", timeout=30).text
@@ -304,7 +352,7 @@ def test_rlreplay_serve_exits_3_naming_a_deleted_segment_and_starts_when_told(
         assert 'rlreplay_recovery_data_lost_total{kind="checkpoint_damaged"} 0.0' in metrics
     finally:
         stop_server(told)
-    assert "data lost:" in told.log() and oldest.name in told.log()
+    assert "data lost:" in told.log() and oldest in told.log()
 
 
 @pytest.mark.parametrize("mode", ["memory", "hybrid"])
