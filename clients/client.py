@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 import httpx
 
@@ -29,6 +29,7 @@ from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.requester import path_segment
 from rlreplay.clients.rollouts import RolloutCalls, new_request_id
+from rlreplay.clients.surface import ReplayCalls
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import ItemNotFound
 from rlreplay.wire.schemas import (
@@ -287,8 +288,11 @@ class ReplayClient(RolloutCalls):
         """
         body = KeysRequest(list(keys), layout)
         path = self._table(table, "/items:batchGet")
-        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
-        if layout == "columns":
+        columns = layout == "columns"
+        answer = self._as_dict(
+            await self._call("POST", path, body=body, idempotent=True, views=columns)
+        )
+        if columns:
             return ColumnBatch.from_answer(answer)
         return list(answer.get("items", []))
 
@@ -360,6 +364,7 @@ class ReplayClient(RolloutCalls):
             body=body,
             idempotent=False,
             read_timeout_s=max(self._timeout_s, waits_s + _SAMPLE_TIMEOUT_MARGIN_S),
+            views=layout == "columns",
         )
         if layout == "columns":
             return ColumnBatch.from_answer(answer)
@@ -524,3 +529,7 @@ class ReplayClient(RolloutCalls):
         except httpx.HTTPError:
             return False
         return response.is_success
+
+
+if TYPE_CHECKING:  # mypy checks that the client has every shared call, as declared
+    _SHARED: type[ReplayCalls] = ReplayClient

@@ -20,7 +20,7 @@ class RolloutBatches:
     Each ``iter()`` opens its own :class:`~rlreplay.clients.sync_client.Client` (an event
     loop on a thread of its own), so it works in a ``DataLoader`` worker process as well as
     in the trainer's own, a notebook's and inside a running event loop. A batch is acknowledged
-    when the next one is asked for (:meth:`~rlreplay.clients.rollouts.ClaimLoop.consume`),
+    when the next one is asked for (:func:`~rlreplay.clients.rollouts.consume_leases`),
     and what is in hand is released when iteration stops.
     """
 

@@ -9,26 +9,27 @@ lease expires::
     async with lease:
         train_on(lease.items)
 
-:meth:`ClaimLoop.consume` keeps claims in flight and yields leases one after another,
-acknowledging each when the next one is asked for.
+``consume`` (:func:`consume_leases`) keeps claims in flight and yields leases one after
+another, acknowledging each when the next one is asked for. The options of both are one
+:class:`~rlreplay.clients.surface.ClaimOptions`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self, Unpack
 
 import msgspec
 from msgspec import UNSET
 
 from rlreplay.clients.requester import Requester
+from rlreplay.clients.surface import ClaimOptions
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import DeadlineExceeded
 from rlreplay.wire.schemas import (
-    DEFAULT_TIMEOUT_MS,
     ClaimRequest,
     LeaseKeysRequest,
     PatchItemIn,
@@ -36,9 +37,17 @@ from rlreplay.wire.schemas import (
     VersionRequest,
 )
 
-__all__ = ["ClaimLoop", "Lease", "LeaseBase", "RolloutCalls", "new_request_id"]
+__all__ = [
+    "Lease",
+    "LeaseBase",
+    "RolloutCalls",
+    "claim_request",
+    "consume_leases",
+    "new_request_id",
+]
 
-_CLAIM_TIMEOUT_MARGIN_S = 5.0
+_CLAIM_TIMEOUT_MARGIN_S: Final = 5.0
+_CLAIM_OPTIONS: Final = ClaimOptions.__required_keys__ | ClaimOptions.__optional_keys__
 
 
 def new_request_id() -> str:
@@ -131,104 +140,94 @@ class Lease(LeaseBase):
         return int(answer.get("released", 0))
 
 
-class ClaimLoop:
-    """``consume``, over whichever ``claim`` the client has (one server's, or the sharded
-    client's across servers)."""
+def claim_request(options: ClaimOptions, *, partial: bool) -> ClaimRequest:
+    """The wire request of a claim: the options given, the rest left at the request's
+    defaults.
 
-    async def claim(
-        self,
-        table: str,
-        *,
-        task: str,
-        batch_size: int,
-        fields: Sequence[str] | None = None,
-        group_size: int | None = None,
-        lease_s: float = 60.0,
-        wait_ms: int = DEFAULT_TIMEOUT_MS,
-        partial: bool = False,
-        min_version: int | None = None,
-    ) -> LeaseBase:
-        """The client's own claim: one server's, or the sharded client's."""
-        raise NotImplementedError
+    Raises:
+        TypeError: An option is unknown, or ``task`` or ``batch_size`` is missing (as for a
+            call with explicit keyword arguments).
+    """
+    unknown = sorted(options.keys() - _CLAIM_OPTIONS)
+    if unknown:
+        raise TypeError(f"claim() got unexpected keyword argument(s): {', '.join(unknown)}")
+    missing = [name for name in ("task", "batch_size") if name not in options]
+    if missing:
+        raise TypeError(f"claim() missing keyword argument(s): {', '.join(missing)}")
+    request = ClaimRequest(options["task"], options["batch_size"], partial=partial)
+    if (fields := options.get("fields")) is not None:
+        request.fields = list(fields)
+    if (group_size := options.get("group_size")) is not None:
+        request.group_size = group_size
+    if "lease_s" in options:
+        request.lease_s = options["lease_s"]
+    if "wait_ms" in options:
+        request.wait_ms = options["wait_ms"]
+    if (min_version := options.get("min_version")) is not None:
+        request.min_version = min_version
+    return request
 
-    async def consume(
-        self,
-        table: str,
-        *,
-        task: str,
-        batch_size: int,
-        fields: Sequence[str] | None = None,
-        group_size: int | None = None,
-        prefetch: int = 1,
-        lease_s: float = 60.0,
-        wait_ms: int = DEFAULT_TIMEOUT_MS,
-        min_version: int | None = None,
-    ) -> AsyncGenerator[LeaseBase, None]:
-        """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight.
 
-        Leases come in the order their claims are answered: a claim that waits for items
-        never holds back one answered after it (which may hold the last ready items). The
-        lease in hand is acknowledged as soon as the next one is asked for (the ack runs
-        while the next claim waits and the caller works on the next lease; an ack that fails
-        ends the iteration with its error, at the following step); when the loop ends
-        (``break``, an exception, closing the generator) the lease in hand is released,
-        and the claims in flight are cancelled (a lease the server had issued for one
-        then comes back when it expires). A claim that finds nothing ready within
-        ``wait_ms`` is made again: the iteration ends only when the caller stops it.
-        """
-        if prefetch < 1:
-            raise ValueError(f"prefetch ({prefetch}) must be >= 1")
-        pending: list[asyncio.Task[LeaseBase]] = []
+async def consume_leases(
+    claim: Callable[[], Awaitable[LeaseBase]], prefetch: int
+) -> AsyncGenerator[LeaseBase, None]:
+    """Leases one after another from ``claim``, ``prefetch`` claims in flight: every
+    client's ``consume``.
 
-        async def one() -> LeaseBase:
-            while True:
-                try:
-                    return await self.claim(
-                        table,
-                        task=task,
-                        batch_size=batch_size,
-                        fields=fields,
-                        group_size=group_size,
-                        lease_s=lease_s,
-                        wait_ms=wait_ms,
-                        min_version=min_version,
-                    )
-                except DeadlineExceeded:
-                    continue
+    Leases come in the order their claims are answered: a claim that waits for items
+    never holds back one answered after it (which may hold the last ready items). The
+    lease in hand is acknowledged as soon as the next one is asked for (the ack runs
+    while the next claim waits and the caller works on the next lease; an ack that fails
+    ends the iteration with its error, at the following step); when the loop ends
+    (``break``, an exception, closing the generator) the lease in hand is released,
+    and the claims in flight are cancelled (a lease the server had issued for one
+    then comes back when it expires). A claim that finds nothing ready within
+    ``wait_ms`` is made again: the iteration ends only when the caller stops it.
+    """
+    if prefetch < 1:
+        raise ValueError(f"prefetch ({prefetch}) must be >= 1")
+    pending: list[asyncio.Task[LeaseBase]] = []
 
-        current: LeaseBase | None = None
-        acking: asyncio.Task[int] | None = None  # the previous lease's ack, in flight
-        try:
-            while True:
-                if acking is not None:
-                    await acking  # its error, if any, ends the iteration
-                    acking = None
-                if current is not None:
-                    # the caller is done with it: acknowledged now, not once the next claim
-                    # is answered, which may take longer than the lease lasts
-                    acking = asyncio.create_task(current.ack())
-                    current = None
-                if not pending:
-                    pending.append(asyncio.create_task(one()))
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                answered = next(claim_task for claim_task in pending if claim_task.done())
-                pending.remove(answered)
-                current = answered.result()
-                while len(pending) < prefetch:  # in flight while the caller works
-                    pending.append(asyncio.create_task(one()))
-                yield current
-        finally:
-            for claim_task in pending:
-                claim_task.cancel()
-            leftovers = await asyncio.gather(*pending, return_exceptions=True)
+    async def one() -> LeaseBase:
+        while True:
+            try:
+                return await claim()
+            except DeadlineExceeded:
+                continue
+
+    current: LeaseBase | None = None
+    acking: asyncio.Task[int] | None = None  # the previous lease's ack, in flight
+    try:
+        while True:
             if acking is not None:
-                await asyncio.gather(acking, return_exceptions=True)
-            for leftover in [current, *leftovers]:
-                if isinstance(leftover, LeaseBase) and not leftover.done:
-                    await leftover.release()
+                await acking  # its error, if any, ends the iteration
+                acking = None
+            if current is not None:
+                # the caller is done with it: acknowledged now, not once the next claim
+                # is answered, which may take longer than the lease lasts
+                acking = asyncio.create_task(current.ack())
+                current = None
+            if not pending:
+                pending.append(asyncio.create_task(one()))
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            answered = next(claim_task for claim_task in pending if claim_task.done())
+            pending.remove(answered)
+            current = answered.result()
+            while len(pending) < prefetch:  # in flight while the caller works
+                pending.append(asyncio.create_task(one()))
+            yield current
+    finally:
+        for claim_task in pending:
+            claim_task.cancel()
+        leftovers = await asyncio.gather(*pending, return_exceptions=True)
+        if acking is not None:
+            await asyncio.gather(acking, return_exceptions=True)
+        for leftover in [current, *leftovers]:
+            if isinstance(leftover, LeaseBase) and not leftover.done:
+                await leftover.release()
 
 
-class RolloutCalls(Requester, ClaimLoop):
+class RolloutCalls(Requester):
     """Rollout-table calls of :class:`~rlreplay.clients.client.ReplayClient`."""
 
     async def patch(
@@ -267,42 +266,52 @@ class RolloutCalls(Requester, ClaimLoop):
         return {k: int(v) for k, v in self._as_dict(answer).items()}
 
     async def claim(
-        self,
-        table: str,
-        *,
-        task: str,
-        batch_size: int,
-        fields: Sequence[str] | None = None,
-        group_size: int | None = None,
-        lease_s: float = 60.0,
-        wait_ms: int = DEFAULT_TIMEOUT_MS,
-        partial: bool = False,
-        min_version: int | None = None,
+        self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
     ) -> Lease:
-        """Claim the oldest items ready for ``task`` under a lease (see :class:`Lease`).
+        """Claim the oldest items ready for a task under a lease (see :class:`Lease`).
+
+        Args:
+            table: The rollout table.
+            partial: Past ``wait_ms``, take what is ready (maybe nothing) instead of
+                raising ``DeadlineExceeded``.
+            **options: ``task`` and ``batch_size``, and optionally ``fields``,
+                ``group_size``, ``lease_s``, ``wait_ms``, ``min_version``
+                (:class:`~rlreplay.clients.surface.ClaimOptions` says what each means).
 
         Raises:
             DeadlineExceeded: ``batch_size`` items were not ready within ``wait_ms`` (and
                 ``partial`` is False).
         """
-        body = ClaimRequest(
-            task,
-            batch_size,
-            UNSET if fields is None else list(fields),
-            UNSET if group_size is None else group_size,
-            lease_s,
-            wait_ms,
-            partial,
-            UNSET if min_version is None else min_version,
-        )
+        return await self._claim(table, claim_request(options, partial=partial))
+
+    async def _claim(self, table: str, body: ClaimRequest) -> Lease:
+        """One claim of this server (the sharded client sends its own requests here)."""
         answer = await self._call(
             "POST",
             self._table(table, "/claim"),
             body=body,
             idempotent=False,
-            read_timeout_s=max(self._timeout_s, wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S),
+            read_timeout_s=max(self._timeout_s, body.wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S),
         )
         return Lease(self, table, self._as_dict(answer))
+
+    def consume(
+        self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
+    ) -> AsyncGenerator[LeaseBase, None]:
+        """Leases of ``batch_size`` items one after another, ``prefetch`` claims in flight
+        (:func:`consume_leases` says when each is acknowledged or released).
+
+        Args:
+            table: The rollout table.
+            prefetch: Claims kept in flight (at least 1).
+            **options: As :meth:`claim`'s.
+        """
+        claim_request(options, partial=False)  # a bad option raises here, not at first use
+
+        async def claim() -> LeaseBase:
+            return await self.claim(table, **options)
+
+        return consume_leases(claim, prefetch)
 
     async def _lease_call(
         self, table: str, lease: str, action: str, keys: Sequence[str] | None

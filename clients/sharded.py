@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from types import TracebackType
-from typing import Any, Final, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +39,7 @@ from rlreplay.clients.shard_merge import (
     split_picks,
 )
 from rlreplay.clients.sharded_rollouts import ShardedRolloutCalls
+from rlreplay.clients.surface import ReplayCalls
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
@@ -72,10 +73,9 @@ class ShardedReplayClient(ShardedRolloutCalls):
         allow_partial: The default of :meth:`sample`'s ``allow_partial``: sample from the
             servers that answer when some do not, instead of raising ``Unavailable``.
         seed: Seeds the split of sample batches between servers (random when None).
-        shard_names: What each server is called in the hashing, one per URL; their
-            normalized URLs when None. Name them when clients reach the same servers by
-            different URLs (a port-forward outside the cluster, DNS names inside), so that
-            all of them agree on which server holds a key.
+        shard_names: What each server is called in the hashing, one per URL (their
+            normalized URLs when None): names let clients that reach the servers by other
+            URLs (a port-forward, DNS names in the cluster) agree on who holds a key.
         **options: Passed to each server's :class:`ReplayClient` (``timeout_s``,
             ``max_connections``, ``retries``...).
 
@@ -155,8 +155,8 @@ class ShardedReplayClient(ShardedRolloutCalls):
             raise self._named(shard, exc) from exc
 
     async def _outcomes(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T | BaseException]:
-        """Every call's answer or error by shard, sent concurrently. The calls themselves are
-        gathered, not wrapped: a caller cancelled early leaves none of them never awaited."""
+        """Every call's answer or error by shard, sent concurrently (gathered, not wrapped: a
+        caller cancelled early leaves none of them never awaited)."""
         outcomes = await asyncio.gather(*calls.values(), return_exceptions=True)
         return {
             s: self._named(s, o) if isinstance(o, BaseException) else o
@@ -164,8 +164,8 @@ class ShardedReplayClient(ShardedRolloutCalls):
         }
 
     async def _each(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T]:
-        """Every call's answer by shard, sent concurrently; when some fail, all are awaited
-        first and then the first error (in shard order) is raised."""
+        """Every call's answer by shard, sent concurrently; the first error in shard order
+        is raised once all are done."""
         answers: dict[int, T] = {}
         for s, outcome in (await self._outcomes(calls)).items():
             if isinstance(outcome, BaseException):
@@ -189,11 +189,13 @@ class ShardedReplayClient(ShardedRolloutCalls):
         max_size: int | None = None,
         max_times_sampled: int = 0,
         rate_limiter: Mapping[str, Any] | None = None,
+        max_staleness: int | None = None,
+        delete_after_ack: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Create the table on every server, or confirm it (``ReplayClient.create_table``).
 
-        ``max_size``, ``max_times_sampled`` and the rate limiter apply to each server's
-        part of the table. Answers as :meth:`describe_table`.
+        ``max_size``, ``max_times_sampled``, the rate limiter and ``max_staleness`` apply to
+        each server's part of the table. Answers as :meth:`describe_table`.
         """
         return merged_description(
             self.urls,
@@ -205,6 +207,8 @@ class ShardedReplayClient(ShardedRolloutCalls):
                     max_size=max_size,
                     max_times_sampled=max_times_sampled,
                     rate_limiter=rate_limiter,
+                    max_staleness=max_staleness,
+                    delete_after_ack=delete_after_ack,
                 )
             ),
         )
@@ -292,12 +296,8 @@ class ShardedReplayClient(ShardedRolloutCalls):
         return sum((await self._each(calls)).values())
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
-        """A pipelined writer (``ReplayClient.writer``); each batch is split by server.
-
-        Raises:
-            TypeError: ``max_in_flight`` or ``batch_items`` is not an int.
-            ValueError: ``max_in_flight`` or ``batch_items`` is below 1.
-        """
+        """A pipelined writer (``ReplayClient.writer``, errors included); each batch is
+        split by server."""
 
         async def send(items: list[ItemIn]) -> int:
             groups = self._split([item.key for item in items])
@@ -327,8 +327,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
     async def get_many(
         self, table: str, keys: Iterable[str], *, layout: Layout = "items"
     ) -> list[Item | None] | ColumnBatch:
-        """Several items from their servers, in the order asked; None where a key is
-        missing (``ReplayClient.get_many``)."""
+        """Several items from their servers, in the order asked (``ReplayClient.get_many``)."""
         keys = list(keys)
         groups = self._split(keys)
         if layout == "items":
@@ -372,10 +371,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
             for s, places in self._split(keys).items()
         }
         answers = (await self._each(calls)).values()
-        return {
-            "updated": sum(a["updated"] for a in answers),
-            "missing": sum(a["missing"] for a in answers),
-        }
+        return {n: sum(a[n] for a in answers) for n in ("updated", "missing")}
 
     async def delete(self, table: str, keys: Iterable[str]) -> int:
         """Delete items on their servers (``ReplayClient.delete``)."""
@@ -443,6 +439,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
         """
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
+
         if len(self._shards) == 1:  # its share is the whole table: no need to ask
             call = self._shards[0].sample(
                 table,
@@ -507,8 +504,8 @@ class ShardedReplayClient(ShardedRolloutCalls):
         )
 
     async def _reachable(self, live: list[int], table: str, partial: bool) -> dict[int, Any]:
-        """Each live shard's table description; with ``partial``, shards that cannot be
-        reached leave ``live`` instead of failing the call."""
+        """Each live shard's table description; with ``partial``, unreachable ones leave
+        ``live``."""
         calls = {s: self._shards[s].describe_table(table) for s in live}
         if not partial:
             return await self._each(calls)
@@ -583,8 +580,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
 
     async def snapshots(self) -> dict[str, list[dict[str, Any]]]:
         """Each server's snapshots, newest first, by server URL."""
-        answers = await self._all(lambda c: c.snapshots())
-        return dict(zip(self.urls, answers, strict=True))
+        return dict(zip(self.urls, await self._all(lambda c: c.snapshots()), strict=True))
 
     async def health(self) -> bool:
         """Whether every server answers ``GET /healthz`` with 2xx."""
@@ -593,8 +589,11 @@ class ShardedReplayClient(ShardedRolloutCalls):
 
 def _key(item: Mapping[str, Any], i: int) -> str:
     """An item's key, or the server's 422 when it has none."""
-    try:
-        key: str = item["key"]
-    except KeyError:
-        raise ValidationFailed(f"missing field(s) in items[{i}]: key") from None
+    if "key" not in item:
+        raise ValidationFailed(f"missing field(s) in items[{i}]: key")
+    key: str = item["key"]
     return key
+
+
+if TYPE_CHECKING:  # mypy checks that the sharded client has every shared call, as declared
+    _SHARED: type[ReplayCalls] = ShardedReplayClient

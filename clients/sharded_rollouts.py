@@ -6,7 +6,7 @@ every server for items and keeps at most ``batch_size`` of them, whole groups on
 first order and staleness stay per server: a sharded claim hands out each server's oldest
 items, not the oldest of the table. Keys of one group must share a hash tag (``{group}/i``,
 see :mod:`rlreplay.clients.rendezvous`) so that the group is whole on one server.
-``consume`` (:class:`~rlreplay.clients.rollouts.ClaimLoop`) keeps such claims in flight.
+``consume`` (:func:`~rlreplay.clients.rollouts.consume_leases`) keeps such claims in flight.
 
 A claim that waits gathers server leases over several rounds, and a server lease taken
 early may expire before the claim has its batch: its items are then ready again on that
@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar, Unpack
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
+from msgspec import UNSET
 
-from rlreplay.clients.rollouts import ClaimLoop, Lease, LeaseBase
+from rlreplay.clients.rollouts import Lease, LeaseBase, claim_request, consume_leases
+from rlreplay.clients.surface import ClaimOptions
 from rlreplay.wire.errors import DeadlineExceeded, LeaseNotFound, Unavailable, ValidationFailed
-from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from rlreplay.clients.client import ReplayClient
@@ -137,7 +139,7 @@ def _drop_expired(kept: list[tuple[int, Lease]], lapse: Mapping[str, float]) -> 
     return dropped
 
 
-class ShardedRolloutCalls(ClaimLoop):
+class ShardedRolloutCalls:
     """Rollout-table calls of :class:`~rlreplay.clients.sharded.ShardedReplayClient`."""
 
     urls: list[str]
@@ -215,17 +217,7 @@ class ShardedRolloutCalls(ClaimLoop):
         }
 
     async def claim(
-        self,
-        table: str,
-        *,
-        task: str,
-        batch_size: int,
-        fields: Sequence[str] | None = None,
-        group_size: int | None = None,
-        lease_s: float = 60.0,
-        wait_ms: int = DEFAULT_TIMEOUT_MS,
-        partial: bool = False,
-        min_version: int | None = None,
+        self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
     ) -> ShardedLease:
         """Claim up to ``batch_size`` items ready for ``task`` across the servers.
 
@@ -246,6 +238,9 @@ class ShardedRolloutCalls(ClaimLoop):
             Unavailable: A server cannot be reached (unless the client's ``allow_partial``
                 is set: the others then serve the claim).
         """
+        request = claim_request(options, partial=partial)
+        task, batch_size, wait_ms = request.task, request.batch_size, request.wait_ms
+        group_size = None if request.group_size is UNSET else request.group_size
         if group_size is not None and group_size > 0 and batch_size % group_size:
             raise ValidationFailed(
                 f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
@@ -266,23 +261,11 @@ class ShardedRolloutCalls(ClaimLoop):
                     unit = group_size or 1
                     ask = math.ceil(ask / unit / len(live)) * unit
                 sent = time.monotonic()
-                calls = {
-                    s: self._shards[s].claim(
-                        table,
-                        task=task,
-                        batch_size=ask,
-                        fields=fields,
-                        group_size=group_size,
-                        lease_s=lease_s,
-                        wait_ms=wait,
-                        partial=True,
-                        min_version=min_version,
-                    )
-                    for s in live
-                }
+                part = msgspec.structs.replace(request, batch_size=ask, wait_ms=wait, partial=True)
+                calls = {s: self._shards[s]._claim(table, part) for s in live}
                 answers = list((await self._answers(calls, live)).items())
                 for _, lease in answers:
-                    lapse[lease.id] = sent + lease_s
+                    lapse[lease.id] = sent + request.lease_s
                 # kept from a random first server on: none is drained before the others
                 start = int(self._rng.integers(len(answers))) if answers else 0
                 answers = answers[start:] + answers[:start]
@@ -314,6 +297,18 @@ class ShardedRolloutCalls(ClaimLoop):
             )
             raise
         return ShardedLease(self, table, kept)
+
+    def consume(
+        self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
+    ) -> AsyncGenerator[LeaseBase, None]:
+        """Sharded leases one after another, ``prefetch`` claims in flight
+        (``ReplayClient.consume``)."""
+        claim_request(options, partial=False)  # a bad option raises here, not at first use
+
+        async def claim() -> LeaseBase:
+            return await self.claim(table, **options)
+
+        return consume_leases(claim, prefetch)
 
     async def _answers(
         self, calls: Mapping[int, Awaitable[Lease]], live: list[int]

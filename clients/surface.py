@@ -1,0 +1,202 @@
+"""The calls every async client has, declared once, and the options of a claim.
+
+:class:`ReplayCalls` is what :class:`~rlreplay.clients.client.ReplayClient` (one server) and
+:class:`~rlreplay.clients.sharded.ShardedReplayClient` (several) both answer, with the same
+parameters and answers: code written against it runs on either. mypy checks each client
+against it (the ``type[ReplayCalls]`` assignment at the end of each client's module), and
+``tests/clients/test_surface.py`` checks at run time that every client, the synchronous
+ones included, has each call with exactly these parameters. A call one client has and the
+other has not (``changes``, ``owner``) or answers in another shape (``snapshot``: one answer,
+or one per server) is not part of it.
+
+:class:`ClaimOptions` are the keyword arguments of ``claim`` and ``consume``, in every
+client: one declaration, whose defaults are those of the wire's
+:class:`~rlreplay.wire.schemas.ClaimRequest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Required, TypedDict, Unpack, overload
+
+if TYPE_CHECKING:
+    from rlreplay.clients.client import Item, Layout
+    from rlreplay.clients.columns import ColumnBatch
+    from rlreplay.clients.rollouts import LeaseBase
+    from rlreplay.clients.writer import Writer
+
+__all__ = ["ClaimOptions", "ReplayCalls"]
+
+
+class ClaimOptions(TypedDict, total=False):
+    """What a claim asks for: the keyword arguments of ``claim`` and ``consume``.
+
+    Attributes:
+        task: The task the items are handed to (required).
+        batch_size: How many items (required).
+        fields: Hand out only items whose values have all of these fields, and only these
+            fields of them; every item, whole, when None.
+        group_size: Hand out whole groups of this many items (None: items one by one).
+        lease_s: Seconds until the server releases what is not acknowledged (60).
+        wait_ms: How long the server waits for ``batch_size`` ready items (10,000).
+        min_version: Hand out only items of this policy version or later (None: any).
+    """
+
+    task: Required[str]
+    batch_size: Required[int]
+    fields: Sequence[str] | None
+    group_size: int | None
+    lease_s: float
+    wait_ms: int
+    min_version: int | None
+
+
+class ReplayCalls(Protocol):
+    """The calls that the one-server and the sharded async clients share.
+
+    Each is documented on :class:`~rlreplay.clients.client.ReplayClient`.
+    """
+
+    async def create_table(
+        self,
+        name: str,
+        *,
+        sampler: Mapping[str, Any] | None = None,
+        remover: Mapping[str, Any] | None = None,
+        max_size: int | None = None,
+        max_times_sampled: int = 0,
+        rate_limiter: Mapping[str, Any] | None = None,
+        max_staleness: int | None = None,
+        delete_after_ack: Sequence[str] = (),
+    ) -> dict[str, Any]: ...
+
+    async def list_tables(self) -> list[dict[str, Any]]: ...
+
+    async def describe_table(self, name: str) -> dict[str, Any]: ...
+
+    async def drop_table(self, name: str) -> None: ...
+
+    async def push(
+        self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False
+    ) -> int: ...
+
+    async def push_columns(
+        self,
+        table: str,
+        keys: Sequence[str],
+        columns: Mapping[str, Any],
+        *,
+        priorities: Any = None,
+        wait: bool = False,
+    ) -> int: ...
+
+    def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer: ...
+
+    async def get(self, table: str, key: str) -> Item | None: ...
+
+    @overload
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Literal["items"] = ...
+    ) -> list[Item | None]: ...
+    @overload
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Literal["columns"]
+    ) -> ColumnBatch: ...
+    async def get_many(
+        self, table: str, keys: Iterable[str], *, layout: Layout = "items"
+    ) -> list[Item | None] | ColumnBatch: ...
+
+    async def update_priorities(
+        self, table: str, priorities: Mapping[str, float]
+    ) -> dict[str, int]: ...
+
+    async def delete(self, table: str, keys: Iterable[str]) -> int: ...
+
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["items"] = ...,
+    ) -> list[Item]: ...
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["columns"],
+    ) -> ColumnBatch: ...
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = None,
+        include_values: bool = True,
+        layout: Layout = "items",
+    ) -> list[Item] | ColumnBatch: ...
+
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["items"] = ...,
+    ) -> AsyncIterator[list[Item]]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        include_values: bool = ...,
+        layout: Literal["columns"],
+    ) -> AsyncIterator[ColumnBatch]: ...
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = 64,
+        prefetch: int = 4,
+        timeout_ms: int | None = None,
+        include_values: bool = True,
+        layout: Layout = "items",
+    ) -> AsyncIterator[list[Item] | ColumnBatch]: ...
+
+    async def patch(
+        self,
+        table: str,
+        items: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+    ) -> dict[str, int]: ...
+
+    async def claim(
+        self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
+    ) -> LeaseBase: ...
+
+    def consume(
+        self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
+    ) -> AsyncGenerator[LeaseBase, None]: ...
+
+    async def set_version(
+        self, table: str, version: int, *, force: bool = False
+    ) -> dict[str, int]: ...
+
+    async def tasks(self, table: str) -> dict[str, Any]: ...
+
+    async def health(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
