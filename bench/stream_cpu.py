@@ -27,7 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rlreplay.clients import ReplayClient, packb, tune_malloc
+from rlreplay.clients import ReplayClient, tune_malloc
+from rlreplay.wire.codec import packb
 from tests.live import running_server
 
 TABLE = "bench"

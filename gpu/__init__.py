@@ -12,7 +12,8 @@ names the extra to install.
 
 from __future__ import annotations
 
-__all__ = ["GpuBatch", "GpuSampler", "ReplayDataset", "TorchMissing"]
+# GpuSampler and ReplayDataset are public from the package's root (rlreplay.__all__).
+__all__ = ["GpuBatch", "TorchMissing"]
 
 
 class TorchMissing(ModuleNotFoundError):
@@ -31,5 +32,4 @@ except ModuleNotFoundError as exc:
         name="torch",
     ) from exc
 
-from rlreplay.gpu.dataset import ReplayDataset  # noqa: E402
-from rlreplay.gpu.sampler import GpuBatch, GpuSampler  # noqa: E402
+from rlreplay.gpu.sampler import GpuBatch  # noqa: E402

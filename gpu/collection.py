@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlreplay.clients import ReplayClient
+from rlreplay.clients.client import ReplayClient
 from rlreplay.wire.arrays import BFLOAT16, EXT_NDARRAY, dtype_info, split_payload
 from rlreplay.wire.errors import ReplayError, ValidationFailed
 

@@ -26,7 +26,7 @@ from typing import Any, Self
 import torch
 from torch.utils.data import IterableDataset
 
-from rlreplay.clients import ReplayClient
+from rlreplay.clients.client import ReplayClient
 from rlreplay.gpu.sampler import GpuBatch, GpuSampler
 from rlreplay.gpu.selection import Strategy
 

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from rlreplay.clients import ReplayClient
+from rlreplay.clients.client import ReplayClient
 from rlreplay.gpu.device_index import DeviceIndex
 from rlreplay.wire.errors import Gone, ReplayError
 

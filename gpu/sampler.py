@@ -26,7 +26,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from rlreplay.clients import ReplayClient
+from rlreplay.clients.client import ReplayClient
 from rlreplay.gpu.collection import BatchTooLarge, Collector, MissingItems
 from rlreplay.gpu.device_index import DeviceIndex
 from rlreplay.gpu.follower import ChangeFollower

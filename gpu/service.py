@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rlreplay.clients import ReplayClient
+from rlreplay.clients.client import ReplayClient
 from rlreplay.gpu.collection import BatchTooLarge
 from rlreplay.gpu.error_answers import JSON, MSGPACK, error_answer, wants_msgpack
 from rlreplay.gpu.gate import RequestGate

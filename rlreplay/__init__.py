@@ -1,19 +1,23 @@
 """rlreplay: an experience replay service for reinforcement learning, over HTTP.
 
 Users import the client from here (``from rlreplay import ReplayClient``); the service is
-``rlreplay serve``. Importing this package loads the client and its wire codec only: no
-server dependency, no torch, and nothing global changes. ``GpuSampler`` (the GPU sidecar's
+``rlreplay serve``. Importing this package loads nothing but this file: each public name is
+loaded on first use, so ``import rlreplay.app`` (the service, and its log writer process)
+pays nothing for the client, and nothing global changes. ``GpuSampler`` (the GPU sidecar's
 library form, :mod:`rlreplay.gpu`) loads torch on first use.
 
-Subpackages: :mod:`rlreplay.clients` (the async client), :mod:`rlreplay.wire` (errors and
-the msgpack codec that client and server share), :mod:`rlreplay.app` (the service) and
-:mod:`rlreplay.workers` (its single writer).
+``__all__`` below is the public API, the one list of it: what is not in it (the modules of
+:mod:`rlreplay.clients`, :mod:`rlreplay.wire`, :mod:`rlreplay.app`, :mod:`rlreplay.workers`,
+their other names) is internal and may change between releases.
+``tests/test_exports.py`` checks that every name in it loads, from where ``_ORIGINS`` and
+the type checkers' imports below say.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 try:
     __version__ = version("rlreplay")
@@ -23,6 +27,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 __all__ = [
     "BFloat16Array",
     "BadRequest",
+    "ClaimOptions",
     "Client",
     "ColumnBatch",
     "DeadlineExceeded",
@@ -30,20 +35,26 @@ __all__ = [
     "GpuSampler",
     "Item",
     "ItemNotFound",
+    "Lease",
     "LeaseNotFound",
     "MethodNotAllowed",
     "NotConfigured",
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
+    "ReplayCalls",
     "ReplayClient",
     "ReplayDataset",
     "ReplayError",
     "RolloutBatches",
     "ShardedClient",
+    "ShardedLease",
     "ShardedReplayClient",
     "SnapshotNotFound",
     "StorageFull",
+    "SyncLease",
+    "SyncStream",
+    "SyncWriter",
     "TableExists",
     "TableNotFound",
     "Unauthorized",
@@ -59,14 +70,28 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from rlreplay.clients import (
+    from rlreplay.clients.client import Item, ReplayClient
+    from rlreplay.clients.columns import ColumnBatch
+    from rlreplay.clients.dataset import RolloutBatches, rollout_dataset
+    from rlreplay.clients.event_loop import WrongEventLoop
+    from rlreplay.clients.rollouts import Lease
+    from rlreplay.clients.sharded import ShardedReplayClient
+    from rlreplay.clients.sharded_rollouts import ShardedLease
+    from rlreplay.clients.surface import ClaimOptions, ReplayCalls
+    from rlreplay.clients.sync_client import Client
+    from rlreplay.clients.sync_lease import SyncLease
+    from rlreplay.clients.sync_sharded import ShardedClient
+    from rlreplay.clients.sync_stream import SyncStream
+    from rlreplay.clients.sync_writer import SyncWriter
+    from rlreplay.clients.writer import Writer
+    from rlreplay.gpu.dataset import ReplayDataset
+    from rlreplay.gpu.sampler import GpuSampler
+    from rlreplay.wire.allocator import tune_malloc
+    from rlreplay.wire.arrays import BFloat16Array
+    from rlreplay.wire.errors import (
         BadRequest,
-        BFloat16Array,
-        Client,
-        ColumnBatch,
         DeadlineExceeded,
         Gone,
-        Item,
         ItemNotFound,
         LeaseNotFound,
         MethodNotAllowed,
@@ -74,11 +99,7 @@ if TYPE_CHECKING:
         NotFound,
         Overloaded,
         PayloadTooLarge,
-        ReplayClient,
         ReplayError,
-        RolloutBatches,
-        ShardedClient,
-        ShardedReplayClient,
         SnapshotNotFound,
         StorageFull,
         TableExists,
@@ -88,27 +109,38 @@ if TYPE_CHECKING:
         UnsupportedMediaType,
         ValidationFailed,
         VersionConflict,
-        Writer,
-        WrongEventLoop,
-        rollout_dataset,
-        tune_malloc,
     )
-    from rlreplay.gpu import GpuSampler, ReplayDataset
+
+#: The module that defines each public name but the errors (``rlreplay.wire.errors``).
+_ORIGINS: Final = {
+    "ClaimOptions": "rlreplay.clients.surface",
+    "Client": "rlreplay.clients.sync_client",
+    "ColumnBatch": "rlreplay.clients.columns",
+    "BFloat16Array": "rlreplay.wire.arrays",
+    "GpuSampler": "rlreplay.gpu.sampler",  # needs torch, as ReplayDataset
+    "Item": "rlreplay.clients.client",
+    "Lease": "rlreplay.clients.rollouts",
+    "ReplayCalls": "rlreplay.clients.surface",
+    "ReplayClient": "rlreplay.clients.client",
+    "ReplayDataset": "rlreplay.gpu.dataset",
+    "RolloutBatches": "rlreplay.clients.dataset",
+    "ShardedClient": "rlreplay.clients.sync_sharded",
+    "ShardedLease": "rlreplay.clients.sharded_rollouts",
+    "ShardedReplayClient": "rlreplay.clients.sharded",
+    "SyncLease": "rlreplay.clients.sync_lease",
+    "SyncStream": "rlreplay.clients.sync_stream",
+    "SyncWriter": "rlreplay.clients.sync_writer",
+    "Writer": "rlreplay.clients.writer",
+    "WrongEventLoop": "rlreplay.clients.event_loop",
+    "rollout_dataset": "rlreplay.clients.dataset",
+    "tune_malloc": "rlreplay.wire.allocator",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """Loads the client on first use, so that ``import rlreplay.app`` (the service, and
-    its log writer process) does not pay for httpx and the client's codec."""
-    if name == "GpuSampler":
-        from rlreplay import gpu
-
-        return gpu.GpuSampler
-    if name == "ReplayDataset":  # a torch IterableDataset of device batches: needs torch
-        from rlreplay.gpu import dataset
-
-        return dataset.ReplayDataset
-    if name in __all__ and name != "__version__":
-        from rlreplay import clients
-
-        return getattr(clients, name)
-    raise AttributeError(f"module 'rlreplay' has no attribute {name!r}")
+    """Loads a public name on first use (see the module's docstring for why)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'rlreplay' has no attribute {name!r}")
+    value = getattr(import_module(_ORIGINS.get(name, "rlreplay.wire.errors")), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -41,7 +41,8 @@ SCRIPT = textwrap.dedent(
     import rlreplay.clients
     from rlreplay import ReplayClient as TopLevelClient
     assert TopLevelClient is rlreplay.clients.ReplayClient
-    from rlreplay.clients import ReplayClient, packb, unpackb, to_jsonable, from_jsonable
+    from rlreplay.clients import ReplayClient
+    from rlreplay.wire.codec import packb, unpackb, to_jsonable, from_jsonable
     import rlreplay.clients.client, rlreplay.clients.retry
     import rlreplay.wire.codec, rlreplay.wire.arrays, rlreplay.wire.errors, rlreplay.wire.schemas
 
@@ -76,7 +77,7 @@ def test_torch_stays_unimported_until_a_tensor_is_used() -> None:
         """
         import sys
         import numpy as np
-        from rlreplay.clients import packb, unpackb
+        from rlreplay.wire.codec import packb, unpackb
         unpackb(packb({"a": np.zeros(3), "b": [1, "x"]}))
         assert "torch" not in sys.modules
         import torch

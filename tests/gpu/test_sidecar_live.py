@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from rlreplay import ReplayDataset
 from rlreplay.app.cli import serve_command
-from rlreplay.gpu import ReplayDataset
 from rlreplay.wire.codec import packb, unpackb
 from tests.gpu.test_sampler import assert_columns_match, assert_follows, value_of
 from tests.live import REPO, LiveServer, free_port, running_server, start_server, stop_server

@@ -51,7 +51,7 @@ def test_the_child_really_has_no_torch(tmp_path: Path) -> None:
     [
         "from rlreplay import GpuSampler",
         "import rlreplay; rlreplay.GpuSampler",
-        "from rlreplay.gpu import ReplayDataset",
+        "from rlreplay import ReplayDataset",
         "import rlreplay.gpu.service",
     ],
 )
