@@ -322,7 +322,7 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from rlreplay.app.api.connections import raise_descriptor_limit
-    from rlreplay.app.api.logs import configure_logging
+    from rlreplay.app.api.logs import AccessLog, configure_logging
     from rlreplay.app.engine.snapshots import RestoreRefused
     from rlreplay.app.main import create_app
 
@@ -340,6 +340,7 @@ def _serve(settings: Settings) -> int:
         tune_gc_after_start=True,
         recover_in_background=True,
         on_recovery_failure=stop_serving,
+        access_log=AccessLog(sys.stderr),
     )
     config = uvicorn.Config(
         app,

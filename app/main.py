@@ -16,6 +16,7 @@ from rlreplay.app.api import changes, health, items, rollouts, sampling, snapsho
 from rlreplay.app.api.docs import install_docs
 from rlreplay.app.api.errors import install_error_handlers
 from rlreplay.app.api.hot import HotRoutes, ReplayApp
+from rlreplay.app.api.logs import AccessLog
 from rlreplay.app.api.middleware import RequestContextMiddleware
 from rlreplay.app.api.openapi import build_openapi, summaries_from_docstrings
 from rlreplay.app.engine.engine import Engine
@@ -82,6 +83,7 @@ def create_app(
     tune_gc_after_start: bool = False,
     recover_in_background: bool = False,
     on_recovery_failure: Callable[[BaseException], None] | None = None,
+    access_log: AccessLog | None = None,
 ) -> FastAPI:
     """Builds the service's app.
 
@@ -106,6 +108,9 @@ def create_app(
             start-up returns once the engine is ready (tests, embedding).
         on_recovery_failure: Called with the error when a background recovery fails (after
             it is logged); ``rlreplay serve`` stops the server, which exits with status 3.
+        access_log: Where request lines are written, in batches; the app owns it from here
+            and its lifespan closes it (writing what waits). Through the ``rlreplay.access``
+            logger when None.
 
     Returns:
         The ASGI app.
@@ -132,7 +137,16 @@ def create_app(
             on_recovery_failure(exc)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with serving(app):
+                yield
+        finally:
+            if access_log is not None:
+                access_log.close()
+
+    @asynccontextmanager
+    async def serving(_: FastAPI) -> AsyncIterator[None]:
         if not recover_in_background:
             try:
                 await recover()
@@ -187,6 +201,7 @@ def create_app(
         "max_body_bytes": int(settings.max_request_mb * 1024 * 1024),
         "api_keys": settings.api_key,
         "metrics_require_key": settings.metrics_require_key,
+        "access_log": access_log,
     }
     app.add_middleware(RequestContextMiddleware, **context)
     if hot_routes:

@@ -7,18 +7,17 @@ polling them every second would otherwise bury the requests people look for. A l
 carries terminal escape codes: uvicorn's ``color_message`` extra is dropped and colours in a
 message are stripped, so the lines stay plain JSON for log collectors.
 
-Once :func:`configure_logging` set the process up (``rlreplay serve`` does), the request
-lines skip the ``logging`` machinery: :class:`AccessLog` renders the same JSON text and
-writes the lines of up to 50 ms at once. A ``LogRecord``, a handler lock and a ``write`` per
-request cost about 100 µs, a fifth of a push of 64 items on 2 cores (measured). The lines
-of the last 50 ms before a crash can be lost; the ``rlreplay.access`` logger's level still
-turns them on and off.
+An app given an :class:`AccessLog` (``rlreplay serve`` gives it one on stderr) writes its
+request lines there rather than through the ``logging`` machinery: the same JSON text, the
+lines of up to 50 ms written at once, because a ``LogRecord``, a handler lock and a ``write``
+per request are a visible share of a small push (``python -m bench.http`` measures it). The
+app's lifespan closes it, writing what waits; the lines of the last 50 ms before a crash
+can be lost. The ``rlreplay.access`` logger's level still turns them on and off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
 import logging
 import re
@@ -32,7 +31,6 @@ __all__ = [
     "PROBE_PATHS",
     "AccessLog",
     "JsonFormatter",
-    "access_log",
     "configure_logging",
     "request_level",
 ]
@@ -111,7 +109,8 @@ class AccessLog:
     """Request lines, rendered as :class:`JsonFormatter` renders them, written in batches.
 
     Lines wait at most ``delay_s`` (a timer on the running event loop) and are written with
-    one ``write`` and ``flush``; without a running loop a line is written at once.
+    one ``write`` and ``flush``; without a running loop, or once closed, a line is written
+    at once. The app that holds it closes it when its lifespan ends.
     """
 
     def __init__(self, stream: TextIO, *, delay_s: float = 0.05) -> None:
@@ -126,6 +125,7 @@ class AccessLog:
         self._lines: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
         self._clock = _Clock()
+        self._closed = False
 
     def request(
         self,
@@ -158,6 +158,8 @@ class AccessLog:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
+                loop = None
+            if loop is None or self._closed:
                 self.flush()
                 return
             self._timer = loop.call_later(self._delay_s, self.flush)
@@ -173,27 +175,22 @@ class AccessLog:
             self._stream.write(text)
             self._stream.flush()
 
-
-_access_log: AccessLog | None = None
-
-
-def access_log() -> AccessLog | None:
-    """The batched request log, once :func:`configure_logging` set one up."""
-    return _access_log
+    def close(self) -> None:
+        """Writes the waiting lines; later lines are written at once. Calling it again
+        does nothing more."""
+        self._closed = True
+        self.flush()
 
 
 def configure_logging(level: str = "info") -> None:
     """Sends every log record of the process to stderr as JSON lines, at ``level``.
 
-    Request lines go through an :class:`AccessLog` on stderr, flushed at exit.
+    For the process that serves (``rlreplay serve``): it replaces the root logger's
+    handlers. The request lines go wherever the app's :class:`AccessLog` writes.
 
     Args:
         level: A logging level name (``debug``, ``info``, ``warning``...).
     """
-    global _access_log
-    if _access_log is None:
-        _access_log = AccessLog(sys.stderr)
-        atexit.register(_access_log.flush)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

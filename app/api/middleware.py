@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlreplay.app.api.errors import error_response, wants_msgpack_header
-from rlreplay.app.api.logs import ACCESS_LOGGER, access_log, request_level
+from rlreplay.app.api.logs import ACCESS_LOGGER, AccessLog, request_level
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.wire.errors import BadRequest, PayloadTooLarge, ReplayError, Unauthorized
@@ -115,6 +115,7 @@ class RequestContextMiddleware:
         max_body_bytes: int,
         api_keys: Sequence[str] = (),
         metrics_require_key: bool = False,
+        access_log: AccessLog | None = None,
     ) -> None:
         """Wraps ``app``.
 
@@ -124,12 +125,15 @@ class RequestContextMiddleware:
             max_body_bytes: The largest request body accepted.
             api_keys: The bearer keys ``/v1`` requires; none required when empty.
             metrics_require_key: ``/metrics`` requires one of ``api_keys`` too.
+            access_log: Where request lines are written in batches; through the
+                ``rlreplay.access`` logger when None.
         """
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.keys = [k.encode() for k in api_keys]
         self.metrics_require_key = metrics_require_key
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Runs one request through the checks and the app, then records it."""
@@ -264,8 +268,7 @@ class RequestContextMiddleware:
                 "duration_ms": round(seconds * 1000, 3),
                 "client": f"{client[0]}:{client[1]}" if client else None,
             }
-            batched = access_log()
-            if batched is not None:
-                batched.request(**fields)
+            if self.access_log is not None:
+                self.access_log.request(**fields)
             else:
                 _access.log(level, "request", extra=fields)

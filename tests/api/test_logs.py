@@ -92,3 +92,31 @@ def test_a_live_servers_log_is_plain_json_and_probes_are_debug(tmp_path: Path) -
         "/metrics": "debug",
         "/v1/tables": "info",
     }, requests
+
+
+async def test_the_apps_lifespan_owns_its_access_log(tmp_path: Path) -> None:
+    """Lines wait in the app's log until its lifespan ends, which writes them: no module
+    state, no exit hook."""
+    from rlreplay.app.api import logs
+    from rlreplay.app.main import create_app
+    from rlreplay.app.settings import Settings
+
+    out = io.StringIO()
+    access = AccessLog(out, delay_s=3600)
+    settings = Settings(data_dir=tmp_path / "data", storage_mode="memory")
+    app = create_app(settings, access_log=access)
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                for path in ("/v1/tables", "/v1/tables/nope"):
+                    await client.get(path, headers={"x-request-id": path[-4:]})
+            assert out.getvalue() == ""  # waiting for the timer
+    finally:
+        logging.getLogger(ACCESS_LOGGER).setLevel(logging.NOTSET)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(x["request_id"], x["status"]) for x in lines] == [("bles", 200), ("nope", 404)]
+    access.request(**FIELDS)  # type: ignore[arg-type]  # closed: written at once
+    assert len(out.getvalue().splitlines()) == 3
+    assert not [v for v in vars(logs).values() if isinstance(v, AccessLog)]
