@@ -78,9 +78,8 @@ class ReplayClient(RolloutCalls):
             most; all of them are kept alive, so that concurrent calls reuse connections
             instead of reconnecting. Further calls wait in the client. More is not faster
             on httpx's transport: httpcore's pool (1.0.x) spends CPU in proportion to its
-            connections on every request, and in proportion to connections times queued
-            requests when requests queue in it, so 64 connections sample ~3x slower than 16
-            on a local server.
+            connections on every request, and to connections times queued requests when
+            requests queue in it (``python -m bench client`` measures it).
         retries: Retries after a failed first attempt (see :mod:`rlreplay.clients.retry`).
         backoff_s: The first retry's backoff bound in seconds; it doubles per retry.
         max_backoff_s: The cap on one backoff wait.

@@ -3,9 +3,9 @@ so per request: the server (request bodies, sample answers) and a client taking 
 
 With glibc's defaults such a buffer is either a mapping of its own, or heap memory that
 glibc hands back to the OS as soon as it is freed at the heap's top. Either way every
-request faults its pages in again: ``ReplayClient.stream()`` took about 230 page faults per
-1 MB batch and spent twice the CPU per batch it does with the thresholds below; the server
-took 17 per push of 64 x 4 KiB (measured, ``/proc/self/stat``). Fixed thresholds end that:
+request faults its pages in again, which can double a client's CPU per batch (count them in
+``/proc/self/stat``; docs/architecture.md, "Per-request costs", has the figures). Fixed
+thresholds end that:
 buffers under :data:`MMAP_THRESHOLD` come from the heap, and the heap keeps up to
 :data:`TRIM_THRESHOLD` of free memory at its top (``malloc_trim`` still returns it).
 

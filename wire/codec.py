@@ -12,9 +12,9 @@ Msgpack (:func:`packb`, :func:`unpackb`):
   ``None`` keys, and an array as a map key decodes as a tuple (a map as a key is refused).
   The msgpack timestamp (extension type -1) decodes to a UTC ``datetime``; any other
   extension type is refused when decoding.
-* Decoding uses msgspec (about 1.8x faster than msgpack on a sampled batch, whose maps
-  dominate the work); what msgspec refuses, msgpack decodes or explains, with the same
-  result.
+* Decoding uses msgspec, faster than msgpack on a sampled batch, whose maps dominate the
+  work (docs/benchmarks.md, "One Python client"); what msgspec refuses, msgpack decodes or
+  explains, with the same result.
 
 The JSON form (:func:`to_jsonable`, :func:`from_jsonable`) is the reversible JSON rendering of
 any value the msgpack form can hold:
