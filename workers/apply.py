@@ -218,9 +218,8 @@ class OpApplier:
             seq = np.repeat(np.array([part.seq for part in op.parts], np.int64), counts)
             ts = np.repeat(np.array([part.inserted_at for part in op.parts]), counts)
             seqs = seq.tolist()
-        index, values, retired, pending = t.index, t.values, t.retired, t.pending
-        index_get, pending_get = index.get, pending.get
-        found = list(map(index_get, keys))
+        values, retired = t.values, t.retired
+        found = list(map(t.index.get, keys))
         replaced: list[int] = []
         was_cached: list[int] = []
         if found.count(None) == n:  # all new keys (the common push): slots in one go
@@ -238,19 +237,14 @@ class OpApplier:
                 for i, slot in zip(new_at, t.alloc_slots([keys[i] for i in new_at]), strict=True):
                     found[i] = slot
             slot_list = cast(list[int], found)
-        # the pending entries this op made, unless a later op replaced them (written
+        # the pending entries this op made go, unless a later op replaced them (written
         # through, they stay while RocksDB writes the values: readers find them meanwhile)
-        mine = [
-            key
-            for key, e, own in zip(keys, map(pending_get, keys), seqs, strict=False)
-            if e is not None and e[0] == own
-        ]
         if not through:
-            each(map(pending.__delitem__, mine))
+            t.settle_pending(keys, seqs)
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
         if cached_before is not None:
-            t.bytes_in_cache -= int(t.size[cached_before].sum())
+            t.forget_cached(cached_before)
         slots = np.array(slot_list, dtype=np.int64)
         new_values = [it.value for it in items]
         sizes = np.fromiter(map(len, new_values), np.int64, n)
@@ -263,29 +257,13 @@ class OpApplier:
         t.rollouts.on_put(slot_list, items, new_values)  # before a write-through of its meta
         written = through and await self._write_through(t, items, slot_list)
         if written:
-            t.meta_dirty[slots] = 0
-            for slot, size in zip(slot_list, sizes.tolist(), strict=True):
-                values[slot] = None
-                t.on_disk[slot] = 1
-                t.dirty[slot] = 0
-                t.bytes_on_disk += size - int(t.disk_size[slot])
-                t.disk_size[slot] = size
+            t.mark_written(slots, slot_list, sizes.tolist())
         else:  # cached pushes, and written-through ones RocksDB refused: held here meanwhile
-            t.meta_dirty[slots] = 1
-            each(map(values.__setitem__, slot_list, new_values))
-            # a short-lived view of the flag bytearray (a live view would block its growth)
-            np.frombuffer(t.dirty, np.uint8)[slots] = 1
-            if cached_before is not None:  # replaced while cached: like a hit (CLOCK)
-                t.referenced[cached_before] = 1
+            t.hold_values(slots, slot_list, new_values, sizes, cached_before)
             s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
-            t.bytes_in_cache += int(sizes.sum())
         t.select(slots, prios, ts, fields)
         if through:
-            own_seq = dict(zip(keys, seqs, strict=False))
-            for key in mine:
-                entry = t.pending.get(key)
-                if entry is not None and entry[0] == own_seq[key]:
-                    del t.pending[key]
+            t.settle_pending(keys, seqs)
         t.rollouts.changed.notify()
         if not replay:
             await self._trim(t)
@@ -305,16 +283,9 @@ class OpApplier:
 
     async def _trim(self, t: Table) -> None:
         """Delete items chosen by the remover until the table fits ``max_size``."""
-        slots = t.excess(self._np_rng)
-        if not len(slots):
-            return
-        # the remover dropped them; the sampler drops the ones it still holds
-        t.unselect(slots, remover=False)
-        slot_list = slots.tolist()
-        keys = cast(list[str], list(map(t.keys.__getitem__, slot_list)))  # held slots
-        # a pending op decides what readers see of a key
-        t.visible -= len(keys) - sum(map(t.pending.__contains__, keys))
-        await self._free(t, slots, slot_list, keys)
+        slots, slot_list, keys = t.take_excess(self._np_rng)
+        if slot_list:
+            await self._free(t, slots, slot_list, keys)
 
     async def trim_all(self) -> None:
         """Bring every table within its ``max_size`` (after replaying the log)."""
@@ -324,13 +295,9 @@ class OpApplier:
     async def _delete(self, t: Table, keys: Any, seq: int) -> None:
         if t.dropped:
             return
-        pending, index_get = t.pending, t.index.get
         if seq:
-            pending_get = pending.get
-            for key in keys:
-                entry = pending_get(key)
-                if entry is not None and entry[0] == seq:
-                    del pending[key]
+            t.settle_pending(keys, itertools.repeat(seq))
+        index_get = t.index.get
         found = {key: slot for key in keys if (slot := index_get(key)) is not None}
         if not found:
             return
@@ -349,19 +316,13 @@ class OpApplier:
         cached = [slot for slot in slot_list if values[slot] is not None]
         if cached:
             s.ledger.discard_many(t, cached)
-            sizes = t.size[slots] if len(cached) == len(slot_list) else t.size[cached]
-            t.bytes_in_cache -= int(sizes.sum())
-        with memoryview(t.on_disk) as flags:
-            on_disk = np.flatnonzero(np.frombuffer(flags, np.uint8)[slots])
+        on_disk = t.free_slots(slots, slot_list, keys)
         rocks = self._rocks
         if len(on_disk) and rocks is not None:
             deletes = rocks.deletes
             for i in on_disk.tolist():
                 deletes.append(value_key(t.prefix, keys[i]))
                 deletes.append(meta_key(t.prefix, keys[i]))
-            t.bytes_on_disk -= int(t.disk_size[slots[on_disk]].sum())
-        t.free_slots(slots, slot_list, keys)
-        t.counters.deletes += len(slot_list)
         if rocks is not None and len(rocks.deletes) > 20_000 and not rocks.db.failure:
             deletes = rocks.take_deletes()
             try:
@@ -377,16 +338,10 @@ class OpApplier:
 
     def _populate(self, op: PopulateOp) -> None:
         t, slot = op.table, op.slot
-        if t.dropped or slot >= len(t.keys) or t.keys[slot] is None:
+        size = t.populate(slot, op.value, op.version)
+        if size is None:
             return
-        if int(t.version[slot]) != op.version or t.values[slot] is not None:
-            return
-        t.values[slot] = op.value
-        t.dirty[slot] = 0
-        size = int(t.size[slot])
         self._state.ledger.add(t, slot, cache_charge(size))
-        t.bytes_in_cache += size
-        t.counters.populates += 1
         if self._state.ledger.over and not self._evict_queued:
             self._evict_queued = True
             self.submit(EvictOp(0, weight=0), housekeeping=True)
@@ -423,16 +378,7 @@ class OpApplier:
         for t, slot in victims:  # only now: readers find the value in RocksDB from here on
             if t.dropped or t.keys[slot] is None or t.values[slot] is None:
                 continue
-            size = int(t.size[slot])
-            evicted += size
-            if t.dirty[slot] or not t.on_disk[slot]:
-                t.bytes_on_disk += size - int(t.disk_size[slot])
-                t.disk_size[slot] = size
-            t.on_disk[slot] = 1
-            t.values[slot] = None
-            t.dirty[slot] = t.meta_dirty[slot] = 0
-            t.bytes_in_cache -= size
-            t.counters.evictions_to_disk += 1
+            evicted += t.evict(slot)
         self._evicted_since_trim += evicted
         if self._evicted_since_trim >= max(TRIM_EVERY_BYTES, s.ledger.limit_bytes // 2):
             self._evicted_since_trim = 0
@@ -469,9 +415,8 @@ class OpApplier:
 
     async def _drop(self, table: Table) -> None:
         s = self._state
-        if table.dropped:
+        if not table.mark_dropped():
             return
-        table.dropped = True
         s.tables.pop(table.name, None)
         s.dropped_counters.add(table.counters)
         s.ledger.drop_table(table)

@@ -9,6 +9,8 @@ its place, priority, metadata and consumption.
 
 from __future__ import annotations
 
+import itertools
+
 from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
 from rlreplay.workers.state import EngineState, cache_charge
 
@@ -20,26 +22,16 @@ def apply_patch(state: EngineState, op: PatchOp) -> None:
     t = op.table
     if t.dropped:
         return
-    pending, index, values, seq = t.pending, t.index, t.values, op.seq
-    rollouts = t.rollouts
+    index, seq, rollouts = t.index, op.seq, t.rollouts
+    t.settle_pending([it.key for it in op.items], itertools.repeat(seq))
     for it in op.items:
         key = it.key
-        entry = pending.get(key)
-        if entry is not None and entry[0] == seq:
-            del pending[key]
         slot = index.get(key)
         if slot is None:  # trimmed meanwhile
             continue
         value = it.value
         size = len(value) + len(key)
-        if values[slot] is not None:
-            t.bytes_in_cache -= int(t.size[slot])
-        values[slot] = value
-        t.size[slot] = size
-        t.bytes_in_cache += size
-        t.dirty[slot] = 1
-        t.meta_dirty[slot] = 1
-        t.version[slot] += 1  # a value read from RocksDB before this is stale
+        t.patch_value(slot, value, size)  # a value read from RocksDB before this is stale
         # put_seq stays the push's: a checkpoint that stops at a position between the push
         # and this patch must still write the item (the log it cuts holds the push), and a
         # replayed patch only sets again the values written

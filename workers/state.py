@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class EngineState:
-    """The engine's shared state. Readers read it; only the writer changes it."""
+    """The engine's shared state. Readers read it; the writer changes which tables and
+    keys exist and where values live; admissions and samples change a table through its
+    own methods (see :class:`~rlreplay.app.tables.table.Table`)."""
 
     settings: Settings
     io: BlockingIO

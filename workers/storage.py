@@ -296,13 +296,8 @@ class RocksStorage(Storage):
                     value = t.values[slot]
                     assert value is not None
                     puts.append((value_key(t.prefix, key), value))
-                    size = int(t.size[slot])
-                    t.bytes_on_disk += size - int(t.disk_size[slot])
-                    t.disk_size[slot] = size
-                    t.on_disk[slot] = 1
-                    t.dirty[slot] = 0
                 puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
-                t.meta_dirty[slot] = 0
+                t.mark_checkpointed(slot, wrote=wrote)
         # each table's own state (rate limiter counts, counters) as of this checkpoint
         puts.extend((table_key(t.name), table_record(t)) for t in state.tables.values())
         ids = await state.io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
@@ -318,10 +313,7 @@ class RocksStorage(Storage):
             for t, slot, wrote, on_disk, disk_size in cleared:
                 if t.keys[slot] is None:
                     continue
-                t.meta_dirty[slot] = 1
-                if wrote:
-                    t.bytes_on_disk += disk_size - int(t.disk_size[slot])
-                    t.dirty[slot], t.on_disk[slot], t.disk_size[slot] = 1, on_disk, disk_size
+                t.unmark_checkpointed(slot, wrote=wrote, on_disk=on_disk, disk_size=disk_size)
             raise
         self.deferred_puts, self.deferred_ranges = [], []
         await state.io.run(store.flush)  # if it fails, the log is not cut: it still covers all

@@ -1,4 +1,7 @@
-"""The single writer: the only code that changes tables and storage.
+"""The single writer: the only code that changes which keys exist, and storage.
+
+Admissions and samples change a table too, in the caller's task, through the methods
+:class:`~rlreplay.app.tables.table.Table` names for them.
 
 Callers enqueue ops (see :mod:`rlreplay.workers.ops`) on the urgent queue (push, delete,
 priorities, tables, checkpoint) or the housekeeping queue (evict, populate) and, if they want,
@@ -318,7 +321,7 @@ class TaskProcessor(Checkpointer):
                 if op.future is not None and op.future.done():
                     op.future.exception()  # the caller may have answered already
             if isinstance(op, DropTableOp):
-                op.table.dropping = False
+                op.table.mark_dropping(False)
             table: Table | None = getattr(op, "table", None)
             if table is not None and table not in tables:
                 tables.append(table)

@@ -110,7 +110,7 @@ class Engine(EngineRollouts):
             await release(state)
             raise
         for table in state.tables.values():
-            table.visible = len(table.index)
+            table.recount_visible()
             table.applied(state.seq, 0)
         processor.start()
         self.snapshots = Snapshots(st, processor, state)
@@ -225,7 +225,7 @@ class Engine(EngineRollouts):
         writer = self._writer()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         seq = self._state.next_seq(records.drop_table(table.name))
-        table.dropping = True  # until the drop is applied (or refused), calls find no table
+        table.mark_dropping()  # until the drop is applied (or refused), calls find no table
         writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
         await self._committed(seq, fut)
 
@@ -419,9 +419,7 @@ class Engine(EngineRollouts):
                 seq = s.next_seq(records.put(table, keys, values, priorities, now, extras))
         fut = asyncio.get_running_loop().create_future() if wait else None
         entries = {it.key: (seq, it, now) for it in items}
-        t.visible += t.count_unseen(entries)
-        t.pending.update(entries)
-        t.accept(seq, n)
+        t.admit_puts(seq, entries, n)
         writer.submit(
             PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now)
         )

@@ -13,7 +13,6 @@ import numpy as np
 
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
 from rlreplay.app.storage.layout import value_key
-from rlreplay.app.tables.draws import draw, undraw
 from rlreplay.app.tables.items import (
     Item,
     ItemBatch,
@@ -63,7 +62,7 @@ class EngineReads(EngineCore):
                     nbytes = int(t.size[sl].sum())
                     if nbytes > self._max_answer_bytes:
                         raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
-                    t.referenced[sl] = 1
+                    t.touch(sl)
                     batch = ItemBatch(
                         keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
                     )
@@ -90,7 +89,7 @@ class EngineReads(EngineCore):
             if value is None:
                 misses.append((i, slot, key))
                 continue
-            t.referenced[slot] = 1
+            t.touch(slot)
             out[i] = Item(
                 key,
                 value,
@@ -191,12 +190,12 @@ class EngineReads(EngineCore):
                         f"table {table!r} had no item to sample within {timeout:g} s"
                     )
                 await self._caught_up(t, deadline, timeout)
-            drawn = draw(t, batch_size, self._rng)
+            drawn = t.draw(batch_size, self._rng)
             slots, probs, exhausted = drawn.slots, drawn.probabilities, drawn.exhausted
             if include_values:
                 nbytes = int(t.size[slots].sum())
                 if nbytes > self._max_answer_bytes:
-                    undraw(t, drawn)
+                    t.undraw(drawn)
                     raise self._too_big(nbytes, f"a sample of {len(slots)} items")
         except BaseException:
             if t.gate.limited:
@@ -219,13 +218,13 @@ class EngineReads(EngineCore):
         if t.rollouts.has_meta:
             batch.groups, batch.versions = rollout_meta(t, slot_list)
         if include_values:
-            t.referenced[slots] = 1
+            t.touch(slots)
             if None in batch.values:
                 try:  # RocksDB reads wait behind checkpoints in the I/O threads: keep the deadline
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                         await self._fill_sampled_misses(t, slot_list, batch)
                 except TimeoutError:
-                    undraw(t, drawn)
+                    t.undraw(drawn)
                     t.counters.samples -= len(slots)
                     if t.gate.limited:
                         t.gate.refund_sample(batch_size)
@@ -237,7 +236,7 @@ class EngineReads(EngineCore):
                 try:
                     batch.columns = stack_values(batch.keys, cast("list[bytes]", batch.values))
                 except ValidationFailed:
-                    undraw(t, drawn)
+                    t.undraw(drawn)
                     t.counters.samples -= len(slots)
                     if t.gate.limited:
                         t.gate.refund_sample(batch_size)

@@ -155,8 +155,7 @@ class EngineRollouts(EngineReads):
         seq = s.next_seq(records.patch(table, keys, values, request) if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait and merged else None
         if merged:
-            t.pending.update({it.key: (seq, it, ts) for it, ts in merged})
-            t.accept(seq, n)
+            t.admit_patches(seq, {it.key: (seq, it, ts) for it, ts in merged}, n)
             patched = [it for it, _ in merged]
             writer.submit(PatchOp(seq, future=fut, weight=n, table=t, items=patched))
         await self._committed(seq, fut)
@@ -314,7 +313,7 @@ class EngineRollouts(EngineReads):
                     misses.append((slot, key, int(t.version[slot])))
                     continue
                 r.on_patch(slot, value)
-                t.meta_dirty[slot] = 1
+                t.mark_meta_dirty(slot)
             store = self.state.store
             for start in range(0, len(misses), _LEARN_YIELD_EVERY):
                 chunk = misses[start : start + _LEARN_YIELD_EVERY]
@@ -326,7 +325,7 @@ class EngineRollouts(EngineReads):
                     # one replaced, patched or freed meanwhile has its fields recorded
                     if value is not None and t.keys[slot] == key and t.version[slot] == version:
                         r.on_patch(slot, value)
-                        t.meta_dirty[slot] = 1
+                        t.mark_meta_dirty(slot)
         except BaseException:
             r.learning = None  # the next claim tries again
             raise

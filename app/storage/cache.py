@@ -26,9 +26,13 @@ from rlreplay.app.selection.slot_array import grown
 
 
 class CachedTable(Protocol):
-    """What the ledger needs of a table: its per-slot CLOCK bits, set by cache hits."""
+    """What the ledger needs of a table: its per-slot CLOCK bits, set by cache hits, and
+    a way to clear them (the table owns its columns)."""
 
-    referenced: npt.NDArray[np.uint8]
+    @property
+    def referenced(self) -> npt.NDArray[np.uint8]: ...
+
+    def clear_referenced(self, slots: npt.NDArray[np.int64]) -> None: ...
 
 
 Table = TypeVar("Table", bound=CachedTable)
@@ -213,7 +217,7 @@ class CacheLedger(Generic[Table]):
                 table, tickets = tables[n], self._tickets[n]
                 assert table is not None
                 if len(again):  # second chance: the bit cleared, to the back
-                    table.referenced[again] = 0
+                    table.clear_referenced(again)
                     tickets[again] = self._append(n, again)
                 tickets[gone] = -1
             evicted = ~referenced

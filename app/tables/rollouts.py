@@ -222,7 +222,7 @@ class Rollouts:
         else:
             self.field_masks.clear(slots, slot_list)  # not known yet: see learning
         groups = self.groups
-        versions = t.policy_version
+        versions = t._policy_version
         if any(it.group is not None or it.version is not None for it in items):
             for slot, it in zip(slot_list, items, strict=True):
                 group, version = it.group, it.version
@@ -266,7 +266,7 @@ class Rollouts:
         t = self.table
         self.field_masks.clear(slots, slot_list)
         self.acked_masks.clear(slots, slot_list)
-        t.policy_version[slots] = NO_VERSION
+        t._policy_version[slots] = NO_VERSION
         if self.groups:
             for slot in slot_list:
                 self.groups.pop(slot, None)
@@ -284,7 +284,7 @@ class Rollouts:
             return
         at = np.asarray(slots, dtype=np.int64)
         self.acked_masks.add(at, bit)
-        t.meta_dirty[at] = 1
+        t._meta_dirty[at] = 1
         task = self.tasks.get(task_name)
         if task is not None:
             pop = task.unacked.pop
@@ -299,7 +299,7 @@ class Rollouts:
             self.groups[slot] = group
             self.has_meta = True
         if version is not None:
-            t.policy_version[slot] = version
+            t._policy_version[slot] = version
             self.has_meta = True
         self.field_masks.set(slot, self.fields.mask(fields))
         self.acked_masks.set(slot, self.task_bits.mask(acked))

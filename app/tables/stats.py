@@ -98,10 +98,10 @@ def summarize_tables(
     inserts, samples, deletes = dropped.inserts, dropped.samples, dropped.deletes
     evictions, populates = dropped.evictions_to_disk, dropped.populates
     for t in rows:  # inline sums: a method call per table costs several times as much
-        size += t.visible
-        pending += t.pending_ops
-        cached += t.bytes_in_cache
-        on_disk += t.bytes_on_disk
+        size += t._visible
+        pending += t._pending_ops
+        cached += t._bytes_in_cache
+        on_disk += t._bytes_on_disk
         c = t.counters
         inserts += c.inserts
         samples += c.samples
@@ -115,4 +115,4 @@ def summarize_tables(
     return TablesSummary(len(rows), totals, [(t.name, t.stat_values()) for t in chosen])
 
 
-_SIZE = attrgetter("visible")
+_SIZE = attrgetter("_visible")

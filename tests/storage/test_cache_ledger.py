@@ -13,11 +13,14 @@ from rlreplay.app.storage.cache import CacheLedger
 
 
 class FakeTable:
-    """What the ledger reads of a table: its reference bits."""
+    """What the ledger needs of a table: its reference bits, and clearing them."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.referenced = np.zeros(64, dtype=np.uint8)
+
+    def clear_referenced(self, slots: np.ndarray) -> None:
+        self.referenced[slots] = 0
 
     def __repr__(self) -> str:
         return self.name
