@@ -253,8 +253,123 @@ async def rlreplay_rates(
 
 OPS = ("get_many", "sample", "stream", "push")
 
+#: The server with its columnar-answer fast paths off: a fresh buffer per answer, and large
+#: values joined before they are stacked.
+_SERVER_OFF = """
+import runpy, sys
+import rlreplay.app.api.column_answers as answers
+import rlreplay.app.tables.stacking as stacking
+from rlreplay.wire.buffer_pool import BufferPool
+answers._ANSWERS = BufferPool(max_buffers=0)
+stacking.ROW_SLICES_BYTES = 1 << 62
+sys.argv = ["rlreplay"] + sys.argv[1:]
+runpy.run_module("rlreplay.app", run_name="__main__")
+"""
 
-def _server(workdir: Path, sock: Path, env: dict[str, str] | None = None) -> Any:
+
+class _ClientOff:
+    """The client's fast paths off while in use: a fresh buffer per answer, arrays copied."""
+
+    def __enter__(self) -> None:
+        import rlreplay.clients.requester as requester
+        import rlreplay.clients.transport as transport
+        from rlreplay.wire.buffer_pool import BufferPool
+        from rlreplay.wire.codec import unpackb
+
+        self._saved = (requester.decode_views, transport.BufferPool)
+        requester.decode_views = unpackb  # type: ignore[assignment]
+        transport.BufferPool = lambda max_buffers: BufferPool(max_buffers=0)  # type: ignore[assignment,misc]
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.requester as requester
+        import rlreplay.clients.transport as transport
+
+        requester.decode_views, transport.BufferPool = self._saved  # type: ignore[assignment]
+
+
+async def _read_rates(
+    url: str, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float
+) -> dict[tuple[str, str], float]:
+    """(shape, op) -> bytes/s of columnar get_many and sample over ``url``."""
+    rates: dict[tuple[str, str], float] = {}
+    async with ReplayClient(url, timeout_s=120) as rb:
+        tables = {t["name"] for t in await rb.list_tables()}
+        for index, (name, values) in enumerate(shapes.items()):
+            table = f"{TABLE_PREFIX}{index}"
+            if table not in tables:
+                await _fill(rb, table, values)
+            keys = [f"k{i}" for i in range(len(values))]
+            nbytes = _payload_bytes(values)
+
+            async def get_many(
+                table: str = table, keys: list[str] = keys, nbytes: int = nbytes
+            ) -> int:
+                await rb.get_many(table, keys, layout="columns")
+                return nbytes
+
+            async def sample(table: str = table, n: int = len(keys), nbytes: int = nbytes) -> int:
+                await rb.sample(table, n, layout="columns")
+                return nbytes
+
+            rates[name, "get_many"] = await _rate(get_many, seconds)
+            rates[name, "sample"] = await _rate(sample, seconds)
+    return rates
+
+
+def arm_rows(
+    root: Path, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float, rounds: int
+) -> list[list[object]]:
+    """Columnar reads with every fast path on, the client's off, the server's off."""
+    on_sock, off_sock = root / "on.sock", root / "off.sock"
+    on_proc, on_url = _server(root / "arm-on", on_sock)
+    off_proc, off_url = _server(
+        root / "arm-off", off_sock, command=[sys.executable, "-c", _SERVER_OFF]
+    )
+    arms = {
+        "on": {"tcp": on_url, "unix": f"unix://{on_sock}"},
+        "client off": {"tcp": on_url, "unix": f"unix://{on_sock}"},
+        "server off": {"tcp": off_url, "unix": f"unix://{off_sock}"},
+    }
+    runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
+    try:
+        for r in range(rounds):
+            names = list(arms) if r % 2 == 0 else list(arms)[::-1]
+            for family in ("tcp", "unix"):
+                for arm in names:
+                    url = arms[arm][family]
+                    if arm == "client off":
+                        with _ClientOff():
+                            got = asyncio.run(_read_rates(url, shapes, seconds))
+                    else:
+                        got = asyncio.run(_read_rates(url, shapes, seconds))
+                    runs.setdefault((arm, family), []).append(got)
+    finally:
+        stop_process(on_proc)
+        stop_process(off_proc)
+    rows: list[list[object]] = []
+    for name in shapes:
+        for op in ("get_many", "sample"):
+            for family in ("tcp", "unix"):
+                gbps = {
+                    arm: statistics.median(run[name, op] for run in runs[arm, family]) / 1e9
+                    for arm in arms
+                }
+                rows.append(
+                    [
+                        name,
+                        op,
+                        family,
+                        gbps["on"],
+                        gbps["client off"],
+                        f"{gbps['on'] / gbps['client off']:.2f}x",
+                        gbps["server off"],
+                        f"{gbps['on'] / gbps['server off']:.2f}x",
+                    ]
+                )
+    return rows
+
+
+def _server(workdir: Path, sock: Path, command: list[str] | None = None) -> Any:
     """``rlreplay serve`` (hybrid, ``wal``) on 127.0.0.1 and on ``sock``: (process, TCP URL)."""
     port = free_port()
     cmd = serve_command(
@@ -269,11 +384,13 @@ def _server(workdir: Path, sock: Path, env: dict[str, str] | None = None) -> Any
         "--log-level",
         "warning",
     )
+    if command is not None:  # the same flags, another way in
+        cmd = command + cmd[3:]
     url = f"http://127.0.0.1:{port}"
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     _wait_ready(url, proc)
     return proc, url
 
@@ -329,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
                     runs[family].append(asyncio.run(rlreplay_rates(urls[family], shapes, seconds)))
         finally:
             stop_process(proc)
+        arms = arm_rows(root, shapes, seconds, args.rounds) if args.arms else []
     rows = []
     for name in shapes:
         for op in OPS:
@@ -351,6 +469,13 @@ def main(argv: list[str] | None = None) -> None:
         ["shape", "call", "layout", "TCP GB/s", "/ TCP", "Unix GB/s", "/ Unix"],
         rows,
     )
+
+    if arms:
+        print_table(
+            "Bulk: columnar reads, GB/s with each fast path on and off (on / off)",
+            ["shape", "call", "socket", "on", "client off", "on / off", "server off", "on / off"],
+            arms,
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,13 @@ contract's "Columnar bodies"), so a batch arrives as a handful of arrays rather 
 Python object per item. :class:`ColumnBatch` holds them as NumPy arrays (bfloat16 fields as
 :class:`~rlreplay.wire.arrays.BFloat16Array`); :meth:`ColumnBatch.as_torch` gives torch
 tensors that share their memory.
+
+The arrays are views of the buffer the answer was read into (:func:`decode_views`), not
+copies: the bytes cross the client once, from the socket. That buffer belongs to the
+client's pool of receive buffers and is written again only once no array, tensor or view
+made from it is left, so a column stays valid, and its own, for as long as anything holds
+it; holding a small part keeps the whole buffer (``.copy()`` the part to let it go). A
+column whose data is not aligned for its dtype in the answer is copied instead.
 """
 
 from __future__ import annotations
@@ -13,18 +20,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.wire.arrays import BFloat16Array
+from rlreplay.wire.arrays import BFLOAT16, EXT_NDARRAY, BFloat16Array, dtype_info, split_payload
+from rlreplay.wire.codec import unpackb
 from rlreplay.wire.errors import ReplayError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ColumnBatch"]
+__all__ = ["ColumnBatch", "decode_views"]
 
 #: A stacked field: a NumPy array, or the raw bits of a bfloat16 one.
 Column = npt.NDArray[Any] | BFloat16Array
@@ -124,6 +133,43 @@ class ColumnBatch:
 
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
+def _array_view(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Array:
+    """An ext-1 array as a view of ``payload`` (a copy when its data is misaligned).
+
+    Raises:
+        ValueError: Another extension type, or a malformed payload.
+    """
+    if code != EXT_NDARRAY:
+        raise ValueError(f"unknown msgpack extension type {code}")
+    dtype_str, shape, data = split_payload(payload)
+    _, _, dtype = dtype_info(dtype_str)
+    count = len(data) // dtype.itemsize
+    array = np.frombuffer(payload, dtype, count, len(payload) - len(data)).reshape(shape)
+    if array.ctypes.data % dtype.alignment:
+        array = array.copy()
+    if dtype_str == BFLOAT16:
+        return BFloat16Array(array)
+    return array
+
+
+_VIEWS: Final = msgspec.msgpack.Decoder(ext_hook=_array_view)
+
+
+def decode_views(answer: bytes | bytearray | memoryview) -> Any:
+    """Decode a msgpack answer whose arrays are views of ``answer`` (see the module); of
+    an immutable ``answer`` (``bytes``: httpx's transport), copies, as arrays are writable.
+
+    Raises:
+        ValueError: It is not well-formed msgpack, or holds a malformed array.
+    """
+    if isinstance(answer, bytes) or (isinstance(answer, memoryview) and answer.readonly):
+        return unpackb(answer)
+    try:
+        return _VIEWS.decode(answer)
+    except msgspec.DecodeError:
+        return unpackb(answer)  # what msgspec refuses, the codec decodes or explains
 
 
 def _array(value: Any) -> npt.NDArray[Any]:

@@ -11,6 +11,7 @@ import asyncio
 from typing import Final, cast
 
 from rlreplay.clients.http11 import BODY_PIECE, MAX_HEADER_BYTES
+from rlreplay.wire.buffer_pool import BufferPool
 
 __all__ = ["Connection"]
 
@@ -27,13 +28,14 @@ class Connection(asyncio.BufferedProtocol):
     ``StreamReader`` copies it three times, in 256 KiB steps).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, buffers: BufferPool | None = None) -> None:
         self._loop = loop
+        self._buffers = buffers
         self._transport: asyncio.Transport | None = None
         self._scratch = bytearray(_SCRATCH_BYTES)
         self._start = 0  # the unread bytes are _scratch[_start:_end]
         self._end = 0
-        self._body: bytearray | None = None  # where readexactly() wants the bytes
+        self._body: bytearray | memoryview | None = None  # where readexactly() wants them
         self._body_filled = 0
         self._waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -152,9 +154,13 @@ class Connection(asyncio.BufferedProtocol):
                 raise asyncio.IncompleteReadError(self._take(self._end - self._start), None)
             await self._wait(timeout_s)
 
-    async def readexactly(self, size: int, timeout_s: float | None) -> bytes | bytearray:
-        """Exactly ``size`` bytes: a long run is the bytearray the socket read into, not
-        copied again (a sampled batch is MiBs).
+    async def readexactly(
+        self, size: int, timeout_s: float | None
+    ) -> bytes | bytearray | memoryview:
+        """Exactly ``size`` bytes: a long run is the buffer the socket read into, not
+        copied again (a sampled batch is MiBs): a buffer of the connection's
+        :class:`~rlreplay.wire.buffer_pool.BufferPool` when it has one, reused once nobody
+        sees it, else a fresh ``bytearray``.
 
         Raises:
             TimeoutError: No byte came for ``timeout_s`` seconds.
@@ -164,7 +170,7 @@ class Connection(asyncio.BufferedProtocol):
         unread = self._end - self._start
         if unread >= size:
             return self._take(size)
-        body = bytearray(size)
+        body = bytearray(size) if self._buffers is None else self._buffers.take(size)
         body[:unread] = self._scratch[self._start : self._end]
         self._start = self._end = 0
         self._body, self._body_filled = body, unread

@@ -13,6 +13,7 @@ import time
 import httpx
 
 from rlreplay.clients.connection import Connection
+from rlreplay.wire.buffer_pool import BufferPool
 
 __all__ = ["Address", "ConnectionPool"]
 
@@ -27,11 +28,20 @@ class ConnectionPool:
             room for another.
         expiry: Seconds an idle connection may wait before it is closed instead of reused.
         uds: Connect to this Unix domain socket rather than to the address over TCP.
+        buffers: Where the connections read long bodies (see :class:`Connection`).
     """
 
-    def __init__(self, *, max_idle: int, expiry: float, uds: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_idle: int,
+        expiry: float,
+        uds: str | None = None,
+        buffers: BufferPool | None = None,
+    ) -> None:
         self._max_idle = max_idle
         self._uds = uds
+        self._buffers = buffers
         self._expiry = expiry
         self._idle: dict[Address, list[Connection]] = {}
         self._closed = False
@@ -100,11 +110,14 @@ class ConnectionPool:
             async with asyncio.timeout(timeout_s):
                 loop = asyncio.get_running_loop()
                 if self._uds is None:
-                    _, conn = await loop.create_connection(lambda: Connection(loop), host, port)
+                    _, conn = await loop.create_connection(self._connection, host, port)
                 else:
-                    _, conn = await loop.create_unix_connection(lambda: Connection(loop), self._uds)
+                    _, conn = await loop.create_unix_connection(self._connection, self._uds)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(f"connecting to {where} timed out") from exc
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {where}: {exc}") from exc
         return conn
+
+    def _connection(self) -> Connection:
+        return Connection(asyncio.get_running_loop(), self._buffers)

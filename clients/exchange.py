@@ -54,7 +54,7 @@ async def write_request(conn: Connection, data: bytes, timeout_s: float | None) 
 
 async def read_answer(
     request: httpx.Request, conn: Connection, timeout_s: float | None, max_header_bytes: int
-) -> tuple[Answer, bytes | bytearray]:
+) -> tuple[Answer, bytes | bytearray | memoryview]:
     """The final answer to ``request`` (interim 1xx answers skipped) and its whole body (a
     long one in the bytearray it was read into).
 

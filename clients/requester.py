@@ -17,6 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from rlreplay.clients.bodies import encode_body
+from rlreplay.clients.columns import decode_views
 from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from rlreplay.clients.server_url import server_address
@@ -170,9 +171,12 @@ class Requester:
         idempotent: bool,
         read_timeout_s: float | None = None,
         raw: bool = False,
+        views: bool = False,
     ) -> Any:
         """Send one request with retries; return the decoded answer (None for no content),
-        or with ``raw`` the answer's bytes as they came (msgpack).
+        or with ``raw`` the answer's bytes as they came (msgpack); with ``views`` its arrays
+        are views of the buffer the answer was read into (a columnar batch's, see
+        :func:`~rlreplay.clients.columns.decode_views`).
 
         Raises:
             WrongEventLoop: Called from another event loop than the first call (nothing sent).
@@ -198,7 +202,9 @@ class Requester:
                     raise Unavailable(f"{method} {path} failed: {exc!r}") from exc
             else:
                 if response.is_success:
-                    return bytes(answer) if raw else self._decode(response, answer)
+                    if raw:
+                        return bytes(answer)
+                    return self._decode(response, answer, views=views)
                 error = self._error(response, answer)
                 retryable = isinstance(error, Overloaded) or (
                     idempotent and type(error) is Unavailable
@@ -221,7 +227,7 @@ class Requester:
         *,
         idempotent: bool,
         read_s: float | None,
-    ) -> tuple[httpx.Response, bytes | bytearray]:
+    ) -> tuple[httpx.Response, bytes | bytearray | memoryview]:
         """One request (no retries), with the client's headers and timeouts: the answer and its
         body (with LeanTransport, a long body in the buffer it was read into).
 
@@ -255,19 +261,23 @@ class Requester:
         return response, answer
 
     @staticmethod
-    def _decode(response: httpx.Response, answer: bytes | bytearray) -> Any:
+    def _decode(
+        response: httpx.Response, answer: bytes | bytearray | memoryview, *, views: bool = False
+    ) -> Any:
         if response.status_code == 204 or not answer:
             return None
         content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
         try:
             if content_type in {MSGPACK, "application/x-msgpack"}:
-                return unpackb(answer)
+                return decode_views(answer) if views else unpackb(answer)
+            if isinstance(answer, memoryview):  # read into a receive buffer
+                answer = bytes(answer)
             return from_jsonable(json.loads(answer))
         except ValueError as exc:
             raise ReplayError(f"undecodable answer ({content_type or 'no type'}): {exc}") from exc
 
     @staticmethod
-    def _error(response: httpx.Response, answer: bytes | bytearray) -> ReplayError:
+    def _error(response: httpx.Response, answer: bytes | bytearray | memoryview) -> ReplayError:
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         try:
             body = Requester._decode(response, answer)

@@ -78,6 +78,7 @@ from rlreplay.clients.http11 import (
     request_body,
     request_head,
 )
+from rlreplay.wire.buffer_pool import BufferPool
 
 __all__ = ["LeanTransport"]
 
@@ -105,6 +106,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         max_header_bytes: The largest status line plus headers accepted.
         uds: Connect to this Unix domain socket, whatever the URL's host and port (as
             ``httpx.AsyncHTTPTransport(uds=...)`` does).
+        receive_buffers: Buffers kept for long answers (256 KiB and more), each reused
+            once nothing made from it is left (see :mod:`rlreplay.wire.buffer_pool`): a
+            batch read into one stays valid for as long as anybody holds a view of it.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         keepalive_expiry: float = 30.0,
         max_header_bytes: int = MAX_HEADER_BYTES,
         uds: str | None = None,
+        receive_buffers: int = 4,
     ) -> None:
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections ({max_connections}) must be >= 1 or None")
@@ -128,7 +133,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise ValueError(f"max_header_bytes ({max_header_bytes}) must be >= 64")
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
         self._pool = ConnectionPool(
-            max_idle=max_keepalive_connections, expiry=keepalive_expiry, uds=uds
+            max_idle=max_keepalive_connections,
+            expiry=keepalive_expiry,
+            uds=uds,
+            buffers=BufferPool(max_buffers=receive_buffers),
         )
         self._max_header = max_header_bytes
 
@@ -148,7 +156,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         answer, body = await self._round_trip(request)
         return _response(request, answer, bytes(body))
 
-    async def fetch(self, request: httpx.Request) -> tuple[httpx.Response, bytes | bytearray]:
+    async def fetch(
+        self, request: httpx.Request
+    ) -> tuple[httpx.Response, bytes | bytearray | memoryview]:
         """:meth:`handle_async_request`, the body left as it was read: the answer's status
         and headers as an ``httpx.Response`` without content, and the body, a long one in
         the bytearray the socket read it into. The replay client decodes it from there:
@@ -160,7 +170,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
             return response, response.content
         return _response(request, answer, b""), body
 
-    async def _round_trip(self, request: httpx.Request) -> tuple[Answer, bytes | bytearray]:
+    async def _round_trip(
+        self, request: httpx.Request
+    ) -> tuple[Answer, bytes | bytearray | memoryview]:
         if self._pool.closed:
             raise RuntimeError("the transport is closed")
         url = request.url
@@ -197,7 +209,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         head: bytes,
         body: bytes,
         close_after: bool,
-    ) -> tuple[Answer, bytes | bytearray]:
+    ) -> tuple[Answer, bytes | bytearray | memoryview]:
         conn = self._pool.checkout(address)
         if conn is not None:
             try:
@@ -223,7 +235,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         head: bytes,
         body: bytes,
         close_after: bool,
-    ) -> tuple[Answer, bytes | bytearray]:
+    ) -> tuple[Answer, bytes | bytearray | memoryview]:
         """One request on ``conn``; pools the connection after a clean answer, else closes it."""
         try:
             await write_request(conn, head + body if body else head, timeouts.get("write"))

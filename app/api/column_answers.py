@@ -6,11 +6,19 @@ sample, ``{"keys", "priorities", "times_sampled", "columns", "missing"}`` for a 
 The columns come from :func:`~rlreplay.app.tables.stacking.stack_values`. In msgpack every
 array is extension type 1, laid out here around the stacked data; in JSON the contract's
 ``{"$ndarray": {"dtype", "shape", "data"}}`` form.
+
+A msgpack answer is written into a buffer reused across requests (a
+:class:`~rlreplay.wire.buffer_pool.BufferPool`'s, handed out again only once the transport
+has sent it and nothing else holds it): a fresh buffer of many MiB costs more in page faults
+than the copy into it. Each array's data starts at an offset of the answer that is a
+multiple of 8, so a client that reads the answer into an aligned buffer can use every
+column in place (:func:`aligned_array_head`).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -19,9 +27,10 @@ import numpy as np
 import numpy.typing as npt
 
 from rlreplay.app.tables.items import ItemBatch, SampleBatch
-from rlreplay.app.tables.stacking import Column, stack_values
-from rlreplay.wire.arrays import array_head
-from rlreplay.wire.headers import map_header, str_bytes
+from rlreplay.app.tables.stacking import Column, RowSlices, stack_values
+from rlreplay.wire.arrays import EXT_NDARRAY, array_head
+from rlreplay.wire.buffer_pool import BufferPool
+from rlreplay.wire.headers import bin_header, ext_header, int_bytes, map_header, str_bytes
 
 __all__ = [
     "FoundColumns",
@@ -57,23 +66,85 @@ class FoundColumns:
 # --- msgpack -----------------------------------------------------------------------------------
 
 _LISTS: Final = msgspec.msgpack.Encoder()
+#: Where msgpack answers are written (the event loop's alone: answers are built on it).
+_ANSWERS: Final = BufferPool(max_buffers=4)
+#: Array data starts at a multiple of this offset of the answer (the widest NumPy alignment).
+ALIGNMENT: Final = 8
+
+
+def _str_forms(text: str) -> list[bytes]:
+    """Every msgpack header of a string of ``text``'s length, shortest first."""
+    n = len(text.encode())
+    forms = [bytes((0xA0 | n,))] if n < 32 else []
+    if n < 0x100:
+        forms.append(bytes((0xD9, n)))
+    if n < 0x10000:
+        forms.append(b"\xda" + n.to_bytes(2, "big"))
+    return [*forms, b"\xdb" + n.to_bytes(4, "big")]
+
+
+def _int_forms(value: int) -> list[bytes]:
+    """Every msgpack form of the non-negative int ``value``, shortest first."""
+    forms = [bytes((value,))] if value < 0x80 else []
+    for marker, width in ((0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8)):
+        if value < 1 << (8 * width):
+            forms.append(bytes((marker,)) + value.to_bytes(width, "big"))
+    return forms
+
+
+def _array_header_forms(size: int) -> list[bytes]:
+    forms = [bytes((0x90 | size,))] if size < 16 else []
+    return [*forms, b"\xdc" + size.to_bytes(2, "big"), b"\xdd" + size.to_bytes(4, "big")]
+
+
+@functools.lru_cache(maxsize=1024)
+def aligned_array_head(dtype: str, shape: tuple[int, ...], nbytes: int, offset: int) -> bytes:
+    """The bytes of an ext-1 array before its data, when they start at answer offset
+    ``offset`` (mod :data:`ALIGNMENT`): the shortest such head after which the data starts at
+    a multiple of :data:`ALIGNMENT`.
+
+    msgpack lets a string, an array header and an int take longer forms than the shortest,
+    which every decoder reads the same; the dtype's string, the shape's array header and
+    its first axis take the forms that pad the head to the alignment.
+    """
+    rest = b"".join([int_bytes(dim) for dim in shape[1:]]) + bin_header(nbytes)
+    name = dtype.encode()
+    first = _int_forms(shape[0]) if shape else [b""]
+    best: bytes | None = None
+    for str_head in _str_forms(dtype):
+        for shape_head in _array_header_forms(len(shape)):
+            for dim in first:
+                payload = b"\x93" + str_head + name + shape_head + dim + rest
+                head = ext_header(EXT_NDARRAY, len(payload) + nbytes) + payload
+                if (offset + len(head)) % ALIGNMENT == 0 and (
+                    best is None or len(head) < len(best)
+                ):
+                    best = head
+    return best if best is not None else array_head(dtype, shape, nbytes)
 
 
 def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview:
     """A msgpack map of lists of strings, arrays and maps of columns, laid out by hand.
 
     The answer is written into one buffer: each column's data is copied once, straight
-    from where stacking left it (often a strided view of the values), and everything
-    between two columns is joined into one piece first.
+    from where stacking left it (a strided view of the values, or a slice of each large
+    value), and everything between two columns is joined into one piece first.
     """
     pieces: list[Any] = []  # bytes, and the columns' data
     small: list[bytes] = [map_header(len(entries))]
+    written = 0  # bytes in pieces
 
     def array(column: Column) -> None:
-        small.append(array_head(column.dtype, column.shape, column.nbytes))
-        pieces.append(b"".join(small))
+        nonlocal written
+        joined = b"".join(small)
+        nbytes = column.nbytes
+        head = aligned_array_head(
+            column.dtype, column.shape, nbytes, (written + len(joined)) % ALIGNMENT
+        )
+        pieces.append(joined + head)
         small.clear()
         pieces.append(column.data)
+        written += len(joined) + len(head) + nbytes
 
     for name, value in entries:
         small.append(str_bytes(name))
@@ -87,20 +158,28 @@ def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview:
         else:
             array(Column.of(value))
     pieces.append(b"".join(small))
-    sizes = [memoryview(piece).nbytes for piece in pieces]
-    out = np.empty(sum(sizes), dtype=np.uint8)
+    sizes = [
+        piece.nbytes if type(piece) is RowSlices else memoryview(piece).nbytes for piece in pieces
+    ]
+    answer = _ANSWERS.take(sum(sizes))
+    out = np.frombuffer(answer, dtype=np.uint8)
     pos = 0
     for piece, size in zip(pieces, sizes, strict=True):
         if size:
             target = out[pos : pos + size]
-            if type(piece) is np.ndarray:
+            if type(piece) is RowSlices:  # large values: a copy of each row, in place
+                row_pos = pos
+                for row in piece.rows:
+                    answer[row_pos : row_pos + len(row)] = row
+                    row_pos += len(row)
+            elif type(piece) is np.ndarray:
                 if piece.dtype != np.uint8:  # a column of numbers: its bytes
                     piece = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
                 target.reshape(piece.shape)[...] = piece  # a strided view: the gather
             else:
                 target[...] = np.frombuffer(piece, dtype=np.uint8)
         pos += size
-    return out.data
+    return answer
 
 
 def sample_columns_msgpack(batch: SampleBatch) -> memoryview:

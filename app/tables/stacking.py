@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Final
 
 import msgspec
@@ -30,10 +31,25 @@ from rlreplay.wire.arrays import BFLOAT16, dtype_info, split_payload, wire_dtype
 from rlreplay.wire.errors import ValidationFailed
 from rlreplay.wire.headers import read_ext_header
 
-__all__ = ["CU_SEQLENS", "Column", "stack_values"]
+__all__ = ["CU_SEQLENS", "ROW_SLICES_BYTES", "Column", "RowSlices", "stack_values"]
 
 #: The suffix of the offsets column of a variable-length field.
 CU_SEQLENS: Final = ".cu_seqlens"
+
+
+#: Values this long or longer are stacked from slices of each value, never joined: a joined
+#: copy of many MiB costs its page faults, and the answer copies each slice once anyway.
+ROW_SLICES_BYTES: Final = 64 << 10
+
+
+class RowSlices:
+    """A column's data as one slice of each value (its rows, in order), not joined."""
+
+    __slots__ = ("nbytes", "rows")
+
+    def __init__(self, rows: list[memoryview]) -> None:
+        self.rows = rows
+        self.nbytes = sum(map(len, rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +59,9 @@ class Column:
     Attributes:
         dtype: The wire dtype string (``"<f4"``, ``"bfloat16"``...).
         shape: The array's shape, items first.
-        data: The C-order bytes: any contiguous buffer, or a NumPy ``uint8`` array that may
-            be a strided view (one row per item) of the values it was gathered from.
+        data: The C-order bytes: any contiguous buffer, a NumPy ``uint8`` array that may
+            be a strided view (one row per item) of the values it was gathered from, or
+            :class:`RowSlices` of large values.
     """
 
     dtype: str
@@ -59,12 +76,17 @@ class Column:
     @property
     def nbytes(self) -> int:
         """Bytes of data."""
+        if type(self.data) is RowSlices:
+            return self.data.nbytes
         return memoryview(self.data).nbytes
 
     def contiguous(self) -> Any:
-        """The data as one contiguous buffer (copied only if it is a strided view)."""
+        """The data as one contiguous buffer (copied only if it is a strided view or in
+        slices)."""
         if type(self.data) is np.ndarray:
             return np.ascontiguousarray(self.data)
+        if type(self.data) is RowSlices:
+            return b"".join(self.data.rows)
         return self.data
 
 
@@ -195,15 +217,29 @@ def _stack_shared(
     n, width = len(values), len(values[0])
     if len(set(map(len, values))) != 1:
         return None
-    rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(n, width)
-    if n > 1 and skeleton.size and not (rows[1:, skeleton] == rows[0, skeleton]).all():
-        return None
+    if width >= ROW_SLICES_BYTES:  # large values: checked and read where they lie
+        if not _same_skeleton(values, slots, width):
+            return None
+        rows = None
+    else:
+        rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(n, width)
+        if n > 1 and skeleton.size and not (rows[1:, skeleton] == rows[0, skeleton]).all():
+            return None
     columns: dict[str, Column] = {}
     for slot in slots:
-        cells = rows[:, slot.start : slot.start + slot.size]
+        end = slot.start + slot.size
         if slot.kind == _ARRAY:  # gathered when the answer is written
-            columns[slot.name] = Column(slot.dtype, (n, *slot.shape), cells)
+            data: Any = rows[:, slot.start : end] if rows is not None else None
+            if data is None:
+                views = [memoryview(value) for value in values]
+                data = RowSlices(list(map(itemgetter(slice(slot.start, end)), views)))
+            columns[slot.name] = Column(slot.dtype, (n, *slot.shape), data)
             continue
+        if rows is not None:
+            cells = rows[:, slot.start : end]
+        else:
+            joined = b"".join(map(itemgetter(slice(slot.start, end)), values))
+            cells = np.frombuffer(joined, dtype=np.uint8).reshape(n, slot.size)
         if slot.kind == _BOOL:
             byte = cells[:, 0]
             if not ((byte == 0xC2) | (byte == 0xC3)).all():
@@ -225,6 +261,19 @@ def _stack_shared(
                 stacked = numbers.astype(np.int64)
         columns[slot.name] = Column.of(stacked)
     return columns
+
+
+def _same_skeleton(values: Sequence[bytes], slots: list[_Slot], width: int) -> bool:
+    """Whether every value has the first one's bytes outside its slots (C loops, one per
+    run of such bytes: no joined copy of the values)."""
+    edges = [0]
+    for slot in slots:
+        edges += (slot.start, slot.start + slot.size)
+    edges.append(width)
+    for start, end in zip(edges[::2], edges[1::2], strict=True):
+        if end > start and len(set(map(itemgetter(slice(start, end)), values))) != 1:
+            return False
+    return True
 
 
 # --- values decoded one by one -----------------------------------------------------------------
@@ -341,7 +390,10 @@ def _stack_arrays(name: str, keys: Sequence[str], elements: list[_Ext]) -> list[
                 f"{list(other_shape)} (item {keys[i]!r}) do not stack; only a 1-D field "
                 "may vary in length"
             )
-    data = b"".join([part[2] for part in parts])
+    rows = [part[2] for part in parts]
+    total = sum(map(len, rows))
+    # rows of 16 KiB and more are gathered into the answer as they lie, not joined first
+    data = RowSlices(rows) if total >= len(rows) * (16 << 10) else b"".join(rows)
     lengths = [part[1][0] for part in parts] if len(shape) == 1 else []
     if not lengths or min(lengths) == max(lengths):
         return [(name, Column(dtype, (len(parts), *shape), data))]
@@ -350,7 +402,7 @@ def _stack_arrays(name: str, keys: Sequence[str], elements: list[_Ext]) -> list[
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
         raise ValidationFailed(f"field {name!r}: {offsets[-1]} elements overflow int32 offsets")
-    assert len(data) == offsets[-1] * itemsize
+    assert total == offsets[-1] * itemsize
     return [
         (name, Column(dtype, (int(offsets[-1]),), data)),
         (name + CU_SEQLENS, Column.of(offsets.astype(np.int32))),
