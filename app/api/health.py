@@ -27,8 +27,10 @@ router = APIRouter(tags=["operations"])
     responses=answers({200: (Health, "Alive.")}, Unavailable),
 )
 async def healthz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
-    """Liveness: 200 while the process makes progress (recovering too); 503 once its
-    writer has died, or storage found its files damaged, so that an orchestrator restarts it."""
+    """Liveness: 200 while the process makes progress, recovering too.
+
+    503 once its writer has died, or storage found its files damaged, so that an orchestrator
+    restarts it."""
     if not engine.alive:
         raise Unavailable(f"the writer died and cannot come back: {engine.writer_failure}")
     _refuse_damage(engine)
@@ -50,8 +52,9 @@ def _refuse_damage(engine: EngineCore) -> None:
     responses=answers({200: (Health, "Ready.")}, Unavailable),
 )
 async def readyz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
-    """Readiness: recovery and restore finished and the writer runs (503 until then, and
-    once storage found its files damaged)."""
+    """Readiness: recovery and restore finished and the writer runs.
+
+    503 until then, and once storage found its files damaged."""
     _refuse_damage(engine)
     if not engine.ready:
         raise Unavailable("not ready: recovery or restore in progress, or the writer stopped")

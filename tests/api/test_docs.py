@@ -57,6 +57,18 @@ async def test_openapi_documents_every_route(client: httpx.AsyncClient) -> None:
     assert "409" in paths["/v1/tables/{table}"]["put"]["responses"]
 
 
+async def test_every_summary_is_a_whole_phrase(client: httpx.AsyncClient) -> None:
+    """A summary is its docstring's first line: a line break mid-sentence would cut it short
+    (an unclosed parenthesis) and start the description in the middle of a sentence."""
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            summary, description = op["summary"], op.get("description") or ""
+            assert summary.count("(") == summary.count(")"), (method, path, summary)
+            assert summary.count("`") % 2 == 0, (method, path, summary)
+            assert not description[:1].islower(), (method, path, description)
+
+
 class _Links(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
