@@ -83,7 +83,7 @@ class Progress:
         self.what = what
         self.unit = unit
         self.total = total
-        self.done = 0.0
+        self.done: float = 0  # an int while callers count in ints, as a bar shows them
         self.closed = False
         self._log = log
         self._every_s = every_s

@@ -110,6 +110,14 @@ def test_a_bar_on_a_terminal() -> None:
     assert out.getvalue() == ""
 
 
+def test_a_bar_counts_whole_rows() -> None:
+    out = io.StringIO()
+    p = Progress("writing", 200, log=log, unit="rows", bar=True, stream=out)
+    p.advance_to(150)
+    p.close()
+    assert "150/200" in out.getvalue() and "150.0" not in out.getvalue()
+
+
 async def test_the_replay_at_start_up_logs_progress_and_sets_the_gauge(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
