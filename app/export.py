@@ -183,7 +183,9 @@ def run_export(args: argparse.Namespace) -> int:
         BackupStore(args.url, storage_options=options)  # a URL it cannot open: say so now
         if args.snapshot != LATEST:
             check_snapshot_id(args.snapshot)
-    except ValueError as exc:
+        if args.fmt == "parquet":  # before fetching a snapshot it could not write
+            _ParquetFile.modules()
+    except (ValueError, ImportError) as exc:
         print(f"rlreplay export: error: {exc}", file=sys.stderr)
         return 2
     # the export's lines on stderr, as "rlreplay export: <line>", for this run
@@ -468,19 +470,25 @@ class _ParquetFile:
     """Rows as a Parquet file whose schema the first batch fixes, written in row groups."""
 
     def __init__(self, path: Path) -> None:
+        self._pa, self._pq = self.modules()
+        self._path = path
+        self._schema: Any = None
+        self._writer: Any = None
+        self._held: list[Any] = []  # tables not yet written: the next row group
+        self._held_rows = self._held_bytes = 0
+
+    @staticmethod
+    def modules() -> tuple[Any, Any]:
+        """``pyarrow`` and ``pyarrow.parquet``; ImportError saying how to install them."""
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError(
-                "Parquet export needs pyarrow: pip install pyarrow (or 'rlreplay[export]'), "
-                "or export --format jsonl"
+                "Parquet export needs pyarrow: pip install -e '.[export]' in a clone of "
+                "rlreplay (or pip install pyarrow), or --format jsonl"
             ) from exc
-        self._pa, self._pq, self._path = pa, pq, path
-        self._schema: Any = None
-        self._writer: Any = None
-        self._held: list[Any] = []  # tables not yet written: the next row group
-        self._held_rows = self._held_bytes = 0
+        return pa, pq
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         if not rows:

@@ -140,3 +140,15 @@ def test_export_mistakes(tmp_path: Path, argv: list[str], env: dict[str, str], s
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("rlreplay export: error: ") and shown in last, done.stderr
+
+
+def test_parquet_without_pyarrow_is_refused_before_any_fetch(tmp_path: Path) -> None:
+    hidden = tmp_path / "no-pyarrow" / "pyarrow"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('pyarrow is not installed')\n")
+    url = (tmp_path / "b").as_uri()  # no snapshot there: a fetch would fail first
+    out = tmp_path / "o.parquet"
+    env = {"PYTHONPATH": str(hidden.parent)}
+    done = rlreplay("export", url, "--table", "t", "--format", "parquet", str(out), env=env)
+    line = one_line_error(done, "export")
+    assert "pyarrow" in line and "'.[export]'" in line and "--format jsonl" in line
