@@ -15,9 +15,13 @@ alternating TCP and the Unix socket first):
   log-probabilities; ``cu_seqlens`` in columns, which ``push_columns`` cannot take).
 
 GB/s counts the arrays' bytes (not msgpack's framing); the ratio is to the socket baseline
-of the same transport. With ``--arms`` the columnar reads run again with the fast paths of
-``clients/receive_buffers.py`` (the client) and ``app/api/column_answers.py`` (the server)
-turned off, in alternate rounds, against the same data.
+of the same transport. With ``--arms`` the columnar reads run again with each fast path
+off, in alternate rounds, against the same data: the client's (answers read into reused
+buffers, ``wire/buffer_pool.py``, and arrays decoded as views of them,
+``clients/columns.py``), the server's writev (large values' slices sent where they lie,
+``app/api/gathered_writes.py``: off, gathered into a reused buffer), and every server fast
+path (``app/api/column_answers.py``, ``app/tables/stacking.py``: off, large values joined
+and copied into a fresh buffer).
 
 Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms]``.
 """
@@ -253,18 +257,24 @@ async def rlreplay_rates(
 
 OPS = ("get_many", "sample", "stream", "push")
 
-#: The server with its columnar-answer fast paths off: a fresh buffer per answer, and large
-#: values joined before they are stacked.
-_SERVER_OFF = """
+#: A server with some of its columnar-answer fast paths off (``{off}``: Python run first).
+_SERVER_WITH = """
 import runpy, sys
 import rlreplay.app.api.column_answers as answers
 import rlreplay.app.tables.stacking as stacking
 from rlreplay.wire.buffer_pool import BufferPool
-answers._ANSWERS = BufferPool(max_buffers=0)
-stacking.ROW_SLICES_BYTES = 1 << 62
+{off}
 sys.argv = ["rlreplay"] + sys.argv[1:]
 runpy.run_module("rlreplay.app", run_name="__main__")
 """
+#: Large values' slices gathered into a reused buffer rather than sent where they lie.
+_NO_WRITEV = "answers.SEND_AS_THEY_LIE = False"
+#: Every server fast path off: large values joined, then copied into a fresh buffer.
+_SERVER_OFF = (
+    "answers.SEND_AS_THEY_LIE = False\n"
+    "answers._ANSWERS = BufferPool(max_buffers=0)\n"
+    "stacking.ROW_SLICES_BYTES = 1 << 62"
+)
 
 
 class _ClientOff:
@@ -319,16 +329,19 @@ async def _read_rates(
 def arm_rows(
     root: Path, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float, rounds: int
 ) -> list[list[object]]:
-    """Columnar reads with every fast path on, the client's off, the server's off."""
-    on_sock, off_sock = root / "on.sock", root / "off.sock"
-    on_proc, on_url = _server(root / "arm-on", on_sock)
-    off_proc, off_url = _server(
-        root / "arm-off", off_sock, command=[sys.executable, "-c", _SERVER_OFF]
-    )
+    """Columnar reads with every fast path on, the client's off, the server's writev off,
+    every server fast path off."""
+    socks = {name: root / f"{name}.sock" for name in ("on", "nowritev", "off")}
+    procs = {}
+    urls = {}
+    for name, off in (("on", None), ("nowritev", _NO_WRITEV), ("off", _SERVER_OFF)):
+        command = None if off is None else [sys.executable, "-c", _SERVER_WITH.format(off=off)]
+        procs[name], urls[name] = _server(root / f"arm-{name}", socks[name], command=command)
     arms = {
-        "on": {"tcp": on_url, "unix": f"unix://{on_sock}"},
-        "client off": {"tcp": on_url, "unix": f"unix://{on_sock}"},
-        "server off": {"tcp": off_url, "unix": f"unix://{off_sock}"},
+        "on": {"tcp": urls["on"], "unix": f"unix://{socks['on']}"},
+        "client off": {"tcp": urls["on"], "unix": f"unix://{socks['on']}"},
+        "writev off": {"tcp": urls["nowritev"], "unix": f"unix://{socks['nowritev']}"},
+        "server off": {"tcp": urls["off"], "unix": f"unix://{socks['off']}"},
     }
     runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
     try:
@@ -344,8 +357,8 @@ def arm_rows(
                         got = asyncio.run(_read_rates(url, shapes, seconds))
                     runs.setdefault((arm, family), []).append(got)
     finally:
-        stop_process(on_proc)
-        stop_process(off_proc)
+        for proc in procs.values():
+            stop_process(proc)
     rows: list[list[object]] = []
     for name in shapes:
         for op in ("get_many", "sample"):
@@ -362,6 +375,8 @@ def arm_rows(
                         gbps["on"],
                         gbps["client off"],
                         f"{gbps['on'] / gbps['client off']:.2f}x",
+                        gbps["writev off"],
+                        f"{gbps['on'] / gbps['writev off']:.2f}x",
                         gbps["server off"],
                         f"{gbps['on'] / gbps['server off']:.2f}x",
                     ]
@@ -473,7 +488,18 @@ def main(argv: list[str] | None = None) -> None:
     if arms:
         print_table(
             "Bulk: columnar reads, GB/s with each fast path on and off (on / off)",
-            ["shape", "call", "socket", "on", "client off", "on / off", "server off", "on / off"],
+            [
+                "shape",
+                "call",
+                "socket",
+                "on",
+                "client off",
+                "on / off",
+                "writev off",
+                "on / off",
+                "server off",
+                "on / off",
+            ],
             arms,
         )
 

@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.app.tables.items import ItemBatch, SampleBatch
 from rlreplay.app.tables.stacking import Column, RowSlices, stack_values
 from rlreplay.wire.arrays import EXT_NDARRAY, array_head
@@ -70,6 +71,9 @@ _LISTS: Final = msgspec.msgpack.Encoder()
 _ANSWERS: Final = BufferPool(max_buffers=4)
 #: Array data starts at a multiple of this offset of the answer (the widest NumPy alignment).
 ALIGNMENT: Final = 8
+#: Large values' slices go to the socket where they lie (off: gathered into one buffer;
+#: ``python -m bench bulk --arms`` compares the two).
+SEND_AS_THEY_LIE = True
 
 
 def _str_forms(text: str) -> list[bytes]:
@@ -123,12 +127,13 @@ def aligned_array_head(dtype: str, shape: tuple[int, ...], nbytes: int, offset: 
     return best if best is not None else array_head(dtype, shape, nbytes)
 
 
-def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview:
+def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
     """A msgpack map of lists of strings, arrays and maps of columns, laid out by hand.
 
-    The answer is written into one buffer: each column's data is copied once, straight
-    from where stacking left it (a strided view of the values, or a slice of each large
-    value), and everything between two columns is joined into one piece first.
+    An answer with large values (:class:`RowSlices`, not copied here) is left in pieces,
+    sent as they lie (:mod:`rlreplay.app.api.gathered_writes`). Any other is written into
+    one buffer: each column's data is copied once, straight from where stacking left it,
+    and everything between two columns is joined into one piece first.
     """
     pieces: list[Any] = []  # bytes, and the columns' data
     small: list[bytes] = [map_header(len(entries))]
@@ -158,6 +163,12 @@ def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview:
         else:
             array(Column.of(value))
     pieces.append(b"".join(small))
+    if (
+        SEND_AS_THEY_LIE
+        and any(type(piece) is RowSlices for piece in pieces)
+        and all(type(piece) is not np.ndarray or piece.flags.c_contiguous for piece in pieces)
+    ):
+        return _as_they_lie(pieces, written + len(pieces[-1]))
     sizes = [
         piece.nbytes if type(piece) is RowSlices else memoryview(piece).nbytes for piece in pieces
     ]
@@ -182,12 +193,25 @@ def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview:
     return answer
 
 
-def sample_columns_msgpack(batch: SampleBatch) -> memoryview:
+def _as_they_lie(pieces: list[Any], nbytes: int) -> AnswerPieces:
+    """The answer as buffers to send in order: each large value's slice where it lies."""
+    out: list[Any] = []
+    for piece in pieces:
+        if type(piece) is RowSlices:
+            out += piece.rows
+        elif type(piece) is np.ndarray:
+            out.append(piece.data.cast("B"))  # contiguous: its bytes as they are
+        elif len(piece):
+            out.append(piece)
+    return AnswerPieces(out, nbytes)
+
+
+def sample_columns_msgpack(batch: SampleBatch) -> memoryview | AnswerPieces:
     """The msgpack answer of a sample with ``layout: "columns"`` (its ``columns`` set)."""
     return _entries(_sample_entries(batch))
 
 
-def item_columns_msgpack(found: FoundColumns) -> memoryview:
+def item_columns_msgpack(found: FoundColumns) -> memoryview | AnswerPieces:
     """The msgpack answer of a batchGet with ``layout: "columns"``."""
     return _entries(_item_entries(found))
 

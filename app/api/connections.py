@@ -71,6 +71,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from rlreplay.app.api.gathered_writes import GATHERED_WRITES, GatheringTransport
+
 __all__ = ["BODY_HOLD_BYTES", "ConnectionLimits", "guarded_protocol", "raise_descriptor_limit"]
 
 _log = logging.getLogger("rlreplay.connections")
@@ -397,7 +399,12 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
         self._window_mark = self._received
         self._chunks = []
         self._held = 0
+        scope = self.scope
+        scope[GATHERED_WRITES] = True  # type: ignore[typeddict-unknown-key]
         HttpToolsProtocol.on_headers_complete(self)
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is scope:  # not a websocket's upgrade
+            cycle.transport = self._gathering
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's ``on_body``, but the chunks wait here until the body is complete or
@@ -424,6 +431,13 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
         self._chunks = []
         self._held = 0
         HttpToolsProtocol.on_message_complete(self)
+
+    #: The transport the request cycles write to (see :mod:`rlreplay.app.api.gathered_writes`).
+    _gathering: GatheringTransport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._gathering = GatheringTransport(cast(asyncio.Transport, transport))
+        super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._chunks = []  # a body cut off: nobody takes it

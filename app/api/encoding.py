@@ -18,6 +18,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from rlreplay.app.api.errors import wants_msgpack_header
+from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.wire.codec import spell_floats
 from rlreplay.wire.errors import BadRequest, UnsupportedMediaType
 
@@ -137,13 +138,16 @@ class Reply:
     them through FastAPI (:meth:`response`) and through :mod:`rlreplay.app.api.hot`.
     """
 
-    body: bytes | memoryview  # memoryview: an answer written into a buffer of its own
+    #: memoryview: an answer written into a buffer of its own; AnswerPieces: an answer
+    #: sent from where its bytes lie (see :mod:`rlreplay.app.api.gathered_writes`)
+    body: bytes | memoryview | AnswerPieces
     media_type: str
     status: int = 200
 
     def response(self) -> Response:
         """The answer as a Starlette response."""
-        return Response(self.body, status_code=self.status, media_type=self.media_type)
+        body = self.body.join() if type(self.body) is AnswerPieces else self.body
+        return Response(body, status_code=self.status, media_type=self.media_type)
 
 
 def encode_reply(data: Any, *, msgpack_body: bool, status: int = 200) -> Reply:

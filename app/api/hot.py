@@ -31,6 +31,7 @@ from rlreplay.app.api import items, rollouts, sampling
 from rlreplay.app.api.deps import BodyHandler
 from rlreplay.app.api.encoding import format_of
 from rlreplay.app.api.errors import wants_msgpack_header
+from rlreplay.app.api.gathered_writes import GATHERED_WRITES, AnswerPieces
 from rlreplay.app.api.middleware import RequestContextMiddleware, send_error
 from rlreplay.app.engine.engine import TABLE_NAME
 from rlreplay.wire.errors import ReplayError
@@ -134,7 +135,10 @@ class HotRoutes:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": reply.body})
+        answer = reply.body
+        if type(answer) is AnswerPieces and not scope.get(GATHERED_WRITES):
+            answer = answer.join()  # a connection that writes one buffer at a time
+        await send({"type": "http.response.body", "body": answer})
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -180,6 +180,8 @@ def _read_layout(value: bytes) -> tuple[list[_Slot], npt.NDArray[np.intp]] | Non
         pos = slot.start + slot.size
     if pos != len(value):
         return None
+    if len(value) >= ROW_SLICES_BYTES:  # compared run by run (_same_skeleton), not by index
+        return slots, np.empty(0, dtype=np.intp)
     skeleton = np.ones(len(value), dtype=bool)
     for slot in slots:
         skeleton[slot.start : slot.start + slot.size] = False

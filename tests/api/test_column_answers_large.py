@@ -4,10 +4,12 @@ array's data starts at a multiple of 8 in the answer."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 
 from rlreplay.app.api.column_answers import ALIGNMENT, _entries, aligned_array_head
+from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.app.tables.stacking import ROW_SLICES_BYTES, RowSlices, stack_values
 from rlreplay.clients.columns import decode_views
 from rlreplay.wire.codec import packb, unpackb
@@ -29,11 +31,15 @@ def _values(rng: np.random.Generator, width: int = ROW_SLICES_BYTES) -> list[dic
     ]
 
 
+def _joined(body: memoryview | AnswerPieces) -> bytes:
+    return body.join() if isinstance(body, AnswerPieces) else bytes(body)
+
+
 def _answer(values: list[dict[str, object]]) -> dict[str, object]:
     keys = [f"k{i}" for i in range(len(values))]
     columns = stack_values(keys, [packb(v) for v in values])
     body = _entries([("keys", keys), ("columns", columns)])
-    answer = unpackb(body)
+    answer = unpackb(_joined(body))
     assert isinstance(answer, dict)
     return answer
 
@@ -55,6 +61,17 @@ def test_large_values_stack_from_their_slices_bit_exactly() -> None:
     assert columns["obs"].contiguous() == np.stack([v["obs"] for v in values]).tobytes()  # type: ignore[arg-type]
 
 
+def test_large_values_are_sent_from_where_they_lie() -> None:
+    values = _values(np.random.default_rng(5))
+    stored = [packb(v) for v in values]
+    keys = [f"k{i}" for i in range(N)]
+    body = _entries([("keys", keys), ("columns", stack_values(keys, stored))])
+    assert isinstance(body, AnswerPieces)
+    lying = {id(piece.obj) for piece in body.pieces if isinstance(piece, memoryview)}
+    assert {id(value) for value in stored} <= lying  # slices of the stored values
+    assert len(body) == len(body.join())
+
+
 def test_a_large_value_laid_out_otherwise_is_decoded_instead() -> None:
     rng = np.random.default_rng(2)
     values = _values(rng)
@@ -74,7 +91,9 @@ def test_every_array_starts_aligned_in_the_answer(width: int) -> None:
     values = _values(np.random.default_rng(3), width)
     keys = [f"k{i}" for i in range(N)]
     columns = stack_values(keys, [packb(v) for v in values])
-    body = bytearray(_entries([("keys", keys), ("priorities", np.ones(N)), ("columns", columns)]))
+    body = bytearray(
+        _joined(_entries([("keys", keys), ("priorities", np.ones(N)), ("columns", columns)]))
+    )
     answer = decode_views(body)
     base = np.frombuffer(body, np.uint8).ctypes.data
     for column in [answer["priorities"], *answer["columns"].values()]:
@@ -104,3 +123,21 @@ def test_long_rows_of_varying_length_are_gathered_as_they_lie() -> None:
     assert got["tokens"].tobytes() == np.concatenate(tokens).tobytes()
     assert got["logp"].tobytes() == np.concatenate(tokens).astype(np.float32).tobytes()
     assert got["tokens.cu_seqlens"].tolist() == [0, 5000, 14000, 18097]
+
+
+async def test_a_connection_without_gathered_writes_gets_the_joined_answer(
+    client: httpx.AsyncClient,
+) -> None:
+    """In process (no httptools connection), the same bytes arrive in one piece."""
+    values = _values(np.random.default_rng(6))
+    items = [{"key": f"k{i}", "value": v} for i, v in enumerate(values)]
+    headers = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+    r = await client.post(
+        "/v1/tables/default/items", content=packb({"items": items, "wait": True}), headers=headers
+    )
+    assert r.status_code == 200, r.text
+    body = {"keys": [f"k{i}" for i in range(N)], "layout": "columns"}
+    r = await client.post("/v1/tables/default/items:batchGet", content=packb(body), headers=headers)
+    assert r.status_code == 200
+    got = unpackb(r.content)["columns"]
+    assert got["obs"].tobytes() == np.stack([v["obs"] for v in values]).tobytes()  # type: ignore[arg-type]
