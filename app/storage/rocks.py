@@ -91,6 +91,9 @@ class RocksStore:
     ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self._path = path
+        # damage found while opening is the caller's to report (the start's one refusal
+        # line); once open, what a read or write meets is logged here, naming the file
+        self._opened = False
         self._write_buffer_mb = write_buffer_mb
         self._block_cache_mb = block_cache_mb
         #: The damage a RocksDB call found (it never goes away); None while none was met.
@@ -131,6 +134,7 @@ class RocksStore:
                 self._db = None
                 gc.collect()  # the handle's lock on the folder goes with it
                 raise
+        self._opened = True
 
     @contextmanager
     def _reading(self) -> Iterator[Rdict]:
@@ -196,7 +200,8 @@ class RocksStore:
             file = str(self._path / "CURRENT")
         else:
             file = named.group(1) or named.group(2)
-        log.error("RocksDB in %s is damaged: %s failed on %s: %s", self._path, what, file, text)
+        if self._opened:
+            log.error("RocksDB in %s is damaged: %s failed on %s: %s", self._path, what, file, text)
         return StorageDamaged(f"RocksDB file {file} is damaged ({what} failed: {text})", file=file)
 
     def _read_failed(self, exc: Exception) -> OSError:
