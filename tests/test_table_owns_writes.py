@@ -1,12 +1,13 @@
 """A table owns its writes: no module outside ``app/tables`` changes a ``Table``'s columns.
 
 ``Table`` keeps its columns in private attributes and lets other modules read them through
-read-only properties (assigning a property raises, and mypy refuses it). What neither
-catches is a write *through* a property: ``t.priority[slot] = p``, ``t.pending.update(...)``,
-``np.add.at(t.times_sampled, ...)``, or a read of the private attribute itself. This test
-walks the service's source (``app/``, ``workers/``) and fails on any of those outside
-``app/tables``; the columns it knows are read from ``Table`` itself, so a new column is
-covered without editing the test.
+read-only properties (assigning a property raises, and mypy refuses it); so does the part
+it holds for the ops not applied yet, ``PendingOps`` (``t.pending``). What neither
+catches is a write *through* a property: ``t.priority[slot] = p``,
+``t.pending.entries.update(...)``, ``np.add.at(t.times_sampled, ...)``, or a read of the
+private attribute itself. This test walks the service's source (``app/``, ``workers/``)
+and fails on any of those outside ``app/tables``; the columns it knows are read from
+``Table`` and ``PendingOps`` themselves, so a new column is covered without editing the test.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TABLE = REPO / "app" / "tables" / "table.py"
+#: Each class whose columns are the table's, and its file.
+OWNERS = (
+    (REPO / "app" / "tables" / "table.py", "Table"),
+    (REPO / "app" / "tables" / "pending.py", "PendingOps"),
+)
 #: The folders holding the service's code; ``app/tables`` is the table's own.
 CHECKED = ("app", "workers")
 OWN = REPO / "app" / "tables"
@@ -38,11 +43,19 @@ MUTATORS = frozenset(
 
 
 def table_columns() -> tuple[frozenset[str], frozenset[str]]:
-    """``Table``'s private attributes (set in ``__init__``) and its read-only properties."""
-    tree = ast.parse(TABLE.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Table")
+    """The private attributes (set in ``__init__``) and the read-only properties of
+    ``Table`` and of the parts in :data:`OWNERS`."""
     private: set[str] = set()
     readable: set[str] = set()
+    for path, name in OWNERS:
+        tree = ast.parse(path.read_text())
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+        _collect(cls, private, readable)
+    return frozenset(private), frozenset(readable)
+
+
+def _collect(cls: ast.ClassDef, private: set[str], readable: set[str]) -> None:
+    """Adds ``cls``'s private attributes and read-only properties to the two sets."""
     for node in cls.body:
         if not isinstance(node, ast.FunctionDef):
             continue
@@ -58,7 +71,6 @@ def table_columns() -> tuple[frozenset[str], frozenset[str]]:
                     private.add(sub.attr)
         elif any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
             readable.add(node.name)
-    return frozenset(private), frozenset(readable)
 
 
 def _column_of(node: ast.expr, names: frozenset[str]) -> ast.Attribute | None:
@@ -116,8 +128,8 @@ def writes_in(source: str, private: frozenset[str], readable: frozenset[str]) ->
 
 def test_no_module_outside_app_tables_writes_a_tables_columns() -> None:
     private, readable = table_columns()
-    assert {"_priority", "_keys", "_pending", "_dropped"} <= private
-    assert {"priority", "keys", "pending", "dropped"} <= readable
+    assert {"_priority", "_keys", "_pending", "_dropped", "_entries", "_visible"} <= private
+    assert {"priority", "keys", "pending", "dropped", "entries", "applied_seq"} <= readable
     broken: list[str] = []
     for folder in CHECKED:
         for path in sorted((REPO / folder).rglob("*.py")):
@@ -138,11 +150,13 @@ def bad(t, slots):
     t.meta_dirty[3] += 1
     np.frombuffer(t.dirty, np.uint8)[slots] = 1
     t.pending.update({})
+    t.pending.entries.pop("k")
     del t.index["k"]
     np.add.at(t.times_sampled, slots, 1)
+    t.pending._ops += 1
     return t._visible
 """
     found = writes_in(planted, private, readable)
-    assert len(found) == 7, found
+    assert len(found) == 9, found
     fine = "def fine(t):\n    return t.priority[0] + len(t.keys)\n"
     assert writes_in(fine, private, readable) == []

@@ -159,7 +159,7 @@ class OpApplier:
             await self._put(op, replay=replay)
         elif isinstance(op, DeleteOp):
             await self._delete(op.table, op.keys, op.seq)
-            op.table.applied(op.seq, op.weight)
+            op.table.pending.applied(op.seq, op.weight)
         elif isinstance(op, PriorityOp):
             self._priorities(op)
         elif isinstance(op, PatchOp):
@@ -240,7 +240,7 @@ class OpApplier:
         # the pending entries this op made go, unless a later op replaced them (written
         # through, they stay while RocksDB writes the values: readers find them meanwhile)
         if not through:
-            t.settle_pending(keys, seqs)
+            t.pending.settle(keys, seqs)
         # new keys (the common push) skip the numpy work on replaced cached values
         cached_before = np.array(was_cached, dtype=np.int64) if was_cached else None
         if cached_before is not None:
@@ -263,12 +263,12 @@ class OpApplier:
             s.ledger.add_many(t, slot_list, (sizes + ENTRY_OVERHEAD).tolist())
         t.select(slots, prios, ts, fields)
         if through:
-            t.settle_pending(keys, seqs)
+            t.pending.settle(keys, seqs)
         t.rollouts.changed.notify()
         if not replay:
             await self._trim(t)
         for part in queued_ops(op):
-            t.applied(part.seq, part.weight)
+            t.pending.applied(part.seq, part.weight)
         await self._evict_if_over(replay)
 
     async def _evict_if_over(self, replay: bool) -> None:
@@ -296,7 +296,7 @@ class OpApplier:
         if t.dropped:
             return
         if seq:
-            t.settle_pending(keys, itertools.repeat(seq))
+            t.pending.settle(keys, itertools.repeat(seq))
         index_get = t.index.get
         found = {key: slot for key in keys if (slot := index_get(key)) is not None}
         if not found:
@@ -334,7 +334,7 @@ class OpApplier:
     def _priorities(self, op: PriorityOp) -> None:
         if not op.table.dropped:
             op.table.set_priorities(op.keys, op.priorities)
-        op.table.applied(op.seq, op.weight)
+        op.table.pending.applied(op.seq, op.weight)
 
     def _populate(self, op: PopulateOp) -> None:
         t, slot = op.table, op.slot

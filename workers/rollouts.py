@@ -23,7 +23,7 @@ def apply_patch(state: EngineState, op: PatchOp) -> None:
     if t.dropped:
         return
     index, seq, rollouts = t.index, op.seq, t.rollouts
-    t.settle_pending([it.key for it in op.items], itertools.repeat(seq))
+    t.pending.settle([it.key for it in op.items], itertools.repeat(seq))
     for it in op.items:
         key = it.key
         slot = index.get(key)
@@ -37,7 +37,7 @@ def apply_patch(state: EngineState, op: PatchOp) -> None:
         # replayed patch only sets again the values written
         state.ledger.add(t, slot, cache_charge(size))
         rollouts.on_patch(slot, value)
-    t.applied(seq, op.weight)
+    t.pending.applied(seq, op.weight)
     rollouts.changed.notify()
 
 
@@ -48,7 +48,7 @@ def apply_ack(op: AckOp) -> None:
         index_get = t.index.get
         slots = [slot for key in op.keys if (slot := index_get(key)) is not None]
         t.rollouts.on_ack(op.task, slots)
-    t.applied(op.seq, op.weight)
+    t.pending.applied(op.seq, op.weight)
 
 
 def apply_version(op: VersionOp) -> None:
@@ -56,4 +56,4 @@ def apply_version(op: VersionOp) -> None:
     t = op.table
     if not t.dropped:
         t.rollouts.version = max(t.rollouts.version, op.version)
-    t.applied(op.seq, op.weight)
+    t.pending.applied(op.seq, op.weight)

@@ -151,7 +151,7 @@ class EngineCore:
         s = self.state
         seq = s.next_seq(records.delete(t.name, keys, request) if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait else None
-        t.admit_deletes(seq, keys)
+        t.pending.admit_deletes(seq, keys)
         writer.submit(DeleteOp(seq, future=fut, weight=len(keys), table=t, keys=keys))
         if t.gate.limited:
             t.gate.notify()  # the visible size changed: limiter waiters look again

@@ -33,7 +33,7 @@ from rlreplay.app.tables.items import (
     MAX_KEY_BYTES,
     NewItem,
 )
-from rlreplay.app.tables.stats import TablesSummary, summarize_tables
+from rlreplay.app.tables.stats import TablesSummary, describe, summarize_tables
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import (
     ReplayError,
@@ -110,8 +110,8 @@ class Engine(EngineRollouts):
             await release(state)
             raise
         for table in state.tables.values():
-            table.recount_visible()
-            table.applied(state.seq, 0)
+            table.pending.recount_visible()
+            table.pending.applied(state.seq, 0)
         processor.start()
         self.snapshots = Snapshots(st, processor, state)
         only = restored.meta.get("only_tables") if restored is not None else None
@@ -257,7 +257,7 @@ class Engine(EngineRollouts):
 
     def describe(self, name: str) -> dict[str, Any]:
         """``{"name", "config", "stats"}`` of a table; TableNotFound when missing."""
-        return self._table(name).describe()
+        return describe(self._table(name))
 
     def tables_summary(self, largest: int | None) -> TablesSummary:
         """Every table's stats summed, and those of the ``largest`` biggest tables (all: None)."""
@@ -419,7 +419,7 @@ class Engine(EngineRollouts):
                 seq = s.next_seq(records.put(table, keys, values, priorities, now, extras))
         fut = asyncio.get_running_loop().create_future() if wait else None
         entries = {it.key: (seq, it, now) for it in items}
-        t.admit_puts(seq, entries, n)
+        t.pending.admit_puts(seq, entries, n)
         writer.submit(
             PutOp(seq, future=fut, weight=n, nbytes=nbytes, table=t, items=items, inserted_at=now)
         )
@@ -483,7 +483,7 @@ class Engine(EngineRollouts):
             _check_key(key)
             if not (p >= 0 and math.isfinite(p)):
                 raise ValidationFailed(f"priority ({p}) of key {key!r} must be a finite float >= 0")
-            if t.contains(key):
+            if t.pending.is_visible(key):
                 keys.append(key)
                 values.append(float(p))
         missing = len(priorities) - len(keys)
@@ -493,7 +493,7 @@ class Engine(EngineRollouts):
         s = self.state
         seq = s.next_seq(records.priorities(table, keys, values) if s.wal is not None else None)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        t.accept(seq, len(keys))
+        t.pending.accept(seq, len(keys))
         writer.submit(
             PriorityOp(seq, future=fut, weight=len(keys), table=t, keys=keys, priorities=values)
         )

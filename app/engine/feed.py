@@ -37,7 +37,7 @@ async def read_changes(
     """
     feed = _feed(engine, table)
     feed.events(since, 0)  # Gone now rather than after the wait
-    await engine._table(table).caught_up(DEFAULT_TIMEOUT_S)
+    await engine._table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
     await feed.wait(since, wait_s)
     feed = _feed(engine, table)  # dropped meanwhile: TableNotFound
     if feed.closed:  # its writer stopped: no event will come
@@ -48,7 +48,7 @@ async def read_changes(
 async def read_index(engine: EngineCore, table: str) -> dict[str, Any]:
     """The table's keys, priorities and insertion times, oldest insert first, with the
     feed's ``seq`` and ``epoch`` (the fields of :class:`~rlreplay.wire.schemas.TableIndex`)."""
-    await engine._table(table).caught_up(DEFAULT_TIMEOUT_S)
+    await engine._table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
     t = engine._table(table)
     feed = t.follow(engine.settings.changes_keep)
     slots = np.fromiter(t.index.values(), dtype=np.int64, count=len(t.index))

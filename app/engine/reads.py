@@ -53,7 +53,7 @@ class EngineReads(EngineCore):
         """Items in the order asked, as columns (``values[i]`` None where missing)."""
         t = self._table(table)
         index, values = t.index, t.values
-        if not t.pending:  # the common case: one vectorised pass over cached items
+        if not t.pending.entries:  # the common case: one vectorised pass over cached items
             slots = list(map(index.get, keys))
             if None not in slots:
                 vals = list(map(values.__getitem__, slots))  # type: ignore[arg-type]
@@ -70,7 +70,7 @@ class EngineReads(EngineCore):
                         batch.groups, batch.versions = rollout_meta(t, slots)  # type: ignore[arg-type]
                     return batch
         out: list[Item | None] = [None] * len(keys)
-        pending = t.pending
+        pending = t.pending.entries
         misses: list[tuple[int, int, str]] = []
         for i, key in enumerate(keys):
             if pending:
@@ -185,7 +185,7 @@ class EngineReads(EngineCore):
             await self._caught_up(t, deadline, timeout)
             while len(t.sampler) == 0:
                 left = deadline - time.monotonic()
-                if left <= 0 or not await t.wait_nonempty(left):
+                if left <= 0 or not await t.pending.wait_nonempty(left):
                     raise DeadlineExceeded(
                         f"table {table!r} had no item to sample within {timeout:g} s"
                     )
@@ -273,10 +273,10 @@ class EngineReads(EngineCore):
 
     async def _caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
         """Wait until the writer applied what was accepted for ``t``, by the deadline."""
-        if t.applied_seq >= t.accepted_seq:
+        if t.pending.applied_seq >= t.pending.accepted_seq:
             return
         self._writer()  # Unavailable when it has died: nothing would ever catch up
-        if not await t.caught_up(deadline - time.monotonic()):
+        if not await t.pending.caught_up(deadline - time.monotonic()):
             raise DeadlineExceeded(
                 f"table {t.name!r}: the writes accepted before this sample were not applied "
                 f"within {waited_s:g} s; retry"

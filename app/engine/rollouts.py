@@ -155,7 +155,7 @@ class EngineRollouts(EngineReads):
         seq = s.next_seq(records.patch(table, keys, values, request) if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait and merged else None
         if merged:
-            t.admit_patches(seq, {it.key: (seq, it, ts) for it, ts in merged}, n)
+            t.pending.admit_patches(seq, {it.key: (seq, it, ts) for it, ts in merged}, n)
             patched = [it for it, _ in merged]
             writer.submit(PatchOp(seq, future=fut, weight=n, table=t, items=patched))
         await self._committed(seq, fut)
@@ -170,7 +170,7 @@ class EngineRollouts(EngineReads):
         """The patched items over what readers see now, or the values to read first."""
         merged: dict[str, tuple[PatchedItem, float]] = {}
         misses: list[tuple[int, int, str]] = []
-        pending, index = t.pending, t.index
+        pending, index = t.pending.entries, t.index
         for key, fields in items:
             base = merged.get(key)
             if base is not None:  # the same key twice: the second merges over the first
@@ -416,7 +416,7 @@ class EngineRollouts(EngineReads):
         task.acked += len(newly)
         s = self.state
         seq = s.next_seq(records.ack(table, lease.task, acked) if s.wal is not None else None)
-        t.accept(seq, len(acked))
+        t.pending.accept(seq, len(acked))
         writer.submit(AckOp(seq, weight=len(acked), table=t, task=lease.task, keys=acked))
         doomed = self._consumed(t, [(entry[0], entry[1], key) for key, entry in newly])
         if doomed:
@@ -494,7 +494,7 @@ class EngineRollouts(EngineReads):
         s = self.state
         seq = s.next_seq(records.version(table, version) if s.wal is not None else None)
         r.version = version
-        t.accept(seq, 0)
+        t.pending.accept(seq, 0)
         writer.submit(VersionOp(seq, weight=0, table=t, version=version))
         stale = self._stale_keys(t)
         if stale:
@@ -517,7 +517,7 @@ class EngineRollouts(EngineReads):
             return []
         n = len(t.keys)
         pv = t.policy_version[:n]
-        pending = t.pending
+        pending = t.pending.entries
         keys: list[str] = []
         for slot in np.flatnonzero((pv >= 0) & (pv < floor)).tolist():
             key = t.keys[slot]

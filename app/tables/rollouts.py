@@ -451,7 +451,7 @@ class Rollouts:
         slot, order, _ = lease.entries[key]
         if t.keys[slot] != key or int(t.order[slot]) != order:
             return None
-        entry = t.pending.get(key)
+        entry = t.pending.entries.get(key)
         if entry is not None and not isinstance(entry[1], PatchedItem):
             return None
         return int(slot)

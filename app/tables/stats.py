@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlreplay.app.tables.table import Table
@@ -47,7 +47,7 @@ class TableCounters:
 
 
 #: A table's stats as ``GET /v1/tables/{table}`` names them (``index_bytes`` aside), in the
-#: order of :meth:`Table.stat_values`.
+#: order of :func:`stat_values`.
 STAT_NAMES = (
     "size",
     "pending_ops",
@@ -59,6 +59,42 @@ STAT_NAMES = (
     "evictions_to_disk",
     "populates",
 )
+
+
+def describe(t: Table) -> dict[str, Any]:
+    """Config and stats of ``t`` as the contract's ``GET /v1/tables/{table}`` answers them."""
+    stats: dict[str, float] = dict(zip(STAT_NAMES, stat_values(t), strict=True))
+    stats["index_bytes"] = index_bytes(t)
+    # what a client spreading the table over servers splits a sample's batch by
+    stats["selectable"] = len(t.sampler)
+    stats["draw_mass"] = t.sampler.draw_mass()
+    return {"name": t.name, "config": t.config.to_wire(), "stats": stats}
+
+
+def stat_values(t: Table) -> tuple[int, ...]:
+    """The stats of ``t`` named by :data:`STAT_NAMES`, in that order (cheap: no index walk)."""
+    c = t.counters
+    return (
+        t.pending.visible_size(),
+        t.pending.ops,
+        t.bytes_in_cache,
+        t.bytes_on_disk,
+        c.inserts,
+        c.samples,
+        c.deletes,
+        c.evictions_to_disk,
+        c.populates,
+    )
+
+
+def index_bytes(t: Table) -> int:
+    """Approximate bytes of the in-memory index of ``t`` (columns, slot lists, sampler
+    state)."""
+    cols = sum(a.nbytes for a in (t.priority, t.inserted_at, t.times_sampled, t.size, t.version))
+    lists = 8 * (len(t.keys) + len(t.values)) + 5 * len(t.dirty)
+    dict_bytes = 100 * len(t.index)  # dict entry + key string, measured in bench
+    sel = t.sampler.index_bytes() + (t.remover.index_bytes() if t.remover else 0)
+    return cols + lists + dict_bytes + sel
 
 
 @dataclass(slots=True)
@@ -98,8 +134,8 @@ def summarize_tables(
     inserts, samples, deletes = dropped.inserts, dropped.samples, dropped.deletes
     evictions, populates = dropped.evictions_to_disk, dropped.populates
     for t in rows:  # inline sums: a method call per table costs several times as much
-        size += t._visible
-        pending += t._pending_ops
+        size += t._pending._visible
+        pending += t._pending._ops
         cached += t._bytes_in_cache
         on_disk += t._bytes_on_disk
         c = t.counters
@@ -112,7 +148,7 @@ def summarize_tables(
     # A stable sort on the size alone (equal sizes keep the tables' order): cheaper than a
     # heap or a (size, name) key, which call Python per table.
     chosen = sorted(rows, key=_SIZE, reverse=True)[:largest]
-    return TablesSummary(len(rows), totals, [(t.name, t.stat_values()) for t in chosen])
+    return TablesSummary(len(rows), totals, [(t.name, stat_values(t)) for t in chosen])
 
 
-_SIZE = attrgetter("_visible")
+_SIZE = attrgetter("_pending._visible")

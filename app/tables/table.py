@@ -7,10 +7,9 @@ dirty or on disk). Values sit in :attr:`Table.values` when cached, else in Rocks
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -19,17 +18,14 @@ from rlreplay.app.selection.base import Selector
 from rlreplay.app.selection.rate_limiters import RateGate
 from rlreplay.app.selection.registry import make_selector
 from rlreplay.app.storage.layout import table_id
-from rlreplay.app.tables import draws
+from rlreplay.app.tables import draws, residency
 from rlreplay.app.tables.changes import ChangeFeed
 from rlreplay.app.tables.config import TableConfig, make_rate_limiter
 from rlreplay.app.tables.draws import Draw
-from rlreplay.app.tables.items import NewItem
-from rlreplay.app.tables.rollouts import NO_VERSION, Rollouts
-from rlreplay.app.tables.stats import STAT_NAMES, TableCounters
-
-PendingEntry = tuple[
-    int, NewItem | None, float
-]  # (op seq, the item or None for a delete, inserted_at)
+from rlreplay.app.tables.pending import PendingOps
+from rlreplay.app.tables.restore import restore_items
+from rlreplay.app.tables.rollouts import Rollouts
+from rlreplay.app.tables.stats import TableCounters
 
 
 class Table:
@@ -37,21 +33,20 @@ class Table:
 
     The columns are private: other modules read them through the read-only properties
     below and change them only through this class's methods (``tests/test_table_owns_writes.py``
-    fails on an assignment to them from outside ``app/tables``). Everything runs on the
-    event loop's thread, so no two of these calls interleave inside a method. Who may call
-    what, from where:
+    fails on an assignment to them from outside ``app/tables``). The ops accepted and not
+    applied yet are a part of their own, :attr:`pending` (a
+    :class:`~rlreplay.app.tables.pending.PendingOps`, which says who calls what of it).
+    Everything runs on the event loop's thread, so no two of these calls interleave inside
+    a method. Who may call what, from where:
 
     * The writer (``TaskProcessor`` and its ``OpApplier``, and recovery replaying the
       log), in log order: keys and storage. :meth:`alloc_slots`, :meth:`assign`,
-      :meth:`select`, :meth:`settle_pending`, :meth:`take_excess`, :meth:`free_slots`,
-      :meth:`set_priorities`, :meth:`patch_value`, :meth:`restore`, where a value lives
-      (:meth:`hold_values`, :meth:`mark_written`, :meth:`populate`, :meth:`evict`,
-      :meth:`mark_checkpointed`), :meth:`applied`, :meth:`mark_dropped`. Only it changes
-      which keys exist.
-    * The engine's admission, in the caller's task, on accepting a write:
-      :meth:`admit_puts`, :meth:`admit_patches`, :meth:`admit_deletes` record the op in
-      the pending entries that readers merge over the applied state (the writer takes them
-      out as it applies); :meth:`mark_dropping` while a drop is accepted and not applied.
+      :meth:`select`, :meth:`take_excess`, :meth:`free_slots`, :meth:`set_priorities`,
+      :meth:`patch_value`, :meth:`restore`, where a value lives (:meth:`hold_values`,
+      :meth:`mark_written`, :meth:`populate`, :meth:`evict`, :meth:`mark_checkpointed`),
+      :meth:`rebuild_pending`, :meth:`mark_dropped`. Only it changes which keys exist.
+    * The engine, in the caller's task: :meth:`mark_dropping` while a drop is accepted
+      and not applied.
     * A sample, in the caller's task, once every op accepted before it is applied:
       :meth:`draw` counts ``times_sampled`` and takes items used up by
       ``max_times_sampled`` out of selection (``retired``; their deletes then go through
@@ -80,6 +75,7 @@ class Table:
         self.changes: ChangeFeed | None = None
 
         self._index: dict[str, int] = {}
+        self._pending = PendingOps(self._index)
         self._keys: list[str | None] = []
         self._values: list[bytes | None] = []
         self._free: list[int] = []
@@ -108,15 +104,6 @@ class Table:
         self.rollouts = Rollouts(self)
         self._bytes_in_cache = 0
         self._bytes_on_disk = 0
-
-        self._pending: dict[str, PendingEntry] = {}
-        self._pending_ops = 0  # item ops accepted and not applied
-        # What visible_size() answers, kept up to date as ops are accepted (O(1) to read).
-        self._visible = 0
-        self._accepted_seq = 0
-        self._applied_seq = 0
-        self._barriers: list[tuple[int, asyncio.Future[None]]] = []
-        self._nonempty = asyncio.Event()
 
     # -- columns, read-only (change them through the methods) -----------------------------
     @property
@@ -225,22 +212,9 @@ class Table:
         return self._bytes_on_disk
 
     @property
-    def pending(self) -> dict[str, PendingEntry]:
-        """Key → the last accepted, unapplied op on it."""
+    def pending(self) -> PendingOps:
+        """The ops accepted and not applied yet, as readers see them."""
         return self._pending
-
-    @property
-    def pending_ops(self) -> int:
-        """Item ops accepted and not applied."""
-        return self._pending_ops
-
-    @property
-    def accepted_seq(self) -> int:
-        return self._accepted_seq
-
-    @property
-    def applied_seq(self) -> int:
-        return self._applied_seq
 
     @property
     def dropped(self) -> bool:
@@ -365,25 +339,14 @@ class Table:
         self.unselect(slots, remover=False)  # the remover dropped them already
         slot_list = slots.tolist()
         keys = cast(list[str], list(map(self._keys.__getitem__, slot_list)))  # held slots
-        # a pending op decides what readers see of a key
-        self._visible -= len(keys) - sum(map(self._pending.__contains__, keys))
+        self._pending.forget_applied(keys)
         return slots, slot_list, keys
 
-    def settle_pending(self, keys: Iterable[str], seqs: Iterable[int]) -> None:
-        """The writer applied, for each of ``keys``, the op ``seq`` beside it: its pending
-        entry goes, unless a later op's replaced it."""
-        pending = self._pending
-        get = pending.get
-        for key, seq in zip(keys, seqs, strict=False):  # seqs: often itertools.repeat
-            entry = get(key)
-            if entry is not None and entry[0] == seq:
-                del pending[key]
-
-    # -- where values live (the writer's) -------------------------------------------------
+    # -- where values live (the writer's; see residency.py) ------------------------------
 
     def forget_cached(self, slots: np.ndarray) -> None:
-        """The cached values at ``slots`` are being replaced: their bytes are uncounted."""
-        self._bytes_in_cache -= int(self._size[slots].sum())
+        """The cached values at ``slots`` are being replaced (see :mod:`.residency`)."""
+        residency.forget_cached(self, slots)
 
     def hold_values(
         self,
@@ -393,93 +356,32 @@ class Table:
         sizes: np.ndarray,
         replaced_cached: np.ndarray | None,
     ) -> None:
-        """Keep pushed ``values`` (``sizes``, with their keys) at ``slots`` in the cache,
-        dirty; ``replaced_cached``: the slots whose cached values they replace, which
-        count as hits (CLOCK)."""
-        self._meta_dirty[slots] = 1
-        deque(map(self._values.__setitem__, slot_list, values), maxlen=0)
-        # a short-lived view of the flag bytearray (a live view would block its growth)
-        np.frombuffer(self._dirty, np.uint8)[slots] = 1
-        if replaced_cached is not None:
-            self._referenced[replaced_cached] = 1
-        self._bytes_in_cache += int(sizes.sum())
+        """Keep pushed ``values`` at ``slots`` in the cache, dirty."""
+        residency.hold_values(self, slots, slot_list, values, sizes, replaced_cached)
 
     def mark_written(self, slots: np.ndarray, slot_list: list[int], sizes: list[int]) -> None:
-        """The values at ``slots`` (``sizes``, with their keys) and their metadata were
-        written through to RocksDB: none is cached."""
-        self._meta_dirty[slots] = 0
-        values, on_disk, dirty, disk_size = (
-            self._values,
-            self._on_disk,
-            self._dirty,
-            self._disk_size,
-        )
-        for slot, size in zip(slot_list, sizes, strict=True):
-            values[slot] = None
-            on_disk[slot] = 1
-            dirty[slot] = 0
-            self._bytes_on_disk += size - int(disk_size[slot])
-            disk_size[slot] = size
+        """The values at ``slots`` were written through to RocksDB: none is cached."""
+        residency.mark_written(self, slots, slot_list, sizes)
 
     def populate(self, slot: int, value: bytes, version: int) -> int | None:
-        """Cache ``value``, read from RocksDB for ``slot`` at ``version``, unless the slot
-        changed since or holds a value already. Returns its size, or None if not taken."""
-        if self._dropped or slot >= len(self._keys) or self._keys[slot] is None:
-            return None
-        if int(self._version[slot]) != version or self._values[slot] is not None:
-            return None
-        self._values[slot] = value
-        self._dirty[slot] = 0
-        size = int(self._size[slot])
-        self._bytes_in_cache += size
-        self.counters.populates += 1
-        return size
+        """Cache ``value``, read from RocksDB for ``slot`` at ``version``, if still current."""
+        return residency.populate(self, slot, value, version)
 
     def evict(self, slot: int) -> int:
-        """The value at ``slot`` and its metadata are in RocksDB now: it leaves the cache.
-        Returns its size."""
-        size = int(self._size[slot])
-        if self._dirty[slot] or not self._on_disk[slot]:
-            self._bytes_on_disk += size - int(self._disk_size[slot])
-            self._disk_size[slot] = size
-        self._on_disk[slot] = 1
-        self._values[slot] = None
-        self._dirty[slot] = self._meta_dirty[slot] = 0
-        self._bytes_in_cache -= size
-        self.counters.evictions_to_disk += 1
-        return size
+        """The value at ``slot`` is in RocksDB now: it leaves the cache. Returns its size."""
+        return residency.evict(self, slot)
 
     def mark_checkpointed(self, slot: int, *, wrote: bool) -> None:
-        """A checkpoint's batch holds the metadata of the item at ``slot``, and its value if
-        ``wrote``."""
-        if wrote:
-            size = int(self._size[slot])
-            self._bytes_on_disk += size - int(self._disk_size[slot])
-            self._disk_size[slot] = size
-            self._on_disk[slot] = 1
-            self._dirty[slot] = 0
-        self._meta_dirty[slot] = 0
+        """A checkpoint's batch holds the item at ``slot`` (its value too if ``wrote``)."""
+        residency.mark_checkpointed(self, slot, wrote=wrote)
 
     def unmark_checkpointed(self, slot: int, *, wrote: bool, on_disk: int, disk_size: int) -> None:
-        """A checkpoint's batch failed: the item at ``slot`` is to write again, as it was
-        before :meth:`mark_checkpointed` (``on_disk``, ``disk_size``: its flags then)."""
-        self._meta_dirty[slot] = 1
-        if wrote:
-            self._bytes_on_disk += disk_size - int(self._disk_size[slot])
-            self._dirty[slot], self._on_disk[slot] = 1, on_disk
-            self._disk_size[slot] = disk_size
+        """A checkpoint's batch failed: the item at ``slot`` is to write again."""
+        residency.unmark_checkpointed(self, slot, wrote=wrote, on_disk=on_disk, disk_size=disk_size)
 
     def patch_value(self, slot: int, value: bytes, size: int) -> None:
-        """A patch's new ``value`` for ``slot`` (``size``: with its key), cached and dirty;
-        a value read from RocksDB before it is stale (its version moves on)."""
-        if self._values[slot] is not None:
-            self._bytes_in_cache -= int(self._size[slot])
-        self._values[slot] = value
-        self._size[slot] = size
-        self._bytes_in_cache += size
-        self._dirty[slot] = 1
-        self._meta_dirty[slot] = 1
-        self._version[slot] += 1
+        """A patch's new ``value`` for ``slot``, cached and dirty."""
+        residency.patch_value(self, slot, value, size)
 
     def mark_dropped(self) -> bool:
         """The writer applies the table's drop: False if it was dropped already."""
@@ -512,34 +414,12 @@ class Table:
         """Take back a refused draw (see :func:`~rlreplay.app.tables.draws.undraw`)."""
         draws.undraw(self, taken)
 
-    # -- admission (the engine's, in the caller's task) -----------------------------------
-
-    def admit_puts(self, seq: int, entries: Mapping[str, PendingEntry], weight: int) -> None:
-        """Push ``seq`` (``weight`` items) is accepted: readers see its ``entries`` now."""
-        self._visible += self.count_unseen(entries)
-        self._pending.update(entries)
-        self.accept(seq, weight)
-
-    def admit_patches(self, seq: int, entries: Mapping[str, PendingEntry], weight: int) -> None:
-        """Patch ``seq`` (``weight`` items) is accepted: readers see its ``entries`` now."""
-        self._pending.update(entries)
-        self.accept(seq, weight)
-
-    def admit_deletes(self, seq: int, keys: list[str]) -> None:
-        """Delete ``seq`` of ``keys`` is accepted: readers no longer see them."""
-        doomed: dict[str, PendingEntry] = {k: (seq, None, 0.0) for k in keys}
-        self._visible -= sum(1 for key in doomed if self.contains(key))
-        self._pending.update(doomed)
-        self.accept(seq, len(keys))
+    # -- a drop (the engine's, in the caller's task) -------------------------------------
 
     def mark_dropping(self, dropping: bool = True) -> None:
         """A drop is accepted (``dropping``): new calls find no table until it is applied;
         or it was refused (not ``dropping``)."""
         self._dropping = dropping
-
-    def recount_visible(self) -> None:
-        """After recovery, nothing pending: readers see the applied items."""
-        self._visible = len(self._index)
 
     # -- persistence ----------------------------------------------------------------------
 
@@ -675,152 +555,22 @@ class Table:
     def restore(
         self, rows: list[tuple[Any, ...]], *, on_disk: bool, fields: list[dict[str, Any]]
     ) -> tuple[list[int], list[int]]:
-        """Load recovered items (key, value or None, priority, inserted_at, times_sampled,
-        size, order, and optionally their rollout metadata or None), handing them to the
-        selectors in their original insertion order.
+        """Load recovered items (see :func:`~rlreplay.app.tables.restore.restore_items`)."""
+        return restore_items(self, rows, on_disk=on_disk, fields=fields)
 
-        Returns:
-            The slots whose values are now cached, and their sizes (for the cache ledger).
-        """
-        if not rows:
-            return [], []
-        by_order = sorted(range(len(rows)), key=lambda i: rows[i][6])
-        rows = [rows[i] for i in by_order]
-        if fields:
-            fields = [fields[i] for i in by_order]
-        slots = np.empty(len(rows), dtype=np.int64)
-        cached: list[int] = []
-        sizes: list[int] = []
-        rollouts = self.rollouts
-        for i, (key, value, prio, ts, sampled, size, order, *more) in enumerate(rows):
-            slot = self.alloc_slot(key)
-            self._policy_version[slot] = NO_VERSION
-            if more and more[0] is not None:
-                rollouts.restore(slot, more[0])
-            slots[i] = slot
-            self._order[slot] = order
-            self._priority[slot] = prio
-            self._inserted_at[slot] = ts
-            self._times_sampled[slot] = sampled
-            self._size[slot] = size
-            self._version[slot] += 1
-            if on_disk:
-                self._on_disk[slot] = 1
-                self._disk_size[slot] = size
-                self._bytes_on_disk += size
-            else:
-                self._values[slot] = value
-                self._dirty[slot] = 1
-                cached.append(slot)
-                sizes.append(size)
-                self._bytes_in_cache += size
-        self._next_order = int(self._order[slots].max()) + 1
-        given = fields if self.index_fields else None
-        if given is not None:
-            self._fields.update(zip(slots.tolist(), given, strict=True))
-        self.sampler.insert(slots, self._priority[slots], self._inserted_at[slots], given)
-        if self.remover is not None:
-            self.remover.insert(slots, self._priority[slots], self._inserted_at[slots], given)
-        return cached, sizes
-
-    # -- barrier between accepted and applied ---------------------------------------------
-
-    def accept(self, seq: int, weight: int) -> None:
-        """Note that op ``seq`` touching ``weight`` items was accepted for this table."""
-        self._accepted_seq = seq
-        self._pending_ops += weight
-
-    def applied(self, seq: int, weight: int) -> None:
-        """Note that the writer applied op ``seq``; wakes readers waiting for it."""
-        self._applied_seq = seq
-        self._pending_ops -= weight
-        if self._barriers:
-            keep = []
-            for target, fut in self._barriers:
-                if fut.done():
-                    continue
-                if target <= seq:
-                    fut.set_result(None)
-                else:
-                    keep.append((target, fut))
-            self._barriers = keep
-        if self._index:
-            self._nonempty.set()
-        else:
-            self._nonempty.clear()
-
-    async def caught_up(self, timeout_s: float | None = None) -> bool:
-        """Wait until every op accepted for this table before the call is applied; False
-        if that takes more than ``timeout_s``."""
-        target = self._accepted_seq
-        if self._applied_seq >= target:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._barriers.append((target, fut))
-        if timeout_s is None:
-            await fut
-            return True
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
-        except TimeoutError:
-            fut.cancel()  # applied() and rebuild_pending() skip it
-            return False
-        return True
+    # -- pending ops (see PendingOps) ----------------------------------------------------
 
     def rebuild_pending(self, ops: Iterable[Any], applying: Any = None) -> None:
-        """Recompute what readers see from the ops accepted for this table and not applied
-        yet, in order (``applying``: the one the writer is applying, whose pending entries
-        it has taken): after refused ops were taken out of the writer's queue. ``ops`` are
-        the table's item ops only (pushes, patches, deletes, priorities, acks, versions)."""
-        pending: dict[str, PendingEntry] = {}
-        weight, last = 0, self._applied_seq
-        for op in [applying, *ops] if applying is not None else ops:
-            weight += op.weight
-            last = max(last, op.seq)
-            if op is applying:
-                continue
-            items = getattr(op, "items", None)
-            if items is not None:  # a push
-                for it in items:
-                    pending[it.key] = (op.seq, it, op.inserted_at)
-            elif getattr(op, "deletes", False):  # other ops have no entries
-                for key in op.keys:
-                    pending[key] = (op.seq, None, 0.0)
-        self._pending.clear()
-        self._pending.update(pending)
-        self._pending_ops = weight
-        self._accepted_seq = last
-        index, visible = self._index, len(self._index)
-        for key, entry in pending.items():
-            if entry[1] is None:
-                visible -= key in index
-            else:
-                visible += key not in index
-        self._visible = visible
-        self.applied(self._applied_seq, 0)  # readers waiting for a refused op wake up
-        if self._barriers:  # those waiting past the last op left: wait for that one
-            self._barriers = [(min(t, last), f) for t, f in self._barriers if not f.done()]
-            self.applied(self._applied_seq, 0)
+        """Recompute what readers see from the ops not applied yet (see
+        :meth:`PendingOps.rebuild`); rate limiter waiters look again."""
+        self._pending.rebuild(ops, applying)
         self.gate.notify()
 
     def fail_waiters(self, exc: BaseException) -> None:
-        """The writer stopped: fail every reader waiting on it."""
+        """The writer stopped: close the change feed and fail every reader waiting on it."""
         if self.changes is not None:
             self.changes.close()
-        for _, fut in self._barriers:
-            if not fut.done():
-                fut.set_exception(exc)
-        self._barriers = []
-
-    async def wait_nonempty(self, timeout_s: float) -> bool:
-        """Wait until the applied state holds an item; False on timeout."""
-        if self._index:
-            return True
-        try:
-            await asyncio.wait_for(self._nonempty.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return bool(self._index)
+        self._pending.fail_waiters(exc)
 
     # -- read side ------------------------------------------------------------------------
 
@@ -831,66 +581,5 @@ class Table:
         return self.changes
 
     def visible_size(self) -> int:
-        """Items a reader sees now: the applied ones with the pending ops merged in."""
-        return self._visible
-
-    def contains(self, key: str) -> bool:
-        """Whether a reader sees ``key`` now."""
-        entry = self._pending.get(key)
-        if entry is not None:
-            return entry[1] is not None
-        return key in self._index
-
-    def count_unseen(self, keys: Iterable[str]) -> int:
-        """How many of ``keys`` a reader does not see now: :meth:`contains` for a batch,
-        without a method call per key (it runs per pushed item)."""
-        keys = list(keys)
-        entries = list(map(self._pending.get, keys))
-        if not any(entries):  # none pending (entries are tuples): the index decides
-            return len(keys) - sum(map(self._index.__contains__, keys))
-        index, unseen = self._index, 0
-        for key, entry in zip(keys, entries, strict=True):
-            if entry[1] is None if entry is not None else key not in index:
-                unseen += 1
-        return unseen
-
-    def describe(self) -> dict[str, Any]:
-        """Config and stats as the contract's ``GET /v1/tables/{table}`` answers them."""
-        stats: dict[str, float] = dict(zip(STAT_NAMES, self.stat_values(), strict=True))
-        stats["index_bytes"] = self.index_bytes()
-        # what a client spreading the table over servers splits a sample's batch by
-        stats["selectable"] = len(self.sampler)
-        stats["draw_mass"] = self.sampler.draw_mass()
-        return {"name": self.name, "config": self.config.to_wire(), "stats": stats}
-
-    def stat_values(self) -> tuple[int, ...]:
-        """The stats named by :data:`STAT_NAMES`, in that order (cheap: no index walk)."""
-        c = self.counters
-        return (
-            self._visible,
-            self._pending_ops,
-            self._bytes_in_cache,
-            self._bytes_on_disk,
-            c.inserts,
-            c.samples,
-            c.deletes,
-            c.evictions_to_disk,
-            c.populates,
-        )
-
-    def index_bytes(self) -> int:
-        """Approximate bytes of the in-memory index (columns, slot lists, sampler state)."""
-        cols = sum(
-            a.nbytes
-            for a in (
-                self._priority,
-                self._inserted_at,
-                self._times_sampled,
-                self._size,
-                self._version,
-            )
-        )
-        lists = 8 * (len(self._keys) + len(self._values)) + 5 * len(self._dirty)
-        dict_bytes = 100 * len(self._index)  # dict entry + key string, measured in bench
-        sel = self.sampler.index_bytes() + (self.remover.index_bytes() if self.remover else 0)
-        return cols + lists + dict_bytes + sel
+        """Items a reader sees now (see :meth:`PendingOps.visible_size`)."""
+        return self._pending.visible_size()

@@ -113,7 +113,7 @@ async def test_each_item_keeps_its_own_push_time_and_log_position(
 
     async def remember(self: Engine, table: str, items: Any, *args: Any) -> int:
         n = await real_push(self, table, items, *args)
-        entries = self._table(table).pending
+        entries = self._table(table).pending.entries
         for it in items:
             seq, _, at = entries.get(it.key, (0, None, 0.0))
             seqs.setdefault(it.key, seq)
