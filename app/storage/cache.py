@@ -117,8 +117,11 @@ class CacheLedger(Generic[Table]):
             tickets[fresh] = self._append(n, fresh)
             self._live += len(fresh)
 
-    def _append(self, n: int, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Log ``slots`` of table ``n`` as the newest entries; their new tickets."""
+    def _append(
+        self, n: int | npt.NDArray[np.int64], slots: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """Log ``slots`` of table ``n`` (one number, or one per slot) as the newest
+        entries, in their order; their new tickets."""
         k = len(slots)
         if self._hi + k > len(self._log_slot):
             self._compact(room=k)
@@ -212,14 +215,18 @@ class CacheLedger(Generic[Table]):
             self._lo = int(at[count - 1]) + 1
             for n in np.unique(numbers).tolist():
                 mine = numbers == n
-                again = slots[mine & referenced]
-                gone = slots[mine & ~referenced]
-                table, tickets = tables[n], self._tickets[n]
+                table = tables[n]
                 assert table is not None
-                if len(again):  # second chance: the bit cleared, to the back
+                again = slots[mine & referenced]
+                if len(again):  # second chance: the bit cleared
                     table.clear_referenced(again)
-                    tickets[again] = self._append(n, again)
-                tickets[gone] = -1
+                self._tickets[n][slots[mine & ~referenced]] = -1
+            if referenced.any():  # and to the back, in their order across tables
+                back_numbers, back_slots = numbers[referenced], slots[referenced]
+                tickets = self._append(back_numbers, back_slots)
+                for n in np.unique(back_numbers).tolist():
+                    mine = back_numbers == n
+                    self._tickets[n][back_slots[mine]] = tickets[mine]
             evicted = ~referenced
             self.bytes -= int(charges[evicted].sum())
             self._live -= int(evicted.sum())

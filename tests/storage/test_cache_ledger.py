@@ -6,7 +6,7 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlreplay.app.storage.cache import CacheLedger
@@ -75,6 +75,18 @@ OP = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(ops=st.lists(OP, max_size=60))
+# Second chances in one window of two tables: they go to the back in the order they were
+# in, not table by table (the ledger once put t0's before t1's, evicting t0's first).
+@example(
+    ops=[
+        ("hit", 1, [0]),
+        ("add", 0, [1], 1),
+        ("add", 1, [0], 1),
+        ("add", 0, [0], 1),
+        ("hit", 0, [0]),
+        ("victims", 0),
+    ]
+)
 def test_ledger_matches_the_ordered_dict_it_replaced(ops: list[tuple[Any, ...]]) -> None:
     ledger = CacheLedger(limit_bytes=1000)
     ref = ReferenceLedger()
