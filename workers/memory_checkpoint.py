@@ -49,8 +49,8 @@ def write_checkpoint_file(
 
     The rows go through a 16 MiB file buffer, and the numeric columns are read as lists
     once per table: this thread needs the GIL between system calls, and with an 8 KiB
-    buffer (a write every two 4 KiB values) each wait for the busy event loop made a
-    snapshot of 5,000 items take 0.4 to 1 s instead of tens of milliseconds (measured).
+    buffer (a write every two 4 KiB values) each wait for the busy event loop stretched a
+    snapshot many times over (commit 99be753 has the figures).
     """
     tmp = path.with_suffix(".tmp")
     try:

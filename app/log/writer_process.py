@@ -2,10 +2,10 @@
 
 Why a process: a flush thread in the server needs the GIL between its system calls, and
 each hand-over of the GIL between it and the event loop costs a context switch on both
-sides. Measured on 2 cores (pushes of 64 x 4 KiB with ``--durability wal``): the event loop
-spent about 590 µs per push next to a flush thread and about 430 µs next to this process,
-against about 400 µs with no log at all. Here the event loop only sends a 33-byte request
-per flush and reads a reply; the bytes themselves travel in shared memory.
+sides, which slows the event loop's pushes. Here the event loop only sends a 33-byte
+request per flush and reads a reply; the bytes themselves travel in shared memory. The
+``--wal-writer thread`` arm of ``python -m bench fast_paths`` measures the difference
+(``docs/benchmarks.md``, "Fast paths").
 
 Protocol, over a ``SOCK_SEQPACKET`` socket pair (one message per request or reply):
 
