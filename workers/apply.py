@@ -1,9 +1,10 @@
 """Applying ops to tables and storage, evicting, and checkpointing: what the writer does.
 
 Only :class:`~rlreplay.workers.task_processor.TaskProcessor`, which owns the writer task and its
-queues, calls these, one op at a time (recovery calls :meth:`OpApplier.apply` to replay the
-log). Storage errors in background work (checkpoints, evictions) are logged, counted and
-retried with backoff; a write an op cannot do without is put off to the next checkpoint.
+queues and holds an :class:`OpApplier`, calls these, one op at a time (recovery, through it,
+calls :meth:`OpApplier.apply` to replay the log). Storage errors in background work
+(checkpoints, evictions) are logged, counted and retried with backoff; a write an op cannot
+do without is put off to the next checkpoint.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import operator
 import time
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from rlreplay.app.storage.layout import (
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import TableExists, TableNotFound
+from rlreplay.workers.checkpoints import Checkpointer
 from rlreplay.workers.ops import (
     AckOp,
     CheckpointOp,
@@ -71,17 +72,39 @@ def each(effects: Iterator[Any]) -> None:
     deque(effects, maxlen=0)
 
 
-class OpApplier:
-    """The writer's work on tables and storage (the base of the task processor)."""
+class SubmitOp(Protocol):
+    """How the applier queues follow-up work (an eviction, a checkpoint) for the writer:
+    the task processor's :meth:`~rlreplay.workers.task_processor.TaskProcessor.submit`."""
 
-    def __init__(self, state: EngineState, *, seed: int | None = None) -> None:
+    def __call__(self, op: Op, *, housekeeping: bool = False) -> None: ...
+
+
+class OpApplier:
+    """The writer's work on tables and storage, which the task processor holds.
+
+    Args:
+        state: The engine's state (tables, storage, log).
+        checkpointer: Runs the checkpoints and captures that :class:`CheckpointOp` and
+            :class:`SnapshotOp` ask for.
+        submit: Queues the evictions and checkpoints the applier finds due.
+        seed: Seeds the removers' random choices.
+    """
+
+    def __init__(
+        self,
+        state: EngineState,
+        *,
+        checkpointer: Checkpointer,
+        submit: SubmitOp,
+        seed: int | None = None,
+    ) -> None:
         self._state = state
+        self._checkpointer = checkpointer
+        self._submit = submit
         self._np_rng = np.random.default_rng(seed)
         self._evict_queued = False
         self._checkpoint_queued = False
         self._evicted_since_trim = 0
-        #: The log position the last checkpoint covered (set by the engine on recovery).
-        self.horizon = 0
         self.checkpoint_retry = Backoff()
         self.evict_retry = Backoff()
         self.store_retry = Backoff(most_s=2.0)
@@ -89,21 +112,42 @@ class OpApplier:
         self.background_failures: dict[str, int] = {"checkpoint": 0, "evict": 0, "store": 0}
         self.last_background_error: str | None = None
 
-    def submit(self, op: Op, *, housekeeping: bool = False) -> None:
-        """Queue an op for the writer (the task processor's)."""
-        raise NotImplementedError
+    # -- background work the writer queues --------------------------------------------------
 
-    async def checkpoint(self, *, full: bool = False) -> None:
-        """Make what is applied durable without the log (the checkpointer's)."""
-        raise NotImplementedError
+    def queue_checkpoint_when_due(self) -> None:
+        """Queue a checkpoint (the log has grown past its interval) unless one is queued or
+        a failed one is waiting out its backoff."""
+        if not self._checkpoint_queued and self.checkpoint_retry.due():
+            self._checkpoint_queued = True
+            self._submit(CheckpointOp(0, weight=0))
 
-    async def capture(self, dest: Path) -> dict[str, Any]:
-        """Capture every table into ``dest`` (the checkpointer's)."""
-        raise NotImplementedError
+    def retry_in(self) -> float | None:
+        """Seconds until a failed background write is due again (None: none failed)."""
+        due = [r.next_try for r in (self.checkpoint_retry, self.evict_retry) if r.failing]
+        if not due:
+            return None
+        return max(0.0, min(due) - time.monotonic())
 
-    def oldest_queued_seq(self) -> int | None:
-        """Sequence number of the oldest logged op still queued (the task processor's)."""
-        raise NotImplementedError
+    def queue_retries(self) -> None:
+        """Queue the failed background writes that are due again."""
+        if self.checkpoint_retry.failing and self.checkpoint_retry.due():
+            if not self._checkpoint_queued and (self._state.wal is not None or self._state.store):
+                self._checkpoint_queued = True
+                self._submit(CheckpointOp(0, weight=0))
+        if self.evict_retry.failing and self.evict_retry.due():
+            if not self._evict_queued and self._state.ledger.over:
+                self._evict_queued = True
+                self._submit(EvictOp(0, weight=0), housekeeping=True)
+
+    async def evict_if_far_over(self) -> None:
+        """Evict now, before the next op, when the cache is far past its limit."""
+        s = self._state
+        if (
+            s.ledger.over
+            and s.storage.evicts
+            and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR
+        ):
+            await self._evict()
 
     def _background_failed(self, kind: str, exc: BaseException, retry: Backoff) -> None:
         """Background work failed: log, count, and wait before the next try."""
@@ -177,7 +221,7 @@ class OpApplier:
         elif isinstance(op, CheckpointOp):
             self._checkpoint_queued = False
             try:
-                await self.checkpoint(full=op.full)
+                await self._checkpointer.checkpoint(full=op.full)
             except OSError as exc:
                 self._background_failed("checkpoint", exc, self.checkpoint_retry)
                 raise_into(op, storage_error(exc, str(self._state.settings.data_dir)))
@@ -185,7 +229,7 @@ class OpApplier:
                 self.checkpoint_retry.succeeded()
         elif isinstance(op, SnapshotOp):
             try:
-                op.meta.update(await self.capture(op.dest))
+                op.meta.update(await self._checkpointer.capture(op.dest))
             except OSError as exc:  # the caller's to report; the writer goes on
                 raise_into(op, storage_error(exc, str(op.dest)))
         elif isinstance(op, CreateTableOp):
@@ -279,7 +323,7 @@ class OpApplier:
                 await self._evict()
             elif not self._evict_queued:
                 self._evict_queued = True
-                self.submit(EvictOp(0, weight=0), housekeeping=True)
+                self._submit(EvictOp(0, weight=0), housekeeping=True)
 
     async def _trim(self, t: Table) -> None:
         """Delete items chosen by the remover until the table fits ``max_size``."""
@@ -344,7 +388,7 @@ class OpApplier:
         self._state.ledger.add(t, slot, cache_charge(size))
         if self._state.ledger.over and not self._evict_queued:
             self._evict_queued = True
-            self.submit(EvictOp(0, weight=0), housekeeping=True)
+            self._submit(EvictOp(0, weight=0), housekeeping=True)
 
     async def _evict(self) -> None:
         """Move cold values to RocksDB until the cache is under its low watermark."""

@@ -7,14 +7,28 @@ The storage mode does the writing (:mod:`rlreplay.workers.storage`); a checkpoin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlreplay.workers.apply import OpApplier
+from rlreplay.workers.state import EngineState
 
 
-class Checkpointer(OpApplier):
-    """The writer's checkpoints (a base of the task processor)."""
+class Checkpointer:
+    """The writer's checkpoints and captures, which the task processor holds.
+
+    Args:
+        state: The engine's state (tables, storage, log).
+        oldest_queued_seq: The sequence number of the oldest logged op still queued for the
+            writer (the task processor's :meth:`oldest_queued_seq`): a checkpoint covers
+            the ops before it.
+    """
+
+    def __init__(self, state: EngineState, *, oldest_queued_seq: Callable[[], int | None]) -> None:
+        self._state = state
+        self._oldest_queued_seq = oldest_queued_seq
+        #: The log position the last checkpoint covered (set by the engine on recovery).
+        self.horizon = 0
 
     async def checkpoint(self, *, full: bool = False) -> None:
         """Make what is applied durable without the log, then drop the log it covers.
@@ -31,7 +45,7 @@ class Checkpointer(OpApplier):
             return
         if wal is not None:
             await wal.rotate()
-        oldest = self.oldest_queued_seq()
+        oldest = self._oldest_queued_seq()
         covered = (oldest - 1) if oldest is not None else s.seq
         upto = s.storage.cut(covered, self.horizon, full=full, logged=wal is not None)
         await s.storage.checkpoint(s, covered, upto)
@@ -49,7 +63,7 @@ class Checkpointer(OpApplier):
         while the writer goes on). Memory mode writes its checkpoint file into ``dest``.
         """
         s = self._state
-        oldest = self.oldest_queued_seq()
+        oldest = self._oldest_queued_seq()
         covered = (oldest - 1) if oldest is not None else s.seq
         await s.io.run(dest.mkdir, parents=True, exist_ok=True)
         if s.storage.captures_after_checkpoint:

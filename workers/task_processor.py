@@ -24,19 +24,18 @@ import logging
 import random
 import time
 from collections import deque
-from typing import TypeGuard
+from pathlib import Path
+from typing import Any, TypeGuard
 
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import Unavailable
-from rlreplay.workers.apply import EVICT_HARD_FACTOR, raise_into
+from rlreplay.workers.apply import OpApplier, raise_into
 from rlreplay.workers.checkpoints import Checkpointer
 from rlreplay.workers.ops import (
     AckOp,
-    CheckpointOp,
     DeleteOp,
     DropTableOp,
-    EvictOp,
     Op,
     PatchOp,
     PriorityOp,
@@ -54,13 +53,23 @@ YIELD_EVERY = 64  # ops applied between yields to the event loop
 JOIN_ITEMS = 1024  # items past which no more queued pushes join one (bounds a step's time)
 
 
-class TaskProcessor(Checkpointer):
-    """Owns the writer task and applies ops in order."""
+class TaskProcessor:
+    """Owns the writer task and its queues, and applies ops in order.
+
+    It holds the two parts that do the work: an :class:`~rlreplay.workers.apply.OpApplier`
+    (each op's effect on tables and storage) and a
+    :class:`~rlreplay.workers.checkpoints.Checkpointer` (checkpoints and captures), and
+    hands each the calls on its queues that it needs.
+    """
 
     def __init__(
         self, state: EngineState, *, urgent_probability: float, seed: int | None = None
     ) -> None:
-        super().__init__(state, seed=seed)
+        self._state = state
+        self._checkpointer = Checkpointer(state, oldest_queued_seq=self.oldest_queued_seq)
+        self._applier = OpApplier(
+            state, checkpointer=self._checkpointer, submit=self.submit, seed=seed
+        )
         self._urgent_probability = urgent_probability
         self._rng = random.Random(seed)
         self.urgent: deque[Op] = deque()
@@ -74,6 +83,48 @@ class TaskProcessor(Checkpointer):
         self.last_apply_lag_s = 0.0
         self._current: Op | None = None  # the op taken from the queue and not finished
         self._applying = False  # ... and past its log wait: its pending entries are taken
+
+    # -- what the engine asks of its parts ------------------------------------------------
+
+    async def apply(self, op: Op, *, replay: bool = False) -> None:
+        """Apply one op to the tables and storage (also used to replay the log)."""
+        await self._applier.apply(op, replay=replay)
+
+    async def trim_all(self) -> None:
+        """Bring every table within its ``max_size`` (after replaying the log)."""
+        await self._applier.trim_all()
+
+    async def checkpoint(self, *, full: bool = False) -> None:
+        """Make what is applied durable without the log, then drop the log it covers."""
+        await self._checkpointer.checkpoint(full=full)
+
+    async def capture(self, dest: Path) -> dict[str, Any]:
+        """Capture every table into the empty folder ``dest`` (see the checkpointer)."""
+        return await self._checkpointer.capture(dest)
+
+    @property
+    def horizon(self) -> int:
+        """The log position the last checkpoint covered (set by the engine on recovery)."""
+        return self._checkpointer.horizon
+
+    @horizon.setter
+    def horizon(self, lsn: int) -> None:
+        self._checkpointer.horizon = lsn
+
+    @property
+    def background_failures(self) -> dict[str, int]:
+        """Background failures by kind (checkpoint, evict, store), for /metrics."""
+        return self._applier.background_failures
+
+    @property
+    def last_background_error(self) -> str | None:
+        """The last background write's error, as ``"kind: error"``."""
+        return self._applier.last_background_error
+
+    @property
+    def storage_failing(self) -> bool:
+        """Whether background writes to storage are failing now."""
+        return self._applier.storage_failing
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -168,7 +219,7 @@ class TaskProcessor(Checkpointer):
             if not self.urgent and not self.housekeeping:
                 self._wake.clear()
                 self._idle = True
-                retry_in = self._retry_in()
+                retry_in = self._applier.retry_in()
                 if retry_in is None:
                     await self._wake.wait()
                 else:
@@ -178,16 +229,11 @@ class TaskProcessor(Checkpointer):
                         pass
                 self._idle = False
                 since_yield = 0
-                self._queue_retries()
+                self._applier.queue_retries()
                 if not self.urgent and not self.housekeeping:
                     continue
             s = self._state
-            if (
-                s.ledger.over
-                and s.storage.evicts
-                and s.ledger.bytes > s.ledger.limit_bytes * EVICT_HARD_FACTOR
-            ):
-                await self._evict()
+            await self._applier.evict_if_far_over()
             if self.urgent and (
                 not self.housekeeping or self._rng.random() < self._urgent_probability
             ):
@@ -222,15 +268,9 @@ class TaskProcessor(Checkpointer):
                 if part.future is not None and not part.future.done():
                     part.future.set_result(None)
             self.applied_ops += len(queued_ops(op))
-            if (
-                wal is not None
-                and not self._checkpoint_queued
-                and wal.bytes_since_checkpoint > self._checkpoint_bytes
-                and self.checkpoint_retry.due()
-            ):
-                self._checkpoint_queued = True
-                self.submit(CheckpointOp(0, weight=0))
-            self._queue_retries()
+            if wal is not None and wal.bytes_since_checkpoint > self._checkpoint_bytes:
+                self._applier.queue_checkpoint_when_due()
+            self._applier.queue_retries()
             since_yield += 1
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
@@ -334,24 +374,6 @@ class TaskProcessor(Checkpointer):
                     t.rebuild_pending([current, *waiting])
             else:
                 t.rebuild_pending(waiting)
-
-    def _retry_in(self) -> float | None:
-        """Seconds until a failed background write is due again (None: none failed)."""
-        due = [r.next_try for r in (self.checkpoint_retry, self.evict_retry) if r.failing]
-        if not due:
-            return None
-        return max(0.0, min(due) - time.monotonic())
-
-    def _queue_retries(self) -> None:
-        """Queue the failed background writes that are due again."""
-        if self.checkpoint_retry.failing and self.checkpoint_retry.due():
-            if not self._checkpoint_queued and (self._state.wal is not None or self._state.store):
-                self._checkpoint_queued = True
-                self.submit(CheckpointOp(0, weight=0))
-        if self.evict_retry.failing and self.evict_retry.due():
-            if not self._evict_queued and self._state.ledger.over:
-                self._evict_queued = True
-                self.submit(EvictOp(0, weight=0), housekeeping=True)
 
 
 def _item_op_of(op: Op, table: Table) -> bool:
