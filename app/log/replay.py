@@ -12,6 +12,8 @@ start unless told otherwise):
 - a hole before the first segment: it starts past the record after the checkpoint's
   position (a segment deleted, or the checkpoint lost or replaced by an older one);
 - a segment the manifest lists that is gone, unless every record it held is checkpointed;
+- a manifest that is gone while the log is of format 2 (whose folder always has one once a
+  record or a checkpoint position was written): what it listed cannot be checked;
 - a gap between segments;
 - damage inside a segment: whole records with higher LSNs after bytes that cannot be read,
   further on than the flushes that can be in flight at a crash (see
@@ -30,11 +32,14 @@ from typing import Any
 
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.framing import (
+    BLOCK,
+    SEGMENT_MAGIC,
     SEGMENT_SUFFIX,
     SPARE_SUFFIX,
     LogRecoveryError,
     segment_name,
 )
+from rlreplay.app.log.manifest import MANIFEST as MANIFEST_NAME
 from rlreplay.app.log.manifest import LogManifest, read_manifest
 from rlreplay.app.log.segment_scan import SegmentScan, scan_segment
 
@@ -71,6 +76,8 @@ def replay_segments(
         manifest = None
     if manifest is not None:
         _check_listed(manifest, names, after_lsn, loss)
+    else:
+        _check_manifest_gone(folder, paths, loss)
     if paths and names[0] > after_lsn + 1:
         gone = [] if manifest is None else [n for n in manifest.segments if n < names[0]]
         _hole_before(paths[0], after_lsn, manifest, gone, loss)
@@ -177,6 +184,32 @@ def _damage(scan: SegmentScan, name: int, lost: list[tuple[list[Any], int]]) -> 
         f"{scan.regions_after + 1} flush regions (a crash leaves at most the last 3 "
         f"unwritten){header}" + (f": {missing}" if missing else "")
     )
+
+
+def _check_manifest_gone(folder: Path, paths: list[Path], loss: DataLoss) -> None:
+    """Report a manifest removed from a log of format 2: without it, a newest segment (or
+    any segment after the last on disk) that is gone looks like the end of the log. The
+    manifest is written before a record goes into a segment, but after a new log's first
+    segment takes its name (with its header alone): such a folder, or one of format 1
+    (from an older server, which never had a manifest), is not missing one."""
+    written = [p for p in paths if _starts_with_header(p) and p.stat().st_size > BLOCK]
+    if not written:
+        return
+    loss.found(
+        "log_missing",
+        f"the log's manifest {folder / MANIFEST_NAME} is missing, while {written[-1].name} "
+        "is a segment of log format 2 (whose folder always has one): it cannot tell "
+        "whether segments after the last one on disk are gone",
+    )
+
+
+def _starts_with_header(path: Path) -> bool:
+    """Whether ``path`` starts as a segment of log format 2 does."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(SEGMENT_MAGIC)) == SEGMENT_MAGIC
+    except OSError:
+        return False
 
 
 def _check_listed(manifest: LogManifest, names: list[int], after_lsn: int, loss: DataLoss) -> None:
