@@ -238,7 +238,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
     ) -> tuple[Answer, bytes | bytearray | memoryview]:
         """One request on ``conn``; pools the connection after a clean answer, else closes it."""
         try:
-            await write_request(conn, head + body if body else head, timeouts.get("write"))
+            await write_request(conn, head, body, timeouts.get("write"))
             answer, content = await read_answer(
                 request, conn, timeouts.get("read"), self._max_header
             )
