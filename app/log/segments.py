@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ from rlreplay.app.log.framing import (
     O_DIRECT,
     SEGMENT_SUFFIX,
     SPARE_SUFFIX,
+    ZEROS,
+    region_size,
     segment_header,
     segment_name,
 )
@@ -42,40 +45,50 @@ NEW_SUFFIX = ".new"  # a segment being put in place, before its header is durabl
 
 
 class SegmentFiles:
-    """The part of :class:`~rlreplay.app.log.wal.WriteAheadLog` that manages its files (a base
-    class of it: the state below is the log's, set up by its constructor)."""
+    """The log's segment files, which :class:`~rlreplay.app.log.wal.WriteAheadLog` holds:
+    the folder's lock, the segment being written (its descriptor and the offset of the next
+    region), the segments on disk, the spares, and the manifest listing them.
 
-    _folder: Path
-    _io: BlockingIO
-    _lock_fd: int | None
-    _fd: int | None
-    _offset: int
-    _failed: bool
-    _direct: bool | None
-    _mode_logged: bool
-    _segment_token: object
-    _segments: list[tuple[int, Path]]
-    _segment_last_lsn: dict[Path, int]
-    _spares: list[Path]
-    _spares_lock: threading.Lock
-    _next_lsn: int
-    _durable_lsn: int
-    _buffer_last_lsn: int
-    _manifest: ManifestFile
-    _manifest_lock: threading.Lock
-    _checkpoint_lsn: int  # the position the last checkpoint covered, for the manifest
+    Every method but :meth:`truncate` blocks (call it in an I/O thread). The flushers write
+    regions at :attr:`offset` of :attr:`fd`; one writes at a time.
 
-    def _lock(self) -> None:
+    Args:
+        folder: Where the segment files live.
+        io: The thread pool :meth:`truncate` retires segments in.
+        direct: Open segments with ``O_DIRECT`` where the filesystem supports it.
+    """
+
+    def __init__(self, folder: Path, io: BlockingIO, *, direct: bool) -> None:
+        self.folder = folder
+        self._io = io
+        self.lock_fd: int | None = None  # flock on LOCK: held by us and by our process
+        self.fd: int | None = None  # the segment being written
+        self.segment_token = object()  # replaced whenever fd changes
+        self.offset = 0  # where the next region goes in the segment (a block boundary)
+        self.failed = False  # a flush failed: the next one starts a new segment
+        # None: O_DIRECT opened but no write yet proved it works; True / False: settled
+        self.direct: bool | None = None if direct and O_DIRECT else False
+        self._mode_logged = False
+        self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
+        self._segment_last_lsn: dict[Path, int] = {}
+        # spare segments (at most SPARES): truncate adds them, rotations take them, in I/O threads
+        self._spares: list[Path] = []
+        self._spares_lock = threading.Lock()
+        self._manifest = ManifestFile(folder)
+        self._manifest_lock = threading.Lock()
+        self.checkpoint_lsn = 0  # the position the last checkpoint covered, for the manifest
+
+    def lock(self) -> None:
         """Take the folder's lock (blocking), waiting up to LOCK_WAIT_S for another holder.
 
         The log writer process inherits the lock: if this process is killed, a new one waits
         here until that process has finished its last write and exited, so it never replays
         a segment that is still being written, nor reuses its name.
         """
-        if self._lock_fd is not None:
+        if self.lock_fd is not None:
             return
-        self._folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._folder / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
@@ -85,23 +98,26 @@ class SegmentFiles:
                 if time.monotonic() > deadline:
                     os.close(fd)
                     raise RuntimeError(
-                        f"the write-ahead log in {self._folder} is in use by another process"
+                        f"the write-ahead log in {self.folder} is in use by another process"
                     ) from None
                 time.sleep(0.05)
-        self._lock_fd = fd
+        self.lock_fd = fd
 
-    def open(self, min_lsn: int) -> None:
-        """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking)."""
-        self._lock()
-        for leftover in self._folder.glob(f"*{NEW_SUFFIX}"):  # a crash while one was put in place
+    def open(self, first_lsn: int) -> None:
+        """Start a fresh segment named ``first_lsn``, for new records."""
+        self.lock()
+        for leftover in self.folder.glob(f"*{NEW_SUFFIX}"):  # a crash while one was put in place
             leftover.unlink(missing_ok=True)
         with self._spares_lock:
-            self._spares = sorted(self._folder.glob(f"*{SPARE_SUFFIX}"), key=lambda p: int(p.stem))
-        self._next_lsn = max(self._next_lsn, min_lsn + 1)
-        self._durable_lsn = self._buffer_last_lsn = self._next_lsn - 1
-        self._rotate_sync(self._next_lsn)
+            self._spares = sorted(self.folder.glob(f"*{SPARE_SUFFIX}"), key=lambda p: int(p.stem))
+        self.rotate(first_lsn)
 
-    def _rotate_sync(self, first_lsn: int) -> None:
+    def found(self, first_lsn: int, path: Path, last_lsn: int) -> None:
+        """Replay found the segment ``path``, holding ``first_lsn``..``last_lsn``."""
+        self._segments.append((first_lsn, path))
+        self._segment_last_lsn[path] = last_lsn
+
+    def rotate(self, first_lsn: int) -> None:
         """Close the current segment and start one named ``first_lsn``: the LSN of the
         first record not written yet (records appended during this flush go there).
 
@@ -111,23 +127,23 @@ class SegmentFiles:
         spare segment becomes the new one, if there is one. The segment closed is cut to
         its written length (a recycled one had old records after it).
         """
-        path = self._folder / segment_name(first_lsn)
-        if self._fd is not None:
-            if self._segments[-1][1] == path and not self._failed:
+        path = self.folder / segment_name(first_lsn)
+        if self.fd is not None:
+            if self._segments[-1][1] == path and not self.failed:
                 return
             try:
-                os.ftruncate(self._fd, self._offset)
-                os.fsync(self._fd)
+                os.ftruncate(self.fd, self.offset)
+                os.fsync(self.fd)
             except OSError:
-                if not self._failed:  # after a failed flush, what it synced was synced then
+                if not self.failed:  # after a failed flush, what it synced was synced then
                     raise
-            os.close(self._fd)
-            self._fd = None
+            os.close(self.fd)
+            self.fd = None
         self._put_in_place(path, first_lsn)
-        self._fd = self._open_segment(path)
-        self._segment_token = object()
-        self._offset = BLOCK
-        self._failed = False
+        self.fd = self._open_segment(path)
+        self.segment_token = object()
+        self.offset = BLOCK
+        self.failed = False
         if not self._segments or self._segments[-1][1] != path:
             self._segments.append((first_lsn, path))
         self._segment_last_lsn[path] = first_lsn - 1
@@ -154,7 +170,7 @@ class SegmentFiles:
         finally:
             os.close(fd)
         os.rename(new, path)
-        fd = os.open(self._folder, os.O_RDONLY)
+        fd = os.open(self.folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
@@ -166,16 +182,16 @@ class SegmentFiles:
         with self._manifest_lock:
             firsts = tuple(first for first, _ in self._segments)
             try:
-                self._manifest.write(LogManifest(self._checkpoint_lsn, firsts))
+                self._manifest.write(LogManifest(self.checkpoint_lsn, firsts))
             except OSError as exc:
                 log.warning(
-                    "write-ahead log in %s: the manifest's write failed: %s", self._folder, exc
+                    "write-ahead log in %s: the manifest's write failed: %s", self.folder, exc
                 )
 
     def _open_segment(self, path: Path, extra_flags: int = 0) -> int:
         """Open ``path`` for writing: ``O_DIRECT`` unless the log has fallen back."""
         flags = os.O_WRONLY | os.O_CREAT | extra_flags
-        if self._direct is not False:
+        if self.direct is not False:
             try:
                 return os.open(path, flags | O_DIRECT, 0o644)
             except OSError as exc:
@@ -187,13 +203,75 @@ class SegmentFiles:
         return fd
 
     def _fall_back(self, path: Path, exc: OSError) -> None:
-        self._direct = False
+        self.direct = False
         self._log_mode(f"buffered writes ({path.name} refused O_DIRECT: {exc.strerror})")
 
     def _log_mode(self, mode: str) -> None:
         if not self._mode_logged:
             self._mode_logged = True
-            log.info("write-ahead log in %s: %s", self._folder, mode)
+            log.info("write-ahead log in %s: %s", self.folder, mode)
+
+    def reserve(self, size: int) -> int:
+        """The offset of a region of ``size`` bytes handed to the log writer process (the
+        next region goes after it)."""
+        offset = self.offset
+        self.offset += size
+        return offset
+
+    def wrote(self, upto: int) -> None:
+        """The segment being written holds the records up to LSN ``upto``, durable."""
+        self._segment_last_lsn[self._segments[-1][1]] = upto
+
+    def write_records(self, buf: mmap.mmap, used: int, upto: int) -> int:
+        """Pad ``buf[:used]`` to a block boundary, write it at the segment's offset and
+        fdatasync; returns the padding."""
+        assert self.fd is not None
+        size = region_size(used)
+        buf[used:size] = ZEROS[: size - used]
+        with memoryview(buf) as view:
+            self._write_region(view[:size])
+        os.fdatasync(self.fd)
+        self.offset += size
+        self.wrote(upto)
+        return size - used
+
+    def _write_region(self, view: memoryview) -> None:
+        """Write ``view`` at the segment's offset; fall back to buffered writes if the
+        first ``O_DIRECT`` write is refused."""
+        assert self.fd is not None
+        try:
+            _pwrite_all(self.fd, view, self.offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or self.direct is not None:
+                raise
+            path = self._segments[-1][1]
+            os.close(self.fd)
+            self.fd = None
+            self._fall_back(path, exc)
+            self.fd = self._open_segment(path)
+            self.segment_token = object()
+            _pwrite_all(self.fd, view, self.offset)
+        if self.direct is None:
+            self.direct = True
+            self._log_mode("O_DIRECT writes")
+
+    def seal(self) -> None:
+        """Cut the segment being written to its written length (unless a flush failed:
+        replay then stops at its torn region) and fsync it."""
+        assert self.fd is not None
+        if not self.failed:
+            os.ftruncate(self.fd, self.offset)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        """Close the segment being written, the manifest and the lock; idempotent."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._manifest.close()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     async def truncate(self, covered_lsn: int) -> None:
         """Delete the segments whose every record has LSN ≤ ``covered_lsn``."""
@@ -205,7 +283,7 @@ class SegmentFiles:
         for item in doomed:
             self._segments.remove(item)
             self._segment_last_lsn.pop(item[1], None)
-        self._checkpoint_lsn = max(self._checkpoint_lsn, covered_lsn)
+        self.checkpoint_lsn = max(self.checkpoint_lsn, covered_lsn)
         await self._io.run(self._retire_sync, [p for _, p in doomed])
 
     def _retire_sync(self, paths: list[Path]) -> None:
@@ -236,3 +314,12 @@ class SegmentFiles:
             except FileNotFoundError:
                 pass
         return total
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """``pwrite`` all of ``view`` at ``offset``, going on after a short write."""
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view, offset = view[written:], offset + written

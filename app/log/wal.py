@@ -18,9 +18,6 @@ import asyncio
 import errno
 import logging
 import mmap
-import os
-import threading
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -29,22 +26,20 @@ import msgpack
 from xxhash import xxh3_64_intdigest
 
 from rlreplay.app.log.data_loss import DataLoss
-from rlreplay.app.log.flushes import MAX_IN_FLIGHT, Flush, ProcessFlushes
+from rlreplay.app.log.flushes import MAX_IN_FLIGHT, ProcessFlusher
 from rlreplay.app.log.framing import (
     BIN32,
     FRAME,
     O_DIRECT,
     SEGMENT_SUFFIX,
     SPARE_SUFFIX,
-    ZEROS,
     LogRecoveryError,
     region_size,
 )
-from rlreplay.app.log.manifest import ManifestFile
 from rlreplay.app.log.refusals import Refusal, Refusals
 from rlreplay.app.log.replay import ReplayResult, drop_spares, replay_segments
 from rlreplay.app.log.segments import SegmentFiles
-from rlreplay.app.log.writer_process import SUPPORTED, LogWriterProcess, SharedBuffer
+from rlreplay.app.log.writer_process import SUPPORTED, SharedBuffer
 from rlreplay.app.storage.blocking import BlockingIO
 
 __all__ = [
@@ -63,8 +58,12 @@ log = logging.getLogger(__name__)
 _BUFFER_BYTES = 4 << 20  # a write buffer's smallest size
 
 
-class WriteAheadLog(SegmentFiles, ProcessFlushes):
+class WriteAheadLog:
     """Append-only, segment-rotated, fsync-on-commit log of engine records.
+
+    It holds its parts: the segment files (:class:`~rlreplay.app.log.segments.SegmentFiles`)
+    and the log writer process's flusher (:class:`~rlreplay.app.log.flushes.ProcessFlusher`);
+    the fill buffers, the LSNs and the flush thread are its own.
 
     Args:
         folder: Where the segment files live.
@@ -83,8 +82,8 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         direct: bool = True,
         writer: Literal["auto", "process", "thread"] = "auto",
     ) -> None:
-        self._folder = folder
         self._io = io
+        self._files = SegmentFiles(folder, io, direct=direct)
         self._group_commit_s = group_commit_s
         # Framed records appended, not yet written: page-aligned (O_DIRECT writes it as it
         # is), owned by the event loop; a flush takes it and a free one takes its place.
@@ -92,14 +91,14 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         self._fill_used = 0  # bytes of frames in _fill
         self._fill_count = 0  # records in _fill
         self._free: list[SharedBuffer] = []  # buffers written, ready for reuse
-        # the log writer process (None: not started, or gone) and its flushes in flight
-        self._writer = writer if SUPPORTED else "thread"
-        self._proc: LogWriterProcess | None = None
-        self._in_flight: deque[Flush] = deque()
-        self._submitted_lsn = 0  # the last LSN handed to the process
-        self._thread_flushes = 0
-        self._segment_token = object()  # replaced whenever _fd changes
-        self._lock_fd: int | None = None  # flock on LOCK: held by us and by our process
+        # the log writer process and its flushes in flight
+        self._process = ProcessFlusher(
+            self._files,
+            writer=writer if SUPPORTED else "thread",
+            on_durable=self._durable,
+            on_lost=self.refuse,
+            recycle=self._recycle,
+        )
         self._buffer_last_lsn = 0
         self._durable_lsn = 0
         # LSNs lost in failed flushes, oldest first: commit() raises for them, even once
@@ -116,21 +115,7 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         # set while rotate() drains the flushes in flight: commits wait instead of adding
         # more, which under steady load kept the drain (and the checkpoint) from ever ending
         self._rotating: asyncio.Future[None] | None = None
-        self._fd: int | None = None
-        self._offset = 0  # where the next region goes in the current segment (a block boundary)
-        self._failed = False  # a flush failed: the next one starts a new segment
-        # None: O_DIRECT opened but no write yet proved it works; True / False: settled
-        self._direct: bool | None = None if direct and O_DIRECT else False
-        self._mode_logged = False
         self._region_peak = 0  # the largest region flushed since the last rotation
-        self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
-        self._segment_last_lsn: dict[Path, int] = {}
-        # spare segments (at most SPARES): truncate adds them, rotations take them, in I/O threads
-        self._spares: list[Path] = []
-        self._spares_lock = threading.Lock()
-        self._manifest = ManifestFile(folder)
-        self._manifest_lock = threading.Lock()
-        self._checkpoint_lsn = 0
         self.bytes_since_checkpoint = 0
 
     # -- opening and replay -------------------------------------------------------------
@@ -144,30 +129,43 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
 
         Once anything was dropped, new LSNs go past every LSN on disk and the spare
         segments are deleted, so no record left behind is ever read as a new one."""
-        self._lock()
+        self._files.lock()
         if loss is None:
             loss = DataLoss(wal_recovery="strict" if strict else "point-in-time")
         result = ReplayResult()
         last = after_lsn
-        for record in replay_segments(self._folder, after_lsn, loss=loss, result=result):
+        for record in replay_segments(self._files.folder, after_lsn, loss=loss, result=result):
             last = max(last, record[0])
             yield record
         for name, path, seg_last in result.found:
-            self._segments.append((name, path))
-            self._segment_last_lsn[path] = seg_last
+            self._files.found(name, path, seg_last)
         if loss.lost:
             last = max(last, result.highest)
-            drop_spares(self._folder)
-        self._checkpoint_lsn = after_lsn
+            drop_spares(self._files.folder)
+        self._files.checkpoint_lsn = after_lsn
         self._next_lsn = last + 1
         self._durable_lsn = last
+
+    def open(self, min_lsn: int) -> None:
+        """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking)."""
+        self._next_lsn = max(self._next_lsn, min_lsn + 1)
+        self._durable_lsn = self._buffer_last_lsn = self._next_lsn - 1
+        self._files.open(self._next_lsn)
+
+    async def truncate(self, covered_lsn: int) -> None:
+        """Delete the segments whose every record has LSN ≤ ``covered_lsn``."""
+        await self._files.truncate(covered_lsn)
+
+    def disk_bytes(self) -> int:
+        """Bytes of log on disk (approximate: sizes of the segment files, spares included)."""
+        return self._files.disk_bytes()
 
     # -- appending ----------------------------------------------------------------------
 
     @property
     def folder(self) -> Path:
         """Where the segment files live."""
-        return self._folder
+        return self._files.folder
 
     @property
     def durable_lsn(self) -> int:
@@ -252,12 +250,25 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
             self._drop(buf)
 
     def _drop(self, buf: SharedBuffer) -> None:
-        if self._proc is not None:
-            try:
-                self._proc.forget(buf)
-            except OSError:
-                pass  # the process is gone: the next submit finds out
+        self._process.forget(buf)
         buf.release()
+
+    def _durable(self, upto: int, padding: int) -> None:
+        """A flush made the records up to LSN ``upto`` durable, with ``padding`` bytes."""
+        self._durable_lsn = max(self._durable_lsn, upto)
+        self.bytes_since_checkpoint += padding
+        self.last_error = None
+
+    def _submit(self) -> None:
+        """Hand the fill buffer to the log writer process (no await: nothing interleaves)."""
+        buf = self._fill
+        assert buf is not None
+        size = self._process.submit(buf, self._fill_used, self._fill_count, self._buffer_last_lsn)
+        if size is None:  # the process is gone: the records stay here, for the thread
+            return
+        self._region_peak = max(self._region_peak, size)
+        self._fill = self._free.pop() if self._free else None
+        self._fill_used = self._fill_count = 0
 
     async def commit(self, lsn: int) -> None:
         """Return once the record ``lsn`` (and every one before it) is fsynced.
@@ -279,8 +290,9 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
             if self._flushing is not None:
                 await asyncio.wait({self._flushing})
                 continue
-            if lsn <= self._submitted_lsn:  # with the process: wait for the flush with it
-                holder = next((f.done for f in self._in_flight if f.upto >= lsn), None)
+            process = self._process
+            if lsn <= process.submitted_lsn:  # with the process: wait for the flush with it
+                holder = process.holder(lsn)
                 if holder is None:  # not durable and no longer in flight: its flush failed
                     raise OSError(errno.EIO, f"the log flush holding record {lsn} failed")
                 await asyncio.wait({holder})
@@ -289,16 +301,16 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
                 await asyncio.sleep(self._group_commit_s)
                 if self._flushing is not None or self._durable_lsn >= lsn:
                     continue
-                if lsn <= self._submitted_lsn:
+                if lsn <= process.submitted_lsn:
                     continue
-            if self._use_process():
-                if len(self._in_flight) < MAX_IN_FLIGHT:
+            if process.use():
+                if len(process.in_flight) < MAX_IN_FLIGHT:
                     self._submit()
                 else:
-                    await asyncio.wait({self._in_flight[0].done})
+                    await asyncio.wait({process.in_flight[0].done})
                 continue
-            if self._in_flight:  # back to the thread: the process's flushes end first
-                await asyncio.wait({self._in_flight[-1].done})
+            if process.in_flight:  # back to the thread: the process's flushes end first
+                await asyncio.wait({process.in_flight[-1].done})
                 continue
             try:
                 await self._flush_once()
@@ -307,8 +319,9 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
 
     async def drain(self) -> None:
         """Wait until no flush is in flight (failed ones included, without raising)."""
-        while self._in_flight or self._flushing is not None:
-            pending = self._in_flight[-1].done if self._in_flight else self._flushing
+        in_flight = self._process.in_flight
+        while in_flight or self._flushing is not None:
+            pending = in_flight[-1].done if in_flight else self._flushing
             assert pending is not None
             await asyncio.wait({pending})
 
@@ -367,12 +380,11 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
                     if isinstance(exc, OSError):
                         self.last_error = exc
                 raise
-            self._durable_lsn = max(self._durable_lsn, upto)
-            self.last_error = None
-            self.bytes_since_checkpoint += padding
-            self._thread_flushes += 1
-            if self._process_due():  # started off the event loop, while no flush can begin
-                self._proc = await self._io.run(self._start_process)
+            self._durable(upto, padding)
+            process = self._process
+            process.thread_flushes += 1
+            if process.due():  # started off the event loop, while no flush can begin
+                process.proc = await self._io.run(process.start)
             fut.set_result(None)
         except BaseException as exc:
             fut.set_exception(exc)
@@ -392,55 +404,23 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         A failure may leave half a region in the segment and a gap in the LSNs (those
         records are lost, their writers told so): the next flush starts a new segment.
         """
+        files = self._files
         try:
             padding = 0
             if count:
                 assert buf is not None
-                if self._failed:
+                if files.failed:
                     # the new segment is named after the first LSN not durable: records
                     # at or past it that the failed flush left in the old one are void
-                    self._rotate_sync(self._durable_lsn + 1)
-                padding = self._write_records(buf, used, upto)
+                    files.rotate(self._durable_lsn + 1)
+                padding = files.write_records(buf, used, upto)
                 self._written_upto = upto
             if rotate:
-                self._rotate_sync(upto + 1 if count else self._durable_lsn + 1)
+                files.rotate(upto + 1 if count else self._durable_lsn + 1)
             return padding
         except BaseException:
-            self._failed = True
+            files.failed = True
             raise
-
-    def _write_records(self, buf: mmap.mmap, used: int, upto: int) -> int:
-        """Pad ``buf[:used]`` to a block boundary, write it at the segment's offset and
-        fdatasync; returns the padding."""
-        assert self._fd is not None
-        size = region_size(used)
-        buf[used:size] = ZEROS[: size - used]
-        with memoryview(buf) as view:
-            self._write_region(view[:size])
-        os.fdatasync(self._fd)
-        self._offset += size
-        self._segment_last_lsn[self._segments[-1][1]] = upto
-        return size - used
-
-    def _write_region(self, view: memoryview) -> None:
-        """Write ``view`` at the segment's offset; fall back to buffered writes if the
-        first ``O_DIRECT`` write is refused."""
-        assert self._fd is not None
-        try:
-            _pwrite_all(self._fd, view, self._offset)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL or self._direct is not None:
-                raise
-            path = self._segments[-1][1]
-            os.close(self._fd)
-            self._fd = None
-            self._fall_back(path, exc)
-            self._fd = self._open_segment(path)
-            self._segment_token = object()
-            _pwrite_all(self._fd, view, self._offset)
-        if self._direct is None:
-            self._direct = True
-            self._log_mode("O_DIRECT writes")
 
     async def sync(self) -> None:
         """Fsync everything appended so far."""
@@ -475,12 +455,12 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
         """Stop the log writer process, flush the buffer, fsync and close (blocking);
         idempotent. Call :meth:`drain` first: flushes still in flight are not waited for
         (the process finishes them before it exits, but they are not counted durable)."""
-        if self._in_flight:
-            log.warning("write-ahead log closed with %d flushes in flight", len(self._in_flight))
-        if self._proc is not None:
-            self._proc.close()
-            self._proc = None
-        if self._fd is not None:
+        in_flight = self._process.in_flight
+        if in_flight:
+            log.warning("write-ahead log closed with %d flushes in flight", len(in_flight))
+        self._process.close()
+        files = self._files
+        if files.fd is not None:
             try:
                 if self._fill_count and self._fill is not None:
                     # records no caller waits for any more (its request was cancelled)
@@ -488,26 +468,10 @@ class WriteAheadLog(SegmentFiles, ProcessFlushes):
                         self._fill.map, self._fill_used, self._fill_count, self._buffer_last_lsn
                     )
                     self._fill_used = self._fill_count = 0
-                if not self._failed:  # after a failed flush, replay stops at its torn region
-                    os.ftruncate(self._fd, self._offset)
-                os.fsync(self._fd)
+                files.seal()  # after a failed flush, replay stops at its torn region
             except OSError as exc:  # nothing answered is lost: answers waited for fsyncs
-                log.error("write-ahead log in %s: the last write failed: %s", self._folder, exc)
-            os.close(self._fd)
-            self._fd = None
+                log.error("write-ahead log in %s: the last write failed: %s", files.folder, exc)
         for buf in [*self._free, *([self._fill] if self._fill is not None else [])]:
             buf.release()
         self._fill, self._free = None, []
-        self._manifest.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    """``pwrite`` all of ``view`` at ``offset``, going on after a short write."""
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError(errno.EIO, "pwrite wrote nothing")
-        view, offset = view[written:], offset + written
+        files.close()

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 
-import rlreplay.app.log.wal as wal_module
+import rlreplay.app.log.segments as segments_module
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
@@ -182,7 +182,7 @@ async def test_the_log_refuses_for_good_what_a_failed_flush_lost(
         def failing(*args: Any) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(wal_module, "_pwrite_all", failing)
+        monkeypatch.setattr(segments_module, "_pwrite_all", failing)
         with pytest.raises(OSError) as lost:
             await wal.commit(ok)
         assert lost.value.errno == errno.ENOSPC

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import rlreplay.app.log.wal as wal_module
+import rlreplay.app.log.segments as segments_module
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.rocks import RocksStore
@@ -46,7 +46,7 @@ class Faults:
 @pytest.fixture
 def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
     faults = Faults()
-    real_pwrite_all = wal_module._pwrite_all
+    real_pwrite_all = segments_module._pwrite_all
     real_live = RocksStore._live
 
     def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -60,7 +60,7 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
             raise RuntimeError(f"{message} (injected, RocksDB)")
         return real_live(self)
 
-    monkeypatch.setattr(wal_module, "_pwrite_all", pwrite_all)
+    monkeypatch.setattr(segments_module, "_pwrite_all", pwrite_all)
     monkeypatch.setattr(RocksStore, "_live", live)
     return faults
 

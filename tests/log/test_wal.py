@@ -177,8 +177,8 @@ async def test_the_buffered_fallback_writes_the_same_log(
     direct = await write(tmp_path / "direct")
     direct.close()
     buffered = await write(tmp_path / "buffered", direct=False)
-    assert buffered._fd is not None
-    assert not fcntl.fcntl(buffered._fd, fcntl.F_GETFL) & wal_module.O_DIRECT
+    assert buffered._files.fd is not None
+    assert not fcntl.fcntl(buffered._files.fd, fcntl.F_GETFL) & wal_module.O_DIRECT
     buffered.close()
 
     # a filesystem that refuses O_DIRECT, at open (tmpfs) or at the first write
@@ -206,8 +206,8 @@ async def test_the_buffered_fallback_writes_the_same_log(
         monkeypatch.setattr(os, "pwrite", refusing_pwrite)
         caplog.set_level(logging.INFO, logger="rlreplay.app.log.wal")
         refused = await write(tmp_path / "refused")
-        assert refused._direct is False and refused._fd is not None
-        assert not fcntl.fcntl(refused._fd, fcntl.F_GETFL) & wal_module.O_DIRECT
+        assert refused._files.direct is False and refused._files.fd is not None
+        assert not fcntl.fcntl(refused._files.fd, fcntl.F_GETFL) & wal_module.O_DIRECT
         refused.close()
         monkeypatch.undo()
         modes = [r.getMessage() for r in caplog.records if "write-ahead log in" in r.getMessage()]
@@ -228,9 +228,11 @@ async def test_the_log_uses_o_direct_where_the_filesystem_allows(
 ) -> None:
     wal = fresh(tmp_path, io)
     await wal.commit(wal.append(["del", "t", ["a"]]))
-    assert wal._fd is not None
-    flags = fcntl.fcntl(wal._fd, fcntl.F_GETFL)
-    assert wal._direct is (bool(flags & wal_module.O_DIRECT) if wal_module.O_DIRECT else False)
+    assert wal._files.fd is not None
+    flags = fcntl.fcntl(wal._files.fd, fcntl.F_GETFL)
+    assert wal._files.direct is (
+        bool(flags & wal_module.O_DIRECT) if wal_module.O_DIRECT else False
+    )
     wal.close()
 
 
@@ -352,7 +354,7 @@ async def test_the_log_writer_process_writes_what_the_thread_would(
 ) -> None:
     wal = fresh(tmp_path, io, writer="process")
     lsns = await _busy(wal, 5, "a")
-    assert wal._proc is not None  # after the first write (in the thread) settled O_DIRECT
+    assert wal._process.proc is not None  # after the first write (in the thread) settled O_DIRECT
     # many committers at once: several flushes in flight, the process joins their syncs
     many = [wal.append(["put", "t", [f"m{i}"], [b"m" * (i * 500)]]) for i in range(200)]
     waiters = []
@@ -360,14 +362,14 @@ async def test_the_log_writer_process_writes_what_the_thread_would(
         waiters.append(asyncio.ensure_future(wal.commit(lsn)))
         if lsn % 7 == 0:
             await asyncio.sleep(0)
-            assert len(wal._in_flight) <= wal_module.MAX_IN_FLIGHT
+            assert len(wal._process.in_flight) <= wal_module.MAX_IN_FLIGHT
     await asyncio.gather(*waiters)
     await wal.rotate()
     lsns += many + await _busy(wal, 3, "b")
     await wal.truncate(lsns[len(lsns) // 2])
     await wal.drain()
     wal.close()
-    assert wal._proc is None
+    assert wal._process.proc is None
     assert [r[0] for r in reopen(tmp_path, io)][-len(lsns) // 3 :] == lsns[-len(lsns) // 3 :]
     records = reopen(tmp_path, io)
     assert records[-1][4] == [bytes([7]) * 3000]
@@ -381,9 +383,9 @@ async def test_auto_starts_the_process_once_the_log_is_busy(
     monkeypatch.setattr(flushes, "PROCESS_AFTER_FLUSHES", 5)
     wal = fresh(tmp_path, io)
     await _busy(wal, 4, "a")
-    assert wal._proc is None and wal._thread_flushes == 4
+    assert wal._process.proc is None and wal._process.thread_flushes == 4
     lsns = await _busy(wal, 4, "b")
-    assert wal._proc is not None and wal._thread_flushes == 5
+    assert wal._process.proc is not None and wal._process.thread_flushes == 5
     await wal.drain()
     wal.close()
     assert [r[0] for r in reopen(tmp_path, io)][-len(lsns) :] == lsns
@@ -395,20 +397,20 @@ async def test_a_failed_write_in_the_process_fails_its_waiters_and_a_new_segment
 ) -> None:
     wal = fresh(tmp_path, io, writer="process")
     kept = await _busy(wal, 2, "a")
-    assert wal._proc is not None
-    writable = wal._fd
+    assert wal._process.proc is not None
+    writable = wal._files.fd
     assert writable is not None
     segment = segment_of(tmp_path)
-    wal._fd = os.open(segment, os.O_RDONLY)  # the process gets a file it cannot write
-    wal._segment_token = object()
+    wal._files.fd = os.open(segment, os.O_RDONLY)  # the process gets a file it cannot write
+    wal._files.segment_token = object()
     lost = wal.append(["del", "t", ["lost"]])
     with pytest.raises(OSError):
         await wal.commit(lost)
-    assert wal._failed
+    assert wal._files.failed
     with pytest.raises(OSError):  # a later caller waiting for the same record hears it too
         await wal.commit(lost)
     after = await _busy(wal, 2, "b")  # the thread starts a new segment, then the process
-    assert wal._proc is not None and not wal._failed
+    assert wal._process.proc is not None and not wal._files.failed
     await wal.drain()
     wal.close()
     os.close(writable)
@@ -421,14 +423,14 @@ async def test_a_failed_write_in_the_process_fails_its_waiters_and_a_new_segment
 async def test_when_the_process_dies_the_thread_takes_over(tmp_path: Path, io: BlockingIO) -> None:
     wal = fresh(tmp_path, io, writer="process")
     kept = await _busy(wal, 2, "a")
-    assert wal._proc is not None
-    wal._proc.kill()
+    assert wal._process.proc is not None
+    wal._process.proc.kill()
     maybe = wal.append(["del", "t", ["maybe"]])
     try:  # the request may reach the dead socket's buffer, or fail to send at once
         await wal.commit(maybe)
     except OSError:
         pass
-    assert wal._proc is None and wal._writer == "thread"
+    assert wal._process.proc is None and wal._process.writer == "thread"
     after = await _busy(wal, 2, "b")
     wal.close()
     got = [r[0] for r in reopen(tmp_path, io)]
@@ -532,9 +534,9 @@ async def test_the_log_writer_process_holds_the_lock_until_it_exits(
     monkeypatch.setattr(segments, "LOCK_WAIT_S", 0.2)
     wal = fresh(tmp_path, io, writer="process")
     lsns = await _busy(wal, 2, "a")
-    assert wal._proc is not None and wal._lock_fd is not None
-    os.close(wal._lock_fd)  # as if this process were gone: only the writer holds the lock
-    wal._lock_fd = None
+    assert wal._process.proc is not None and wal._files.lock_fd is not None
+    os.close(wal._files.lock_fd)  # as if this process were gone: only the writer holds the lock
+    wal._files.lock_fd = None
     with pytest.raises(RuntimeError, match="in use by another process"):
         reopen(tmp_path, io)
     await wal.drain()
