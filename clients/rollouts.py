@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Self, Unpack
@@ -55,7 +56,7 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-class LeaseBase:
+class LeaseBase(ABC):
     """What every lease shares: its ``items`` and ``keys``, and ``async with`` that
     acknowledges when the block ends normally and releases when it raises."""
 
@@ -73,11 +74,13 @@ class LeaseBase:
         """The keys handed out."""
         return [item["key"] for item in self.items]
 
+    @abstractmethod
     async def ack(self, keys: Sequence[str] | None = None) -> int:
-        raise NotImplementedError
+        """Acknowledge ``keys`` (all by default); returns how many were acknowledged."""
 
+    @abstractmethod
     async def release(self, keys: Sequence[str] | None = None) -> int:
-        raise NotImplementedError
+        """Release ``keys`` (all by default); returns how many were released."""
 
     async def __aenter__(self) -> Self:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -219,8 +220,9 @@ class _InsertionOrderSelector(Selector):
         """Back where they were in insertion order."""
         self._log.put_back(slots, place)
 
+    @abstractmethod
     def _pick(self) -> int:
-        raise NotImplementedError
+        """The slot the order names (the oldest or the newest)."""
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[Slots, Floats]:
         """The one slot this order names, ``n`` times, with probability 1."""
