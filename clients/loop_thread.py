@@ -162,6 +162,22 @@ class LoopThread:
         """On the loop: cancel the other tasks, await the closers (the loop is stopped
         once this has ended, so that its answer reaches the caller first)."""
         current = asyncio.current_task()
+        # Streams first, while the connections are open and before their tasks are
+        # cancelled, so that a consume() releases its leases: those still open, and those
+        # dropped unclosed, whose aclose() the finaliser hook scheduled as a task.
+        await asyncio.sleep(0)
+        closing = [
+            task
+            for task in asyncio.all_tasks()
+            if task is not current and type(task.get_coro()).__name__ == "async_generator_athrow"
+        ]
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await asyncio.gather(
+                    self._loop.shutdown_asyncgens(), *closing, return_exceptions=True
+                )
+        except TimeoutError:
+            pass  # what is left is cancelled below
         others = [task for task in asyncio.all_tasks() if task is not current]
         for task in others:
             task.cancel()
@@ -172,4 +188,3 @@ class LoopThread:
                     await closer()
         finally:
             self._closers.clear()
-            await self._loop.shutdown_asyncgens()

@@ -182,3 +182,22 @@ def test_a_sharded_client_over_two_servers(server_url: str, tmp_path: Path) -> N
             with rb.claim("spread", task="t", batch_size=4) as lease:
                 assert len(lease) == 4
         assert not rb.thread.is_alive()
+
+
+def test_a_consume_left_unclosed_is_released_when_the_client_closes(
+    server_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``for lease in rb.consume(...): break`` without ``with``: closing the client releases
+    the lease in hand while its connections are still open, and prints no error (a claim
+    still in flight then may come back only when its lease expires, as documented)."""
+    with Client(server_url) as rb:
+        rb.create_table("unclosed_consume")
+        rb.push("unclosed_consume", [{"key": f"u{i}", "value": {"x": i}} for i in range(4)])
+        for lease in rb.consume("unclosed_consume", task="t", batch_size=2, wait_ms=2000):
+            assert len(lease.keys) == 2
+            break
+    with Client(server_url) as rb:
+        counts = rb.tasks("unclosed_consume")["tasks"]["t"]
+    assert counts["ready"] >= 2, counts
+    err = capfd.readouterr().err
+    assert "error occurred during closing" not in err and "transport is closed" not in err
