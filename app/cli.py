@@ -325,9 +325,13 @@ def _serve(settings: Settings) -> int:
     from rlreplay.app.api.logs import AccessLog, configure_logging
     from rlreplay.app.engine.snapshots import RestoreRefused
     from rlreplay.app.main import create_app
+    from rlreplay.app.storage.allocator import tune_allocator
 
     configure_logging(settings.log_level)
     raise_descriptor_limit(settings.max_connections)
+    # glibc's malloc is the whole process's: the serving process tunes it here, and an
+    # Engine created in another program (a test, a notebook) leaves it alone
+    tune_allocator()
     failures: list[BaseException] = []
 
     def stop_serving(exc: BaseException) -> None:

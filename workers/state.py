@@ -16,7 +16,6 @@ from rlreplay.app.storage.layout import pack_meta
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.stats import TableCounters
 from rlreplay.app.tables.table import Table
-from rlreplay.wire.errors import ValidationFailed
 from rlreplay.workers.request_ids import RequestIds
 
 if TYPE_CHECKING:
@@ -39,7 +38,9 @@ class EngineState:
     #: The counters of the tables dropped since start, summed (for the metrics' totals).
     dropped_counters: TableCounters = field(default_factory=TableCounters)
     next_tid: int = 1
-    seq: int = 0  # last op sequence number handed out (the WAL's LSN when the log is on)
+    #: The last op sequence number handed out (the WAL's LSN when the log is on): by
+    #: :meth:`rlreplay.app.engine.core.EngineCore.admit`, where a write is admitted.
+    seq: int = 0
     queued_items: int = 0
     queued_bytes: int = 0
     #: The idempotency window of writes' request ids (saved with every checkpoint).
@@ -56,18 +57,6 @@ class EngineState:
     def store(self) -> RocksStore | None:
         """RocksDB, open (None in memory mode, and before recovery opens it)."""
         return self.storage.store
-
-    def next_seq(self, record: list[object] | None, blob: bytes | memoryview | None = None) -> int:
-        """A sequence number for a new op, logging ``record`` (then ``blob``, as one more
-        bin element) first when the log is on."""
-        if self.wal is not None and record is not None:
-            try:
-                self.seq = self.wal.append(record, blob)
-            except (OverflowError, ValueError, TypeError) as exc:  # nothing was logged
-                raise ValidationFailed(f"the request cannot be logged: {exc}") from exc
-        else:
-            self.seq += 1
-        return self.seq
 
 
 def meta_bytes(table: Table, slot: int) -> bytes:

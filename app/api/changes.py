@@ -53,7 +53,7 @@ async def changes(
     a `since` older than that, or past the last event (another `epoch`: the server
     restarted), is 410 `gone`, and the follower reloads from `/index`.
     """
-    answer = await read_changes(engine, table, since, limit, wait_ms / 1000)
+    answer = await read_changes(engine.core, table, since, limit, wait_ms / 1000)
     if msgpack_out:
         return Response(msgspec.msgpack.encode(answer), media_type=MSGPACK)
     return Response(msgspec.json.encode(answer), media_type=JSON)
@@ -74,7 +74,7 @@ async def index(table: TableName, engine: EngineDep, msgpack_out: AcceptsMsgpack
     Keys come oldest insert first, with the number of the last change they include; a
     follower applies the changes after it from `/changes`.
     """
-    answer = await read_index(engine, table)
+    answer = await read_index(engine.core, table)
     if msgpack_out:
         return Response(packb(answer), media_type=MSGPACK)
     return Response(dump_json(to_jsonable(answer)), media_type=JSON)

@@ -33,7 +33,7 @@ async def healthz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     restarts it."""
     if not engine.alive:
         raise Unavailable(f"the writer died and cannot come back: {engine.writer_failure}")
-    _refuse_damage(engine)
+    _refuse_damage(engine.core)
     return encode({"status": "ok"}, msgpack_body=msgpack_out)
 
 
@@ -55,7 +55,7 @@ async def readyz(engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     """Readiness: recovery and restore finished and the writer runs.
 
     503 until then, and once storage found its files damaged."""
-    _refuse_damage(engine)
+    _refuse_damage(engine.core)
     if not engine.ready:
         raise Unavailable("not ready: recovery or restore in progress, or the writer stopped")
     return encode({"status": "ready"}, msgpack_body=msgpack_out)

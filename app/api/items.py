@@ -34,6 +34,7 @@ from rlreplay.app.api.encoding import (
 )
 from rlreplay.app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.write_status import status_of
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
 from rlreplay.wire.errors import (
@@ -104,7 +105,7 @@ async def push_reply(
 ) -> Reply:
     """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     push = parse_any_push(body, fmt)
-    status, answer = await engine.push_answer(
+    answer = await engine.admission.push_answer(
         table,
         push.items,
         wait=push.wait,
@@ -114,7 +115,7 @@ async def push_reply(
         columns=push.columns,
     )
     metrics.count_items("push", answer_count(answer))
-    return encode_reply(answer, msgpack_body=as_msgpack, status=status)
+    return encode_reply(answer, msgpack_body=as_msgpack, status=status_of(answer))
 
 
 @router.post(
@@ -151,12 +152,12 @@ async def batch_get_reply(
     request = parse_keys(body, fmt)
     keys = request.keys
     if request.layout == "columns":
-        found = FoundColumns(await engine.get_batch(table, keys))
+        found = FoundColumns(await engine.reads.get_batch(table, keys))
         metrics.count_items("get", len(keys))
         if as_msgpack:
             return Reply(item_columns_msgpack(found), MSGPACK)
         return Reply(dump_json(item_columns_json(found)), JSON)
-    items = await engine.get_many(table, keys)
+    items = await engine.reads.get_many(table, keys)
     metrics.count_items("get", len(keys))
     if as_msgpack:
         return Reply(items_msgpack(items), MSGPACK)
@@ -190,11 +191,11 @@ async def batch_delete_reply(
     """The work of :func:`batch_delete_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     delete = parse_delete(body, fmt)
     rid = None if delete.request_id is UNSET else delete.request_id
-    status, answer = await engine.delete_answer(
+    answer = await engine.admission.delete_answer(
         table, delete.keys, wait=delete.wait, request_id=rid
     )
     metrics.count_items("delete", answer_count(answer))
-    return encode_reply(answer, msgpack_body=as_msgpack, status=status)
+    return encode_reply(answer, msgpack_body=as_msgpack, status=status_of(answer))
 
 
 @router.get(
@@ -253,6 +254,6 @@ async def priorities_reply(
 ) -> Reply:
     """The work of :func:`update_priorities` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     priorities = parse_priorities(body, fmt).priorities
-    updated, missing = await engine.update_priorities(table, priorities)
+    updated, missing = await engine.admission.update_priorities(table, priorities)
     metrics.count_items("priorities", updated)
     return encode_reply({"updated": updated, "missing": missing}, msgpack_body=as_msgpack)

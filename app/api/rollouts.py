@@ -27,8 +27,9 @@ from rlreplay.app.api.encoding import (
 )
 from rlreplay.app.api.envelopes import value_json
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.write_status import status_of
+from rlreplay.app.engine.claims import ClaimedItem
 from rlreplay.app.engine.engine import Engine
-from rlreplay.app.engine.rollouts import ClaimedItem
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.tables.rollouts import Lease
 from rlreplay.wire.errors import (
@@ -93,11 +94,11 @@ async def patch_reply(
 ) -> Reply:
     """The work of :func:`patch_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     patch = parse_patch(body, fmt)
-    status, answer = await engine.patch(
+    answer = await engine.claims.patch(
         table, patch.items, wait=patch.wait, request_id=patch.request_id
     )
     metrics.count_items("patch", answer_count(answer))
-    return encode_reply(answer, msgpack_body=as_msgpack, status=status)
+    return encode_reply(answer, msgpack_body=as_msgpack, status=status_of(answer))
 
 
 @router.post(
@@ -129,7 +130,7 @@ async def claim_reply(
 ) -> Reply:
     """The work of :func:`claim` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     params: ClaimRequest = parse_claim(body, fmt)
-    lease, items = await engine.claim(
+    lease, items = await engine.claims.claim(
         table,
         params.task,
         params.batch_size,
@@ -196,7 +197,7 @@ async def ack(
     them again, so a retried ack is safe. A lease never issued, or expired, is 404
     `lease_not_found`.
     """
-    acked = await engine.ack(table, lease, await _lease_keys(request))
+    acked = await engine.claims.ack(table, lease, await _lease_keys(request))
     return encode({"acked": acked}, msgpack_body=msgpack_out)
 
 
@@ -220,7 +221,7 @@ async def release(
     msgpack_out: AcceptsMsgpack,
 ) -> Response:
     """Release a lease's items (all of it when `keys` is omitted): ready for its task again."""
-    released = await engine.release(table, lease, await _lease_keys(request))
+    released = await engine.claims.release(table, lease, await _lease_keys(request))
     return encode({"released": released}, msgpack_body=msgpack_out)
 
 
@@ -231,7 +232,7 @@ async def release(
 )
 async def tasks(table: TableName, engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     """Per task: items ready now, leased, acknowledged, and lease expiries; the version."""
-    return encode(engine.tasks(table), msgpack_body=msgpack_out)
+    return encode(engine.claims.tasks(table), msgpack_body=msgpack_out)
 
 
 @router.put(
@@ -260,5 +261,5 @@ async def set_version(
     """
     body, fmt = await read_body(request)
     asked = parse_version(body, fmt)
-    answer = await engine.set_version(table, asked.version, force=asked.force is True)
+    answer = await engine.claims.set_version(table, asked.version, force=asked.force is True)
     return encode(answer, msgpack_body=msgpack_out)

@@ -55,7 +55,7 @@ async def sample_reply(
     """The work of :func:`sample` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     params = parse_sample(body, fmt)
     columns = params.layout == "columns"
-    items = await engine.sample_batch(
+    items = await engine.reads.sample_batch(
         table,
         params.batch_size,
         timeout_s=params.timeout_ms / 1000,

@@ -1,72 +1,562 @@
-"""Lease expiry: the server releases what a lease still holds once its time is up.
+"""The engine's claims part: rollout-table calls (patches, claims under leases,
+acknowledgements, releases, policy versions).
 
-:class:`LeaseExpiry` owns one task that sleeps until the earliest lease deadline (a heap of
-them), releases the leases due, and sleeps again; a new lease that ends sooner wakes it.
+Claims decide from the table's in-memory rollout index
+(:class:`~rlreplay.app.tables.rollouts.Rollouts`) once every op accepted before them is
+applied, as samples do, and wait on its signal (never polling) for items to become ready.
+Patches, acknowledgements and versions are logged and applied by the writer like pushes;
+leases live in memory and :class:`~rlreplay.app.engine.lease_expiry.LeaseExpiry` releases them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    from rlreplay.app.tables.rollouts import Lease
-    from rlreplay.app.tables.table import Table
+import numpy as np
 
-__all__ = ["LeaseExpiry"]
+from rlreplay.app.engine.admission import Admission, WriteAnswer, note_answer, write_answer
+from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
+from rlreplay.app.engine.lease_expiry import LeaseExpiry
+from rlreplay.app.engine.reads import Reads
+from rlreplay.app.log import records
+from rlreplay.app.storage.layout import value_key
+from rlreplay.app.tables.items import PatchedItem
+from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import (
+    DeadlineExceeded,
+    LeaseNotFound,
+    StorageFull,
+    ValidationFailed,
+    VersionConflict,
+)
+from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
+
+__all__ = ["ClaimedItem", "Claims"]
+
+#: Tries a patch makes to merge over values read from disk while writes move them.
+_PATCH_TRIES = 8
+#: Items whose fields a claim learns between turns it gives the event loop.
+_LEARN_YIELD_EVERY = 4096
+#: The largest step of a policy version without ``force``: no training run makes it (one
+#: version per optimizer step), while a mistaken one (2^63 - 1) drops every rollout for good.
+MAX_VERSION_STEP = 1_000_000
 
 
-class LeaseExpiry:
-    """Releases expired leases, of every table, in one owned task (``start``/``stop``)."""
+@dataclass(slots=True)
+class ClaimedItem:
+    """One item of a claim: ``value`` holds only the fields asked for (msgpack bytes)."""
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Table, str]] = []
-        self._count = 0  # ties in the heap never compare tables
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+    key: str
+    value: bytes
+    priority: float
+    group: str | None
+    version: int | None
+
+
+class Claims:
+    """Rollout calls (the ``claims`` part of :class:`~rlreplay.app.engine.engine.Engine`):
+    patches, claims, acknowledgements, releases and policy versions.
+
+    It owns its background work: the lease expiry task (:class:`LeaseExpiry`, from
+    :meth:`start` to :meth:`stop`) and each table's field-learning scan, which
+    :meth:`forget_table` cancels when the table is dropped and :meth:`stop` when the engine
+    stops.
+    """
+
+    def __init__(self, core: EngineCore, reads: Reads, admission: Admission) -> None:
+        self._core = core
+        self._reads = reads
+        self._admission = admission
+        self._leases = LeaseExpiry()
+        self._scans: set[asyncio.Task[None]] = set()
+
+    # -- lifetime -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the task."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="rlreplay-lease-expiry"
-            )
+        """Start the lease expiry task."""
+        self._leases.start()
 
     async def stop(self) -> None:
-        """Stop the task; idempotent."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
+        """Stop the lease expiry task and cancel every field-learning scan; idempotent."""
+        await self._leases.stop()
+        scans = list(self._scans)
+        for scan in scans:
+            scan.cancel()
+        for scan in scans:
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await scan
 
-    def schedule(self, table: Table, lease: Lease) -> None:
-        """Release ``lease`` of ``table`` at its deadline."""
-        self._count += 1
-        entry = (lease.deadline, self._count, table, lease.id)
-        heapq.heappush(self._heap, entry)
-        if self._heap[0] is entry:
-            self._wake.set()
+    def forget_table(self, t: Table) -> None:
+        """``t`` is being dropped: its field-learning scan (if one runs) is cancelled."""
+        learning = t.rollouts.learning
+        if learning is not None and not learning.done():
+            learning.cancel()
 
-    def expire_due(self, now: float | None = None) -> None:
-        """Release every lease whose deadline (``time.monotonic()``) is before ``now``
-        (default: the present)."""
-        heap = self._heap
-        now = time.monotonic() if now is None else now
-        while heap and heap[0][0] <= now:
-            _, _, table, lease_id = heapq.heappop(heap)
-            lease = table.rollouts.leases.get(lease_id)
-            if lease is not None and not table.dropped:
-                lease.deadline = min(lease.deadline, now)  # an ack from now on is too late
-                table.rollouts.expire(lease_id)
+    # -- patches --------------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def patch(
+        self,
+        table: str,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        wait: bool = False,
+        request_id: str | None = None,
+    ) -> WriteAnswer:
+        """Set fields of existing items' values: ``items`` are (key, msgpack map of the
+        fields). Answers ``{"accepted" or "committed": n, "missing": m}``."""
+
+        async def serve(request: list[Any] | None) -> WriteAnswer:
+            return await self._patch(table, items, wait=wait, request=request)
+
+        return await self._admission.once("patch", request_id, serve)
+
+    async def _patch(
+        self,
+        table: str,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        wait: bool,
+        request: list[Any] | None,
+    ) -> WriteAnswer:
+        t = self._core.table(table)
+        writer = self._core.writer()
+        read: dict[tuple[int, int], bytes] = {}  # (slot, value version) → value from disk
+        for _ in range(_PATCH_TRIES):
+            merged, misses = self._merge(t, items, read)
+            if not misses:
+                break
+            s = self._core.state
+            assert s.store is not None
+            found = await s.io.run(s.store.get_many, [value_key(t.prefix, k) for _, _, k in misses])
+            for (slot, version, _), value in zip(misses, found, strict=True):
+                if value is not None:
+                    read[(slot, version)] = value
+            t = self._core.table(table)
+        else:
+            raise DeadlineExceeded(f"table {table!r}: the items kept moving; retry the patch")
+        n = len(merged)
+        missing = len(items) - n
+        answer = write_answer(n, wait)
+        answer["missing"] = missing
+        if request is not None:
+            note_answer(request, answer)
+        if not merged and request is None:
+            return answer
+        nbytes = sum(len(it.value) for it, _ in merged)
+        self._core.reserve(n, nbytes)
+        s = self._core.state
+        if s.storage.capped and s.ledger.bytes + s.queued_bytes + nbytes > s.ledger.limit_bytes:
+            raise StorageFull(
+                f"memory mode: the patched values would pass cache_memory_limit_mb "
+                f"({self._core.settings.cache_memory_limit_mb} MB)"
+            )
+        keys = [it.key for it, _ in merged]
+        values = [it.value for it, _ in merged]
+        seq = self._core.admit(
+            records.patch(table, keys, values, request) if s.wal is not None else None
+        )
+        fut = asyncio.get_running_loop().create_future() if wait and merged else None
+        if merged:
+            t.pending.admit_patches(seq, {it.key: (seq, it, ts) for it, ts in merged}, n)
+            patched = [it for it, _ in merged]
+            writer.submit(PatchOp(seq, future=fut, weight=n, table=t, items=patched))
+        await self._core.committed(seq, fut)
+        return answer
+
+    def _merge(
+        self,
+        t: Table,
+        items: Sequence[tuple[str, bytes]],
+        read: dict[tuple[int, int], bytes],
+    ) -> tuple[list[tuple[PatchedItem, float]], list[tuple[int, int, str]]]:
+        """The patched items over what readers see now, or the values to read first."""
+        merged: dict[str, tuple[PatchedItem, float]] = {}
+        misses: list[tuple[int, int, str]] = []
+        pending, index = t.pending.entries, t.index
+        for key, fields in items:
+            base = merged.get(key)
+            if base is not None:  # the same key twice: the second merges over the first
+                it = base[0]
+                value = merge_fields(it.value, fields, key)
+                merged[key] = (PatchedItem(key, value, it.priority, it.group, it.version), base[1])
+                continue
+            entry = pending.get(key)
+            if entry is not None:
+                if entry[1] is None:
+                    continue  # deleted
+                old, ts = entry[1], entry[2]
+                value = merge_fields(old.value, fields, key)
+                merged[key] = (PatchedItem(key, value, old.priority, old.group, old.version), ts)
+                continue
+            slot = index.get(key)
+            if slot is None:
+                continue
+            current = t.values[slot]
+            if current is None:
+                current = read.get((slot, int(t.version[slot])))
+                if current is None:
+                    misses.append((slot, int(t.version[slot]), key))
+                    continue
+            version = int(t.policy_version[slot])
+            merged[key] = (
+                PatchedItem(
+                    key,
+                    merge_fields(current, fields, key),
+                    float(t.priority[slot]),
+                    t.rollouts.groups.get(slot),
+                    None if version == NO_VERSION else version,
+                ),
+                float(t.inserted_at[slot]),
+            )
+        return list(merged.values()), misses
+
+    # -- claims ---------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        table: str,
+        task: str,
+        batch_size: int,
+        *,
+        fields: list[str] | None = None,
+        group_size: int | None = None,
+        lease_s: float = 60.0,
+        wait_ms: int = 10_000,
+        partial: bool = False,
+        min_version: int | None = None,
+    ) -> tuple[Lease | None, list[ClaimedItem]]:
+        """Hand ``task`` the oldest items ready for it under a new lease (see the
+        contract's ``claim``); None and no items when nothing is handed out."""
+        if group_size is not None and batch_size % group_size:
+            raise ValidationFailed(
+                f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
+            )
+        t = self._core.table(table)
+        timeout = wait_ms / 1000
+        deadline = time.monotonic() + timeout
+        # what was answered before the claim is applied first, however short its wait: a
+        # claim reads its writes (the writer's lag is short; a stuck writer is 504 here)
+        catch_up = max(timeout, DEFAULT_TIMEOUT_S)
+        await self._reads.caught_up(t, time.monotonic() + catch_up, catch_up)
+        r = t.rollouts
+        if fields:
+            await self._fields_learned(t)
+        state = r.task(task)
+        state.fields = fields or []
         while True:
-            self.expire_due()
-            self._wake.clear()
-            timeout = self._heap[0][0] - time.monotonic() if self._heap else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            want = r.want(fields)  # None until some item has each field
+            slots = [] if want is None else r.pick(state, want, batch_size, group_size, min_version)
+            if len(slots) >= batch_size:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if partial:
+                    break
+                raise DeadlineExceeded(
+                    f"table {table!r}: {len(slots)} of {batch_size} items were ready for task "
+                    f"{task!r} within {timeout:g} s"
+                )
+            await r.changed.wait(left)
+            t = self._core.table(table)  # TableNotFound once dropped
+            state = r.task(task)
+        if not slots:
+            return None, []
+        assert want is not None  # items were picked for it
+        # whole values past the cap are refused before anything is leased (the items stay
+        # ready); values cut to ``fields`` are measured once cut, before the answer is built
+        measure = int(t.size[slots].sum()) > self._core.max_answer_bytes
+        if measure and (
+            fields is None or all(mask == want for mask in r.field_masks.get_many(slots))
+        ):
+            raise self._core.too_big(int(t.size[slots].sum()), f"a claim of {len(slots)} items")
+        lease = r.lease(state, slots, lease_s)
+        self._leases.schedule(t, lease)
+        try:
+            return lease, await self._claimed(t, lease, slots, fields, want, measure=measure)
+        except BaseException:
+            r.cancel(lease)  # refused: nothing stays leased
+            raise
+
+    async def _fields_learned(self, t: Table) -> None:
+        """Return once every item's fields are known: pushes record them only from the
+        table's first claim that asks for fields on (see ``Rollouts.learning``), so
+        that claim learns those of the items pushed before; claims that come meanwhile
+        wait for the same learning, and one that fails is tried again by the next claim."""
+        r = t.rollouts
+        learning = r.learning
+        if learning is None:
+            # started: pushes applied from now on record their own fields
+            learning = r.learning = asyncio.get_running_loop().create_task(
+                self._learn_fields(t), name=f"rlreplay-learn-fields-{t.name}"
+            )
+            self._scans.add(learning)
+            learning.add_done_callback(self._scans.discard)
+        if not learning.done():
+            await asyncio.shield(learning)
+        learning.result()
+
+    async def _learn_fields(self, t: Table) -> None:
+        """Record the fields of the items whose fields are not known, reading the values
+        the cache does not hold from RocksDB; the event loop gets a turn every few thousand
+        items. Marks their metadata for the next checkpoint, so a restart knows them. (Not
+        ``_read_misses``: it would queue a cache populate for every value read here.)"""
+        r = t.rollouts
+        relearn = r.relearn
+        try:
+            n = len(t.keys)
+            unknown = r.field_masks.empty(n)
+            if relearn:  # saved by a version that dropped names: every item again
+                unknown[:] = True
+            misses: list[tuple[int, str, int]] = []  # slot, key, value version
+            for i, slot in enumerate(np.flatnonzero(unknown).tolist()):
+                if i % _LEARN_YIELD_EVERY == _LEARN_YIELD_EVERY - 1:
+                    await asyncio.sleep(0)  # the writer may free or reuse slots meanwhile
+                key, value = t.keys[slot], t.values[slot]
+                if key is None:
+                    continue
+                if value is None:
+                    misses.append((slot, key, int(t.version[slot])))
+                    continue
+                r.on_patch(slot, value)
+                t.mark_meta_dirty(slot)
+            store = self._core.state.store
+            for start in range(0, len(misses), _LEARN_YIELD_EVERY):
+                chunk = misses[start : start + _LEARN_YIELD_EVERY]
+                assert store is not None  # values leave the cache for RocksDB only
+                found = await self._core.state.io.run(
+                    store.get_many, [value_key(t.prefix, key) for _, key, _ in chunk]
+                )
+                for (slot, key, version), value in zip(chunk, found, strict=True):
+                    # one replaced, patched or freed meanwhile has its fields recorded
+                    if value is not None and t.keys[slot] == key and t.version[slot] == version:
+                        r.on_patch(slot, value)
+                        t.mark_meta_dirty(slot)
+        except BaseException:
+            r.learning = None  # the next claim tries again
+            raise
+        if relearn:
+            r.relearn = False
+
+    async def _claimed(
+        self,
+        t: Table,
+        lease: Lease,
+        slots: list[int],
+        fields: list[str] | None,
+        want: int,
+        *,
+        measure: bool = False,
+    ) -> list[ClaimedItem]:
+        """The items of a new lease, their values cut to ``fields`` (as stored when they
+        have those fields alone); those deleted while their values were read from disk
+        leave the lease. With ``measure``, values past ``--max-response-mb`` once cut are
+        refused (:class:`ValidationFailed`)."""
+        keys = list(lease.entries)
+        values: list[Any] = [t.values[slot] for slot in slots]
+        misses = [(i, slot, keys[i]) for i, slot in enumerate(slots) if values[i] is None]
+        if misses:
+            found: list[Any] = [None] * len(slots)
+            await self._reads.read_misses(t, misses, found)
+            for i, _, _ in misses:
+                values[i] = None if found[i] is None else found[i].value
+        out: list[ClaimedItem] = []
+        gone: list[str] = []
+        groups, versions = t.rollouts.groups, t.policy_version
+        prios = t.priority[slots].tolist()
+        masks = t.rollouts.field_masks.get_many(slots)
+        for key, slot, value, prio, mask in zip(keys, slots, values, prios, masks, strict=True):
+            if value is None:
+                gone.append(key)
+                continue
+            version = int(versions[slot])
+            out.append(
+                ClaimedItem(
+                    key,
+                    value if fields is None or mask == want else project(value, fields),
+                    prio,
+                    groups.get(slot),
+                    None if version == NO_VERSION else version,
+                )
+            )
+        if measure:
+            nbytes = sum(len(it.key) + len(it.value) for it in out)
+            if nbytes > self._core.max_answer_bytes:
+                raise self._core.too_big(nbytes, f"a claim of {len(out)} items")
+        if gone:
+            t.rollouts.drop_entries(lease, gone)
+        return out
+
+    def _lease(self, t: Table, lease_id: str) -> Lease:
+        lease = t.rollouts.leases.get(lease_id)
+        if lease is None or lease.deadline <= time.monotonic():
+            if lease is not None:
+                t.rollouts.expire(lease_id)
+            raise LeaseNotFound(f"no live lease {lease_id!r} on table {t.name!r}")
+        return lease
+
+    async def ack(self, table: str, lease_id: str, keys: list[str] | None = None) -> int:
+        """The lease's items of ``keys`` (all when None) count as consumed by its task,
+        durably; returns how many of them are acknowledged (a repeat counts them again)."""
+        t = self._core.table(table)
+        writer = self._core.writer()
+        r = t.rollouts
+        lease = self._lease(t, lease_id)
+        task = r.task(lease.task)
+        count = 0
+        newly: list[tuple[str, list[Any]]] = []
+        for key in lease.keys(keys):
+            entry = lease.entries[key]
+            if entry[2] == "acked":
+                count += 1
+            elif entry[2] == "held" and r.live(lease, key) is not None:
+                newly.append((key, entry))
+        if not newly:
+            return count
+        acked = [key for key, _ in newly]
+        self._core.reserve(len(acked), 0)
+        for _, entry in newly:
+            entry[2] = "acked"
+            task.leased.pop(entry[1], None)
+            task.unacked.pop(entry[1], None)
+        task.acked += len(newly)
+        s = self._core.state
+        record = records.ack(table, lease.task, acked) if s.wal is not None else None
+        seq = self._core.admit(record)
+        t.pending.accept(seq, len(acked))
+        writer.submit(AckOp(seq, weight=len(acked), table=t, task=lease.task, keys=acked))
+        doomed = self._consumed(t, [(entry[0], entry[1], key) for key, entry in newly])
+        if doomed:
+            self._core.reserve(len(doomed), 0)
+            seq, _ = self._core.enqueue_delete(writer, t, doomed, wait=False)
+        try:
+            await self._core.committed(seq, None)
+        except BaseException:
+            for _, entry in newly:  # refused: the items are the task's to consume again
+                if entry[2] == "acked":
+                    entry[2] = "held"
+                    task.leased[entry[1]] = lease.id
+                    task.unacked[entry[1]] = entry[0]
+            task.acked -= len(newly)
+            raise
+        return count + len(newly)
+
+    def _consumed(self, t: Table, acked: list[tuple[int, int, str]]) -> list[str]:
+        """The keys of ``acked`` (slot, order, key) every task of the table's
+        ``delete_after_ack`` has acknowledged now."""
+        tasks = t.config.delete_after_ack
+        if not tasks:
+            return []
+        r = t.rollouts
+        doomed = []
+        for slot, order, key in acked:
+            for name in tasks:
+                state = r.tasks.get(name)
+                if state is not None:
+                    if order in state.unacked:
+                        break
+                else:
+                    bit = r.task_bits.known(name)
+                    if bit is None or not r.acked_masks.get(slot) & bit:
+                        break
+            else:
+                doomed.append(key)
+        return doomed
+
+    def expire_leases(self, *, before: float | None = None) -> None:
+        """Release the leases whose deadline (``time.monotonic()``) is before ``before``
+        (default: now), as the expiry task does when their time comes; tests pass a time
+        ahead rather than sleep."""
+        self._leases.expire_due(before)
+
+    async def release(self, table: str, lease_id: str, keys: list[str] | None = None) -> int:
+        """The lease's held items of ``keys`` (all when None) are ready for its task again."""
+        t = self._core.table(table)
+        lease = self._lease(t, lease_id)
+        return t.rollouts.release(lease, lease.keys(keys))
+
+    # -- policy versions ------------------------------------------------------------------
+
+    async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
+        """Move the table's policy version forward; with ``max_staleness``, the rollouts
+        it leaves behind are deleted. Raises VersionConflict for a lower version, and
+        ValidationFailed for one more than :data:`MAX_VERSION_STEP` ahead unless ``force``."""
+        t = self._core.table(table)
+        writer = self._core.writer()
+        r = t.rollouts
+        current = r.version
+        if version < current:
+            raise VersionConflict(
+                f"table {table!r} is at policy version {current}; it never goes back to {version}"
+            )
+        if version - current > MAX_VERSION_STEP and not force:
+            raise ValidationFailed(
+                f"version ({version}) is {version - current} past table {table!r}'s policy "
+                f"version {current}, more than {MAX_VERSION_STEP} at once; a version never "
+                'goes back, so send "force": true if this is meant'
+            )
+        if version == current:
+            return {"version": current, "dropped_stale": r.dropped_stale}
+        s = self._core.state
+        record = records.version(table, version) if s.wal is not None else None
+        seq = self._core.admit(record)
+        r.version = version
+        t.pending.accept(seq, 0)
+        writer.submit(VersionOp(seq, weight=0, table=t, version=version))
+        stale = self._stale_keys(t)
+        if stale:
+            self._core.reserve(len(stale), 0)
+            seq, _ = self._core.enqueue_delete(writer, t, stale, wait=False)
+            r.dropped_stale += len(stale)
+        try:
+            await self._core.committed(seq, None)
+        except BaseException:
+            if r.version == version:
+                r.version = current
+            r.dropped_stale -= len(stale)
+            raise
+        return {"version": r.version, "dropped_stale": r.dropped_stale}
+
+    def _stale_keys(self, t: Table) -> list[str]:
+        """Keys of the items a reader sees whose version is below the staleness floor."""
+        floor = t.rollouts.floor()
+        if floor is None:
+            return []
+        n = len(t.keys)
+        pv = t.policy_version[:n]
+        pending = t.pending.entries
+        keys: list[str] = []
+        for slot in np.flatnonzero((pv >= 0) & (pv < floor)).tolist():
+            key = t.keys[slot]
+            if key is None:
+                continue
+            entry = pending.get(key)
+            if entry is None or isinstance(entry[1], PatchedItem):
+                keys.append(key)
+        for key, entry in pending.items():
+            it = entry[1]
+            if it is not None and not isinstance(it, PatchedItem):
+                if it.version is not None and it.version < floor:
+                    keys.append(key)
+        return keys
+
+    def task_stats(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per table with consumer tasks, each task's counts (for ``/metrics``)."""
+        state = self._core.current_state
+        if state is None or not self._core.is_open:
+            return {}
+        return {
+            name: t.rollouts.counts()
+            for name, t in state.tables.items()
+            if t.rollouts.tasks and not t.dropping
+        }
+
+    def tasks(self, table: str) -> dict[str, Any]:
+        """``/tasks``: per task ready, leased, acknowledged and expired; the version."""
+        r = self._core.table(table).rollouts
+        return {"tasks": r.counts(), "version": r.version, "dropped_stale": r.dropped_stale}

@@ -1,5 +1,10 @@
-"""What every engine call shares: the state it serves, admission checks, waiting for the
-log (and the writer), and the cap on answers."""
+"""What every part of the engine shares: the state it serves, the writer, the checks each
+call makes, the log append that admits a write, waiting for the log (and the writer), and
+the cap on answers.
+
+:class:`EngineCore` is one object held by every part of
+:class:`~rlreplay.app.engine.engine.Engine` (admission, reads, claims), each of which takes it
+in its constructor; no part inherits from it."""
 
 from __future__ import annotations
 
@@ -9,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from rlreplay.app.engine.snapshots import Snapshots
 from rlreplay.app.log import records
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
@@ -31,23 +35,52 @@ DEFAULT_TIMEOUT_S = 10.0
 
 
 class EngineCore:
-    """The engine's state and the checks every call makes
-    (:class:`~rlreplay.app.engine.engine.Engine`
-    builds on it)."""
+    """The engine's state and the checks every call makes; the parts of
+    :class:`~rlreplay.app.engine.engine.Engine` hold it (``start`` fills it in)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._state: EngineState | None = None
         self._processor: TaskProcessor | None = None
-        self._rng = np.random.default_rng(settings.seed)
+        self.rng = np.random.default_rng(settings.seed)
         self._ready = False
         self._open = False  # recovery finished: table and item calls are served
         self._stopping = False
-        self._recovered_records = 0
+        self.recovered_records = 0
         #: How far the start-up's restore and log replay are (``/metrics``).
         self.recovery = RecoveryProgress()
-        #: Snapshots to the backup URL (set once recovery is done).
-        self.snapshots: Snapshots | None = None
+
+    def serve(self, state: EngineState, processor: TaskProcessor) -> None:
+        """Recovery built ``state`` and ``processor``: calls reach them from now on (table
+        and item calls once :meth:`open`)."""
+        self._state, self._processor = state, processor
+
+    def open(self) -> None:
+        """Recovery finished: table and item calls are served."""
+        self._open = self._ready = True
+
+    def begin_stop(self) -> bool:
+        """Refuse new writes from now on; False when stopping already (or never started)."""
+        if self._stopping or self._state is None:
+            return False
+        self._stopping = True
+        self._ready = False
+        return True
+
+    @property
+    def is_open(self) -> bool:
+        """True once recovery finished."""
+        return self._open
+
+    @property
+    def current_state(self) -> EngineState | None:
+        """The state, None before ``start`` (no check made)."""
+        return self._state
+
+    @property
+    def processor(self) -> TaskProcessor | None:
+        """The writer, None before ``start`` (no check made)."""
+        return self._processor
 
     @property
     def ready(self) -> bool:
@@ -62,7 +95,7 @@ class EngineCore:
             raise Unavailable("not ready: recovering the tables from the data directory")
         return self._state
 
-    def _writer(self) -> TaskProcessor:
+    def writer(self) -> TaskProcessor:
         p = self._processor
         if p is None or not p.running or self._stopping:
             reason = "shutting down" if self._stopping else "the writer is not running"
@@ -71,7 +104,7 @@ class EngineCore:
             raise Unavailable(reason)
         return p
 
-    def _table(self, name: str) -> Table:
+    def table(self, name: str) -> Table:
         table = self.state.tables.get(name)
         if table is None or table.dropping:
             raise TableNotFound(f"no table {name!r}")
@@ -98,7 +131,7 @@ class EngineCore:
         p = self._processor
         return None if p is None or p.failure is None else repr(p.failure)
 
-    def _reserve(self, n: int, nbytes: int) -> None:
+    def reserve(self, n: int, nbytes: int) -> None:
         s = self.state
         st = self.settings
         if (
@@ -112,7 +145,7 @@ class EngineCore:
                 )
             raise Overloaded("the write queue is full; retry shortly", retry_after=1.0)
 
-    async def _committed(self, seq: int, fut: asyncio.Future[None] | None) -> None:
+    async def committed(self, seq: int, fut: asyncio.Future[None] | None) -> None:
         """Wait until op ``seq`` is durable (and applied, with ``fut``). If its log flush
         failed, the op is refused: taken out of the queue and of every read before the
         contract's error (507 for a full disk, 503 otherwise) is raised."""
@@ -130,16 +163,33 @@ class EngineCore:
             await fut
 
     @property
-    def _max_answer_bytes(self) -> int:
+    def max_answer_bytes(self) -> int:
         return int(self.settings.max_response_mb * 2**20)
 
-    def _too_big(self, nbytes: int, what: str) -> ValidationFailed:
+    def too_big(self, nbytes: int, what: str) -> ValidationFailed:
         return ValidationFailed(
             f"{what} would answer {nbytes / 2**20:.1f} MB of keys and values, past the "
             f"server's --max-response-mb ({self.settings.max_response_mb:g}); ask for fewer"
         )
 
-    def _enqueue_delete(
+    def admit(self, record: list[object] | None, blob: bytes | memoryview | None = None) -> int:
+        """Admit a write: append ``record`` (then ``blob``, as one more bin element) to the
+        log when it is on, and give the write its sequence number (the log's LSN then).
+        Every write the engine accepts passes here, once its checks are made and before it
+        is queued for the writer (the tables ``start`` creates or drops too: no open check)."""
+        s = self._state
+        assert s is not None
+        wal = s.wal
+        if wal is None or record is None:
+            s.seq += 1
+            return s.seq
+        try:
+            s.seq = wal.append(record, blob)
+        except (OverflowError, ValueError, TypeError) as exc:  # nothing was logged
+            raise ValidationFailed(f"the request cannot be logged: {exc}") from exc
+        return s.seq
+
+    def enqueue_delete(
         self,
         writer: TaskProcessor,
         t: Table,
@@ -149,7 +199,7 @@ class EngineCore:
         request: list[Any] | None = None,
     ) -> tuple[int, asyncio.Future[None] | None]:
         s = self.state
-        seq = s.next_seq(records.delete(t.name, keys, request) if s.wal is not None else None)
+        seq = self.admit(records.delete(t.name, keys, request) if s.wal is not None else None)
         fut = asyncio.get_running_loop().create_future() if wait else None
         t.pending.admit_deletes(seq, keys)
         writer.submit(DeleteOp(seq, future=fut, weight=len(keys), table=t, keys=keys))

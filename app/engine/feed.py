@@ -21,13 +21,13 @@ from rlreplay.wire.schemas import ChangeList
 __all__ = ["read_changes", "read_index"]
 
 
-def _feed(engine: EngineCore, table: str) -> ChangeFeed:
+def _feed(core: EngineCore, table: str) -> ChangeFeed:
     """The table's feed, started now if nobody followed it yet."""
-    return engine._table(table).follow(engine.settings.changes_keep)
+    return core.table(table).follow(core.settings.changes_keep)
 
 
 async def read_changes(
-    engine: EngineCore, table: str, since: int, limit: int, wait_s: float
+    core: EngineCore, table: str, since: int, limit: int, wait_s: float
 ) -> ChangeList:
     """Up to ``limit`` events after ``since``, waiting up to ``wait_s`` for the first one.
 
@@ -35,22 +35,22 @@ async def read_changes(
         TableNotFound: No such table (or it was dropped while waiting).
         Gone: ``since`` is not a number this feed can answer from (see ``ChangeFeed``).
     """
-    feed = _feed(engine, table)
+    feed = _feed(core, table)
     feed.events(since, 0)  # Gone now rather than after the wait
-    await engine._table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
+    await core.table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
     await feed.wait(since, wait_s)
-    feed = _feed(engine, table)  # dropped meanwhile: TableNotFound
+    feed = _feed(core, table)  # dropped meanwhile: TableNotFound
     if feed.closed:  # its writer stopped: no event will come
         raise Unavailable("the writer stopped; the feed resumes after a restart (new epoch)")
     return ChangeList(feed.seq, feed.epoch, feed.events(since, limit))
 
 
-async def read_index(engine: EngineCore, table: str) -> dict[str, Any]:
+async def read_index(core: EngineCore, table: str) -> dict[str, Any]:
     """The table's keys, priorities and insertion times, oldest insert first, with the
     feed's ``seq`` and ``epoch`` (the fields of :class:`~rlreplay.wire.schemas.TableIndex`)."""
-    await engine._table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
-    t = engine._table(table)
-    feed = t.follow(engine.settings.changes_keep)
+    await core.table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
+    t = core.table(table)
+    feed = t.follow(core.settings.changes_keep)
     slots = np.fromiter(t.index.values(), dtype=np.int64, count=len(t.index))
     slots = slots[np.argsort(t.order[slots], kind="stable")]
     keys = t.keys

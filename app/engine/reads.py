@@ -1,4 +1,4 @@
-"""The engine's reads: ``get``, ``batchGet`` and ``sample``, merging each table's pending ops
+"""The engine's reads part: ``get``, ``batchGet`` and ``sample``, merging each table's pending ops
 (so a write is visible once accepted), reading values RocksDB holds in I/O threads."""
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ log = logging.getLogger(__name__)
 POPULATE_FRACTION = 8
 
 
-class EngineReads(EngineCore):
-    """Reads of :class:`~rlreplay.app.engine.engine.Engine`: they run in the caller's task."""
+class Reads:
+    """Reads and samples (the ``reads`` part of :class:`~rlreplay.app.engine.engine.Engine`):
+    they run in the caller's task, over the tables of ``core``'s state."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
 
     async def get(self, table: str, key: str) -> Item | None:
         """The item as a reader sees it now, or None."""
@@ -51,7 +55,7 @@ class EngineReads(EngineCore):
 
     async def get_batch(self, table: str, keys: Sequence[str]) -> ItemBatch:
         """Items in the order asked, as columns (``values[i]`` None where missing)."""
-        t = self._table(table)
+        t = self._core.table(table)
         index, values = t.index, t.values
         if not t.pending.entries:  # the common case: one vectorised pass over cached items
             slots = list(map(index.get, keys))
@@ -60,8 +64,8 @@ class EngineReads(EngineCore):
                 if None not in vals:
                     sl = np.array(slots, dtype=np.int64)
                     nbytes = int(t.size[sl].sum())
-                    if nbytes > self._max_answer_bytes:
-                        raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
+                    if nbytes > self._core.max_answer_bytes:
+                        raise self._core.too_big(nbytes, f"a batchGet of {len(keys)} keys")
                     t.touch(sl)
                     batch = ItemBatch(
                         keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
@@ -100,17 +104,17 @@ class EngineReads(EngineCore):
             )
         nbytes = sum(len(it.key) + len(it.value) for it in out if it is not None)
         nbytes += int(t.size[[slot for _, slot, _ in misses]].sum()) if misses else 0
-        if nbytes > self._max_answer_bytes:
-            raise self._too_big(nbytes, f"a batchGet of {len(keys)} keys")
+        if nbytes > self._core.max_answer_bytes:
+            raise self._core.too_big(nbytes, f"a batchGet of {len(keys)} keys")
         if misses:
-            await self._read_misses(t, misses, out)
+            await self.read_misses(t, misses, out)
         return ItemBatch.of(keys, out)
 
-    async def _read_misses(
+    async def read_misses(
         self, t: Table, misses: list[tuple[int, int, str]], out: list[Any]
     ) -> None:
         """Fill ``out[i]`` for values not in the cache, from RocksDB; schedules populates."""
-        s = self.state
+        s = self._core.state
         assert s.store is not None
         metas = [
             (
@@ -123,7 +127,7 @@ class EngineReads(EngineCore):
             for _, slot, _ in misses
         ]
         found = await s.io.run(s.store.get_many, [value_key(t.prefix, key) for _, _, key in misses])
-        writer = self._processor
+        writer = self._core.processor
         for (i, slot, key), meta, value in zip(misses, metas, found, strict=True):
             if value is None:  # deleted or replaced while we read: look again in memory
                 if t.keys[slot] == key and t.values[slot] is not None:
@@ -176,27 +180,27 @@ class EngineReads(EngineCore):
         """
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
-        t = self._table(table)
+        t = self._core.table(table)
         timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         if t.gate.limited:
             await t.gate.acquire_sample(batch_size, timeout)
         try:
-            await self._caught_up(t, deadline, timeout)
+            await self.caught_up(t, deadline, timeout)
             while len(t.sampler) == 0:
                 left = deadline - time.monotonic()
                 if left <= 0 or not await t.pending.wait_nonempty(left):
                     raise DeadlineExceeded(
                         f"table {table!r} had no item to sample within {timeout:g} s"
                     )
-                await self._caught_up(t, deadline, timeout)
-            drawn = t.draw(batch_size, self._rng)
+                await self.caught_up(t, deadline, timeout)
+            drawn = t.draw(batch_size, self._core.rng)
             slots, probs, exhausted = drawn.slots, drawn.probabilities, drawn.exhausted
             if include_values:
                 nbytes = int(t.size[slots].sum())
-                if nbytes > self._max_answer_bytes:
+                if nbytes > self._core.max_answer_bytes:
                     t.undraw(drawn)
-                    raise self._too_big(nbytes, f"a sample of {len(slots)} items")
+                    raise self._core.too_big(nbytes, f"a sample of {len(slots)} items")
         except BaseException:
             if t.gate.limited:
                 t.gate.refund_sample(batch_size)
@@ -244,7 +248,7 @@ class EngineReads(EngineCore):
         elif stacked:
             batch.columns = {}
         if exhausted and not t.dropped and not t.dropping:  # no log record past its drop
-            self._enqueue_delete(self._writer(), t, exhausted, wait=False)
+            self._core.enqueue_delete(self._core.writer(), t, exhausted, wait=False)
         return batch
 
     async def _fill_sampled_misses(
@@ -254,7 +258,7 @@ class EngineReads(EngineCore):
         values = batch.values
         misses = [(i, sl, batch.keys[i]) for i, sl in enumerate(slot_list) if values[i] is None]
         found: list[Any] = [None] * len(values)
-        await self._read_misses(t, misses, found)
+        await self.read_misses(t, misses, found)
         for i, _, _ in misses:
             item = found[i]
             values[i] = None if item is None else item.value
@@ -271,11 +275,11 @@ class EngineReads(EngineCore):
                 batch.groups = [batch.groups[i] for i in keep]
                 batch.versions = [batch.versions[i] for i in keep]
 
-    async def _caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
+    async def caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
         """Wait until the writer applied what was accepted for ``t``, by the deadline."""
         if t.pending.applied_seq >= t.pending.accepted_seq:
             return
-        self._writer()  # Unavailable when it has died: nothing would ever catch up
+        self._core.writer()  # Unavailable when it has died: nothing would ever catch up
         if not await t.pending.caught_up(deadline - time.monotonic()):
             raise DeadlineExceeded(
                 f"table {t.name!r}: the writes accepted before this sample were not applied "

@@ -164,7 +164,7 @@ async def test_503_overloaded_has_retry_after(tmp_path: Path) -> None:
             async def full(*args: Any, **kwargs: Any) -> Any:
                 raise Overloaded("the write queue is full", retry_after=2.5)
 
-            engine.push_answer = full  # what the route calls
+            engine.admission.push_answer = full  # what the route calls
             r = await c.post(PUSH, json={"items": items})
             assert_error(r, 503, "overloaded")
             assert r.headers["retry-after"] == "3"

@@ -13,6 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from rlreplay.app.engine.admission import Admission
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.feed import read_changes
 from rlreplay.app.tables.config import RemoverSpec, TableConfig
@@ -109,18 +110,18 @@ async def test_each_item_keeps_its_own_push_time_and_log_position(
 ) -> None:
     seqs: dict[str, int] = {}
     times: dict[str, float] = {}
-    real_push = Engine._push
+    real_push = Admission._push
 
-    async def remember(self: Engine, table: str, items: Any, *args: Any) -> int:
+    async def remember(self: Admission, table: str, items: Any, *args: Any) -> int:
         n = await real_push(self, table, items, *args)
-        entries = self._table(table).pending.entries
+        entries = eng.state.tables[table].pending.entries
         for it in items:
             seq, _, at = entries.get(it.key, (0, None, 0.0))
             seqs.setdefault(it.key, seq)
             times.setdefault(it.key, at)
         return n
 
-    monkeypatch.setattr(Engine, "_push", remember)
+    monkeypatch.setattr(Admission, "_push", remember)
     await push_all_queued(eng, "t", pushes_of(8, 4))
     await eng.flush()
     assert max(joined) > 1
@@ -190,11 +191,11 @@ async def test_joined_pushes_answer_every_waiting_caller(eng: Engine, joined: li
 async def test_the_change_feed_gets_one_batch_per_joined_push(
     eng: Engine, joined: list[int]
 ) -> None:
-    first = await read_changes(eng, "t", 0, 1000, 0.0)  # starts the feed
+    first = await read_changes(eng.core, "t", 0, 1000, 0.0)  # starts the feed
     await push_all_queued(eng, "t", pushes_of(6, 5))
     await eng.flush()
     assert max(joined) > 1
-    events = (await read_changes(eng, "t", first.seq, 1000, 0.0)).events
+    events = (await read_changes(eng.core, "t", first.seq, 1000, 0.0)).events
     assert [e.key for e in events] == [f"p{p}/{i}" for p in range(6) for i in range(5)]
     t = eng._table("t")
     for e in events:

@@ -101,7 +101,7 @@ class RolloutMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS), name=st.sampled_from(FIELDS), x=st.integers(0, 9))
     def patch(self, key: str, name: str, x: int) -> None:
-        _, answer = self.run(self.e.patch("t", [(key, msgpack.packb({name: x}))]))
+        answer = self.run(self.e.patch("t", [(key, msgpack.packb({name: x}))]))
         item = self.items.get(key)
         assert answer["missing"] == (item is None)
         if item is not None:
