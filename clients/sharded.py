@@ -3,10 +3,12 @@
 Each key belongs to one server, chosen by rendezvous hashing of the key over the servers'
 URLs (:mod:`rlreplay.clients.rendezvous`): a push, get, batchGet, delete or priority update
 is split by owner and the parts are sent concurrently, and the answers are put back in the
-order asked (keys sharing a ``{tag}`` share a server). Table calls go to every server;
-rollout calls are in :mod:`rlreplay.clients.sharded_rollouts`. A sample stays exact: it
-splits the batch by each shard's ``draw_mass``, samples the shards concurrently and reports
-each pick's probability and weight as one server would (:mod:`rlreplay.clients.shard_merge`).
+order asked (keys sharing a ``{tag}`` share a server). Table calls go to every server. The
+servers' clients and that split are a :class:`~rlreplay.clients.shard_fan_out.ShardFanOut`,
+which the rollout calls' part (:class:`~rlreplay.clients.sharded_rollouts.ShardedRollouts`)
+shares. A sample stays exact: it splits the batch by each shard's ``draw_mass``, samples the
+shards concurrently and reports each pick's probability and weight as one server would
+(:mod:`rlreplay.clients.shard_merge`).
 
 Per shard, not global: ``max_size``, ``max_times_sampled``, rate limiters, the order of the
 deterministic samplers, snapshots (docs/deployment.md, "Scaling out", lists them all).
@@ -16,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, Unpack, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +30,8 @@ from rlreplay.clients.client import Item, Layout, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.rendezvous import Rendezvous, normalized_url
+from rlreplay.clients.rollouts import LeaseBase
+from rlreplay.clients.shard_fan_out import ShardFanOut
 from rlreplay.clients.shard_merge import (
     Part,
     assemble_sample,
@@ -38,21 +42,19 @@ from rlreplay.clients.shard_merge import (
     shard_masses,
     split_picks,
 )
-from rlreplay.clients.sharded_rollouts import ShardedRolloutCalls
-from rlreplay.clients.surface import ReplayCalls
+from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
+from rlreplay.clients.surface import ClaimOptions, ReplayCalls
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
 
 __all__ = ["ShardedReplayClient"]
 
-T = TypeVar("T")
-
 #: Polls of an empty sharded table while a sample waits for its first item.
 _EMPTY_POLL_S: Final = (0.01, 0.25)
 
 
-class ShardedReplayClient(ShardedRolloutCalls):
+class ShardedReplayClient:
     """An async client of several replay servers, each table spread over all of them.
 
     Use it as an async context manager (or call :meth:`aclose`)::
@@ -99,10 +101,14 @@ class ShardedReplayClient(ShardedRolloutCalls):
         names = self.urls if shard_names is None else list(shard_names)
         if len(names) != len(self.urls):
             raise ValueError(f"{len(names)} shard_names for {len(self.urls)} URLs")
-        self._ring = Rendezvous(names)
-        self._shards = [ReplayClient(url, api_key, **options) for url in self.urls]
+        self._fan_out = ShardFanOut(
+            self.urls,
+            [ReplayClient(url, api_key, **options) for url in self.urls],
+            ring=Rendezvous(names),
+        )
         self._allow_partial = allow_partial
         self._rng = np.random.default_rng(seed)
+        self._rollouts = ShardedRollouts(self._fan_out, allow_partial=allow_partial, rng=self._rng)
 
     async def __aenter__(self) -> Self:
         return self
@@ -117,66 +123,11 @@ class ShardedReplayClient(ShardedRolloutCalls):
 
     async def aclose(self) -> None:
         """Close every server's connection pool; calling it again does nothing."""
-        await asyncio.gather(*(shard.aclose() for shard in self._shards))
+        await asyncio.gather(*(shard.aclose() for shard in self._fan_out.shards))
 
     def owner(self, key: str) -> str:
         """The URL of the server that holds ``key``."""
-        return self.urls[self._split([key]).popitem()[0]]
-
-    def _split(self, keys: Sequence[str]) -> dict[int, npt.NDArray[np.intp]]:
-        """Shard -> the positions of the keys it owns (see ``Rendezvous.split``).
-
-        Raises:
-            ValidationFailed: A key is not a string (the server's 422, said before sending).
-        """
-        try:
-            return self._ring.split(keys)
-        except TypeError as exc:
-            raise ValidationFailed(str(exc)) from None
-
-    # --- fanning out ----------------------------------------------------------------------
-
-    def _named(self, shard: int, error: BaseException) -> BaseException:
-        """``error``, or when the server could not be reached, an ``Unavailable`` naming it."""
-        if not isinstance(error, Unavailable):
-            return error
-        named = Unavailable(
-            f"shard {self.urls[shard]} is unavailable: {error.message}",
-            retry_after=error.retry_after,
-        )
-        named.__cause__ = error
-        return named
-
-    async def _on(self, shard: int, call: Awaitable[T]) -> T:
-        """``call``'s answer; a server that cannot be reached is named in the error."""
-        try:
-            return await call
-        except Unavailable as exc:
-            raise self._named(shard, exc) from exc
-
-    async def _outcomes(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T | BaseException]:
-        """Every call's answer or error by shard, sent concurrently (gathered, not wrapped: a
-        caller cancelled early leaves none of them never awaited)."""
-        outcomes = await asyncio.gather(*calls.values(), return_exceptions=True)
-        return {
-            s: self._named(s, o) if isinstance(o, BaseException) else o
-            for s, o in zip(calls, outcomes, strict=True)
-        }
-
-    async def _each(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T]:
-        """Every call's answer by shard, sent concurrently; the first error in shard order
-        is raised once all are done."""
-        answers: dict[int, T] = {}
-        for s, outcome in (await self._outcomes(calls)).items():
-            if isinstance(outcome, BaseException):
-                raise outcome
-            answers[s] = outcome
-        return answers
-
-    async def _all(self, call: Any) -> list[Any]:
-        """``call(client)`` on every server, answers in shard order."""
-        answers = await self._each({s: call(c) for s, c in enumerate(self._shards)})
-        return [answers[s] for s in range(len(self._shards))]
+        return self.urls[self._fan_out.split([key]).popitem()[0]]
 
     # --- tables ---------------------------------------------------------------------------
 
@@ -199,7 +150,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
         """
         return merged_description(
             self.urls,
-            await self._all(
+            await self._fan_out.every(
                 lambda c: c.create_table(
                     name,
                     sampler=sampler,
@@ -220,11 +171,13 @@ class ShardedReplayClient(ShardedRolloutCalls):
         Raises:
             TableNotFound: A server has no such table.
         """
-        return merged_description(self.urls, await self._all(lambda c: c.describe_table(name)))
+        return merged_description(
+            self.urls, await self._fan_out.every(lambda c: c.describe_table(name))
+        )
 
     async def list_tables(self) -> list[dict[str, Any]]:
         """Every table any server has, each as :meth:`describe_table` gives it."""
-        lists = await self._all(lambda c: c.list_tables())
+        lists = await self._fan_out.every(lambda c: c.list_tables())
         found: dict[str, list[dict[str, Any]]] = {}
         urls: dict[str, list[str]] = {}
         for url, tables in zip(self.urls, lists, strict=True):
@@ -247,7 +200,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
                 return False
             return True
 
-        if not any(await self._all(drop)):
+        if not any(await self._fan_out.every(drop)):
             raise TableNotFound(f"table {name!r} does not exist on any shard")
 
     # --- items ----------------------------------------------------------------------------
@@ -262,12 +215,12 @@ class ShardedReplayClient(ShardedRolloutCalls):
         """
         if not items:
             return 0
-        groups = self._split([_key(item, i) for i, item in enumerate(items)])
+        groups = self._fan_out.split([_key(item, i) for i, item in enumerate(items)])
         calls = {
-            s: self._shards[s].push(table, [items[i] for i in places.tolist()], wait=wait)
+            s: self._fan_out.shards[s].push(table, [items[i] for i in places.tolist()], wait=wait)
             for s, places in groups.items()
         }
-        return sum((await self._each(calls)).values())
+        return sum((await self._fan_out.each(calls)).values())
 
     async def push_columns(
         self,
@@ -285,36 +238,36 @@ class ShardedReplayClient(ShardedRolloutCalls):
             return 0
         prios = None if priorities is None else np.asarray(priorities, dtype=np.float64)
         calls = {}
-        for s, places in self._split(keys).items():
-            calls[s] = self._shards[s].push_columns(
+        for s, places in self._fan_out.split(keys).items():
+            calls[s] = self._fan_out.shards[s].push_columns(
                 table,
                 [keys[i] for i in places.tolist()],
                 {name: column_rows(values, places) for name, values in columns.items()},
                 priorities=None if prios is None else prios[places],
                 wait=wait,
             )
-        return sum((await self._each(calls)).values())
+        return sum((await self._fan_out.each(calls)).values())
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
         """A pipelined writer (``ReplayClient.writer``, errors included); each batch is
         split by server."""
 
         async def send(items: list[ItemIn]) -> int:
-            groups = self._split([item.key for item in items])
+            groups = self._fan_out.split([item.key for item in items])
             calls = {
-                s: self._shards[s]._push_body(
+                s: self._fan_out.shards[s]._push_body(
                     table, PushRequest([items[i] for i in places.tolist()])
                 )
                 for s, places in groups.items()
             }
-            return sum((await self._each(calls)).values())
+            return sum((await self._fan_out.each(calls)).values())
 
         return Writer(send, max_in_flight=max_in_flight, batch_items=batch_items)
 
     async def get(self, table: str, key: str) -> Item | None:
         """One item from its server, or None (``ReplayClient.get``)."""
-        shard = self._split([key]).popitem()[0]
-        return await self._on(shard, self._shards[shard].get(table, key))
+        shard = self._fan_out.split([key]).popitem()[0]
+        return await self._fan_out.on(shard, self._fan_out.shards[shard].get(table, key))
 
     @overload
     async def get_many(
@@ -329,22 +282,24 @@ class ShardedReplayClient(ShardedRolloutCalls):
     ) -> list[Item | None] | ColumnBatch:
         """Several items from their servers, in the order asked (``ReplayClient.get_many``)."""
         keys = list(keys)
-        groups = self._split(keys)
+        groups = self._fan_out.split(keys)
         if layout == "items":
             calls = {
-                s: self._shards[s].get_many(table, [keys[i] for i in places.tolist()])
+                s: self._fan_out.shards[s].get_many(table, [keys[i] for i in places.tolist()])
                 for s, places in groups.items()
             }
             found: list[Item | None] = [None] * len(keys)
-            for s, items in (await self._each(calls)).items():
+            for s, items in (await self._fan_out.each(calls)).items():
                 for place, item in zip(groups[s].tolist(), items, strict=True):
                     found[place] = item
             return found
         column_calls = {
-            s: self._shards[s].get_many(table, [keys[i] for i in places.tolist()], layout="columns")
+            s: self._fan_out.shards[s].get_many(
+                table, [keys[i] for i in places.tolist()], layout="columns"
+            )
             for s, places in groups.items()
         }
-        batches = await self._each(column_calls)
+        batches = await self._fan_out.each(column_calls)
         missing = {key for batch in batches.values() for key in batch.missing}
         # the rows found, numbered in the order asked
         rank = np.cumsum([key not in missing for key in keys]) - 1
@@ -365,22 +320,22 @@ class ShardedReplayClient(ShardedRolloutCalls):
         """Set items' priorities on their servers (``ReplayClient.update_priorities``)."""
         keys = list(priorities)
         calls = {
-            s: self._shards[s].update_priorities(
+            s: self._fan_out.shards[s].update_priorities(
                 table, {keys[i]: priorities[keys[i]] for i in places.tolist()}
             )
-            for s, places in self._split(keys).items()
+            for s, places in self._fan_out.split(keys).items()
         }
-        answers = (await self._each(calls)).values()
+        answers = (await self._fan_out.each(calls)).values()
         return {n: sum(a[n] for a in answers) for n in ("updated", "missing")}
 
     async def delete(self, table: str, keys: Iterable[str]) -> int:
         """Delete items on their servers (``ReplayClient.delete``)."""
         keys = list(keys)
         calls = {
-            s: self._shards[s].delete(table, [keys[i] for i in places.tolist()])
-            for s, places in self._split(keys).items()
+            s: self._fan_out.shards[s].delete(table, [keys[i] for i in places.tolist()])
+            for s, places in self._fan_out.split(keys).items()
         }
-        return sum((await self._each(calls)).values())
+        return sum((await self._fan_out.each(calls)).values())
 
     # --- sampling -------------------------------------------------------------------------
 
@@ -440,19 +395,19 @@ class ShardedReplayClient(ShardedRolloutCalls):
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
 
-        if len(self._shards) == 1:  # its share is the whole table: no need to ask
-            call = self._shards[0].sample(
+        if len(self._fan_out.shards) == 1:  # its share is the whole table: no need to ask
+            call = self._fan_out.shards[0].sample(
                 table,
                 batch_size,
                 timeout_ms=timeout_ms,
                 include_values=include_values,
                 layout=layout,
             )
-            return await self._on(0, call)
+            return await self._fan_out.on(0, call)
         partial = self._allow_partial if allow_partial is None else allow_partial
         timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
         deadline = time.monotonic() + timeout_s
-        live = list(range(len(self._shards)))
+        live = list(range(len(self._fan_out.shards)))
         infos = await self._reachable(live, table, partial)
         masses = shard_masses([infos[s]["stats"] for s in live])
         poll = _EMPTY_POLL_S[0]
@@ -478,7 +433,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
             places = split_picks(self._rng, todo, {s: mass[s] for s in live})
             calls: dict[int, Awaitable[Any]] = {}
             for s in places:
-                calls[s] = self._shards[s].sample(
+                calls[s] = self._fan_out.shards[s].sample(
                     table,
                     len(places[s]),
                     timeout_ms=timeout_ms,
@@ -487,7 +442,7 @@ class ShardedReplayClient(ShardedRolloutCalls):
                 )
             failed: list[npt.NDArray[np.intp]] = []
             errors: list[BaseException] = []
-            for s, outcome in (await self._outcomes(calls)).items():
+            for s, outcome in (await self._fan_out.outcomes(calls)).items():
                 if isinstance(outcome, Unavailable) and partial:
                     live.remove(s)
                     failed.append(places[s])
@@ -506,11 +461,11 @@ class ShardedReplayClient(ShardedRolloutCalls):
     async def _reachable(self, live: list[int], table: str, partial: bool) -> dict[int, Any]:
         """Each live shard's table description; with ``partial``, unreachable ones leave
         ``live``."""
-        calls = {s: self._shards[s].describe_table(table) for s in live}
+        calls = {s: self._fan_out.shards[s].describe_table(table) for s in live}
         if not partial:
-            return await self._each(calls)
+            return await self._fan_out.each(calls)
         infos: dict[int, Any] = {}
-        for s, outcome in (await self._outcomes(calls)).items():
+        for s, outcome in (await self._fan_out.outcomes(calls)).items():
             if isinstance(outcome, Unavailable):
                 live.remove(s)
             elif isinstance(outcome, BaseException):
@@ -568,6 +523,40 @@ class ShardedReplayClient(ShardedRolloutCalls):
             async for batch in batches:
                 yield batch
 
+    # --- rollouts: the calls of the ShardedRollouts part -----------------------------------
+
+    async def patch(
+        self,
+        table: str,
+        items: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+    ) -> dict[str, int]:
+        """Set fields of existing items' values on their servers (``ShardedRollouts.patch``)."""
+        return await self._rollouts.patch(table, items, wait=wait)
+
+    async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
+        """Set the policy version on every server (``ShardedRollouts.set_version``)."""
+        return await self._rollouts.set_version(table, version, force=force)
+
+    async def tasks(self, table: str) -> dict[str, Any]:
+        """Each task's counts summed over the servers (``ShardedRollouts.tasks``)."""
+        return await self._rollouts.tasks(table)
+
+    async def claim(
+        self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
+    ) -> ShardedLease:
+        """Claim up to ``batch_size`` items ready for ``task`` across the servers
+        (``ShardedRollouts.claim``)."""
+        return await self._rollouts.claim(table, partial=partial, **options)
+
+    def consume(
+        self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
+    ) -> AsyncGenerator[LeaseBase, None]:
+        """Sharded leases one after another, ``prefetch`` claims in flight
+        (``ShardedRollouts.consume``)."""
+        return self._rollouts.consume(table, prefetch=prefetch, **options)
+
     # --- service --------------------------------------------------------------------------
 
     async def snapshot(
@@ -575,16 +564,16 @@ class ShardedReplayClient(ShardedRolloutCalls):
     ) -> dict[str, dict[str, Any]]:
         """A snapshot on every server, each to its own backup URL: answers by server URL."""
         names = None if tables is None else list(tables)
-        answers = await self._all(lambda c: c.snapshot(names, timeout_s=timeout_s))
+        answers = await self._fan_out.every(lambda c: c.snapshot(names, timeout_s=timeout_s))
         return dict(zip(self.urls, answers, strict=True))
 
     async def snapshots(self) -> dict[str, list[dict[str, Any]]]:
         """Each server's snapshots, newest first, by server URL."""
-        return dict(zip(self.urls, await self._all(lambda c: c.snapshots()), strict=True))
+        return dict(zip(self.urls, await self._fan_out.every(lambda c: c.snapshots()), strict=True))
 
     async def health(self) -> bool:
         """Whether every server answers ``GET /healthz`` with 2xx."""
-        return all(await asyncio.gather(*(shard.health() for shard in self._shards)))
+        return all(await asyncio.gather(*(shard.health() for shard in self._fan_out.shards)))
 
 
 def _key(item: Mapping[str, Any], i: int) -> str:

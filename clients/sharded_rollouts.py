@@ -23,11 +23,10 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Final, Unpack
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 from msgspec import UNSET
 
 from rlreplay.clients.rollouts import Lease, LeaseBase, claim_request, consume_leases
@@ -35,11 +34,9 @@ from rlreplay.clients.surface import ClaimOptions
 from rlreplay.wire.errors import DeadlineExceeded, LeaseNotFound, Unavailable, ValidationFailed
 
 if TYPE_CHECKING:
-    from rlreplay.clients.client import ReplayClient
+    from rlreplay.clients.shard_fan_out import ShardFanOut
 
-__all__ = ["ShardedLease", "ShardedRolloutCalls"]
-
-T = TypeVar("T")
+__all__ = ["ShardedLease", "ShardedRollouts"]
 
 #: How long each server waits, per round, while a short claim waits for more items: rounds
 #: start short so that items ready on any server are picked up soon, and grow to bound the
@@ -62,12 +59,12 @@ class ShardedLease(LeaseBase):
     """
 
     def __init__(
-        self, client: ShardedRolloutCalls, table: str, parts: Sequence[tuple[int, Lease]]
+        self, fan_out: ShardFanOut, table: str, parts: Sequence[tuple[int, Lease]]
     ) -> None:
-        self._client = client
+        self._fan_out = fan_out
         self.table = table
         self._parts = sorted(((s, p) for s, p in parts if p.items), key=lambda sp: sp[0])
-        self.parts = [(client.urls[s], lease) for s, lease in self._parts]
+        self.parts = [(fan_out.urls[s], lease) for s, lease in self._parts]
         self.id = ",".join(lease.id for _, lease in self._parts)
         self.expires_at = min((p.expires_at for _, p in self._parts), default=0.0)
         self.items: list[dict[str, Any]] = [i for _, p in self._parts for i in p.items]
@@ -83,7 +80,7 @@ class ShardedLease(LeaseBase):
                 held = set(mine)
                 mine = [key for key in keys if key in held]
             if mine:
-                calls.append(self._client._on(s, getattr(lease, action)(mine)))
+                calls.append(self._fan_out.on(s, getattr(lease, action)(mine)))
         counts: list[int] = []
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, BaseException):
@@ -139,23 +136,24 @@ def _drop_expired(kept: list[tuple[int, Lease]], lapse: Mapping[str, float]) -> 
     return dropped
 
 
-class ShardedRolloutCalls:
-    """Rollout-table calls of :class:`~rlreplay.clients.sharded.ShardedReplayClient`."""
+class ShardedRollouts:
+    """Rollout-table calls across servers: the part of
+    :class:`~rlreplay.clients.sharded.ShardedReplayClient` that answers its ``patch``,
+    ``set_version``, ``tasks``, ``claim`` and ``consume``.
 
-    urls: list[str]
-    _shards: list[ReplayClient]
-    _allow_partial: bool
-    _rng: np.random.Generator
+    Args:
+        fan_out: The servers, and how calls are sent to them.
+        allow_partial: A claim is served by the servers that answer when some cannot be
+            reached, instead of raising ``Unavailable``.
+        rng: Picks the server a claim keeps items from first.
+    """
 
-    if TYPE_CHECKING:  # the sharded client's fan-out helpers
-
-        def _split(self, keys: Sequence[str]) -> dict[int, npt.NDArray[np.intp]]: ...
-        async def _outcomes(
-            self, calls: Mapping[int, Awaitable[T]]
-        ) -> dict[int, T | BaseException]: ...
-        async def _each(self, calls: Mapping[int, Awaitable[T]]) -> dict[int, T]: ...
-        async def _all(self, call: Any) -> list[Any]: ...
-        async def _on(self, shard: int, call: Awaitable[T]) -> T: ...
+    def __init__(
+        self, fan_out: ShardFanOut, *, allow_partial: bool, rng: np.random.Generator
+    ) -> None:
+        self._fan_out = fan_out
+        self._allow_partial = allow_partial
+        self._rng = rng
 
     async def patch(
         self,
@@ -174,11 +172,13 @@ class ShardedRolloutCalls:
         if not pairs:
             return {"accepted": 0, "missing": 0}
         calls = {
-            s: self._shards[s].patch(table, {pairs[i][0]: pairs[i][1] for i in places}, wait=wait)
-            for s, places in self._split([key for key, _ in pairs]).items()
+            s: self._fan_out.shards[s].patch(
+                table, {pairs[i][0]: pairs[i][1] for i in places}, wait=wait
+            )
+            for s, places in self._fan_out.split([key for key, _ in pairs]).items()
         }
         total: dict[str, int] = {}
-        for answer in (await self._each(calls)).values():
+        for answer in (await self._fan_out.each(calls)).values():
             for name, count in answer.items():
                 total[name] = total.get(name, 0) + count
         return total
@@ -194,7 +194,7 @@ class ShardedRolloutCalls:
         Raises:
             VersionConflict: A server is at a higher version (the others were still set).
         """
-        answers = await self._all(lambda c: c.set_version(table, version, force=force))
+        answers = await self._fan_out.every(lambda c: c.set_version(table, version, force=force))
         return {
             "version": max(a["version"] for a in answers),
             "dropped_stale": sum(a["dropped_stale"] for a in answers),
@@ -204,7 +204,7 @@ class ShardedRolloutCalls:
         """``ReplayClient.tasks`` over every server: each task's counts and
         ``dropped_stale`` summed, ``version`` the highest."""
         merged: dict[str, dict[str, int]] = {}
-        answers = await self._all(lambda c: c.tasks(table))
+        answers = await self._fan_out.every(lambda c: c.tasks(table))
         for answer in answers:
             for name, counts in answer.get("tasks", {}).items():
                 into = merged.setdefault(name, {})
@@ -245,7 +245,7 @@ class ShardedRolloutCalls:
             raise ValidationFailed(
                 f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
             )
-        live = list(range(len(self._shards)))
+        live = list(range(len(self._fan_out.shards)))
         kept: list[tuple[int, Lease]] = []
         lapse: dict[str, float] = {}  # server lease id → time.monotonic() it lapses by
         held = 0
@@ -262,7 +262,7 @@ class ShardedRolloutCalls:
                     ask = math.ceil(ask / unit / len(live)) * unit
                 sent = time.monotonic()
                 part = msgspec.structs.replace(request, batch_size=ask, wait_ms=wait, partial=True)
-                calls = {s: self._shards[s]._claim(table, part) for s in live}
+                calls = {s: self._fan_out.shards[s]._claim(table, part) for s in live}
                 answers = list((await self._answers(calls, live)).items())
                 for _, lease in answers:
                     lapse[lease.id] = sent + request.lease_s
@@ -296,7 +296,7 @@ class ShardedRolloutCalls:
                 return_exceptions=True,
             )
             raise
-        return ShardedLease(self, table, kept)
+        return ShardedLease(self._fan_out, table, kept)
 
     def consume(
         self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
@@ -316,7 +316,7 @@ class ShardedRolloutCalls:
         """Each server's lease; with the client's ``allow_partial``, servers that cannot be
         reached leave ``live`` instead of failing the claim. Leases of servers that answered
         are released when another failed."""
-        outcomes = await self._outcomes(calls)
+        outcomes = await self._fan_out.outcomes(calls)
         answers = {s: o for s, o in outcomes.items() if isinstance(o, Lease)}
         error = None
         for s, outcome in outcomes.items():
@@ -325,7 +325,7 @@ class ShardedRolloutCalls:
             elif isinstance(outcome, BaseException):
                 error = error or outcome
         if error is None and not live:
-            error = Unavailable(f"none of the {len(self.urls)} shards is reachable")
+            error = Unavailable(f"none of the {len(self._fan_out.urls)} shards is reachable")
         if error is not None:
             await asyncio.gather(
                 *(lease.release() for lease in answers.values()), return_exceptions=True
@@ -337,7 +337,7 @@ class ShardedRolloutCalls:
         """Release ``keys`` of a lease (all when None); one that expired meanwhile released
         them itself."""
         try:
-            await self._on(s, lease.release(keys))
+            await self._fan_out.on(s, lease.release(keys))
         except LeaseNotFound:
             pass
 

@@ -218,11 +218,7 @@ def test_no_not_implemented_placeholders() -> None:
 
 #: Known cases, each to be composed away; listed by file and class so that the test fails
 #: both on a new case and on a fixed one left here.
-KNOWN = {
-    # issue 31 item 3 (one client surface): ShardedReplayClient's rollout calls are a mixin
-    # that calls the client's _all, _each, _on, _outcomes and _split
-    ("clients/sharded_rollouts.py", "ShardedRolloutCalls"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def test_no_base_class_calls_into_its_subclass() -> None:
