@@ -24,6 +24,7 @@ import msgspec
 
 from rlreplay.app.log import records
 from rlreplay.app.log.data_loss import DataLoss
+from rlreplay.app.log.in_use import IN_USE
 from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
@@ -80,6 +81,7 @@ async def recover(
         io=io,
         group_commit_s=st.wal_group_commit_ms / 1000,
         writer=st.wal_writer,
+        in_use_mark=st.data_dir / IN_USE,
     )
     try:
         records = await io.run(lambda: list(wal.replay(covered, loss=loss)))

@@ -36,6 +36,7 @@ from rlreplay.app.backup import (
     SnapshotNotFound as NoSnapshot,
 )
 from rlreplay.app.backup.download import remove_stale_downloads
+from rlreplay.app.log.in_use import IN_USE
 from rlreplay.app.progress import Progress, RecoveryProgress
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.blocking import BlockingIO
@@ -381,7 +382,7 @@ def restore_on_start(
     if own:
         aside = data_dir / f"replaced-{time.strftime('%Y%m%dT%H%M%S')}"
         aside.mkdir()
-        for path in [*own, data_dir / "wal"]:
+        for path in [*own, data_dir / "wal", data_dir / IN_USE]:
             if path.exists():
                 path.rename(aside / path.name)
         log.warning("restore: the data dir's own data moved to %s", aside)

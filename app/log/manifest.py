@@ -34,10 +34,15 @@ class LogManifest:
     Attributes:
         checkpoint: The log position the last checkpoint covered (the log was cut there).
         segments: The first LSNs of the segments the log held, oldest first.
+        sizes: The least size in bytes each of them has (one per segment; empty in a
+            manifest of an older server): what the segment was given when it was put in
+            place (or extended), or its written length once it was closed. A segment
+            shorter than that was cut short after its records were answered.
     """
 
     checkpoint: int
     segments: tuple[int, ...]
+    sizes: tuple[int, ...] = ()
 
 
 class ManifestFile:
@@ -56,12 +61,14 @@ class ManifestFile:
                 os.posix_fallocate(self._fd, 0, 2 * BLOCK)
             current = _read_slots(self._path)
             self._seq = max((seq for seq, _ in current), default=0)
-        segments = list(manifest.segments)
+        segments, sizes = list(manifest.segments), list(manifest.sizes)
         while True:
-            payload = msgpack.packb({"checkpoint": manifest.checkpoint, "segments": segments})
+            body = {"checkpoint": manifest.checkpoint, "segments": segments, "sizes": sizes}
+            payload = msgpack.packb(body)
             if _HEAD.size + len(payload) + _SUM.size <= BLOCK or len(segments) <= 1:
                 break
-            segments = segments[1:]  # never in practice: over ~400 segments, the oldest go
+            # never in practice: over ~200 segments, the oldest go
+            segments, sizes = segments[1:], sizes[1:] if len(sizes) == len(segments) else []
         self._seq += 1
         head = _HEAD.pack(_MAGIC, self._seq, len(payload))
         checksum = _SUM.pack(xxh3_64_intdigest(head[len(_MAGIC) :] + payload))
@@ -93,7 +100,19 @@ def read_manifest(folder: Path) -> LogManifest | None:
             kind="log_damaged",
         )
     _, manifest = max(slots, key=lambda s: s[0])
+    if len(slots) == 1 and manifest.sizes and _other_slot_written(path, slots[0][0]):
+        # the other slot was damaged, and may have been the newer: a size it lowered (a
+        # segment cut to its length when closed) would look like a segment cut short
+        manifest = LogManifest(manifest.checkpoint, manifest.segments)
     return manifest
+
+
+def _other_slot_written(path: Path, seq: int) -> bool:
+    """Whether the slot that does not hold sequence number ``seq`` holds any byte."""
+    at = BLOCK - (seq % 2) * BLOCK
+    with path.open("rb") as f:
+        f.seek(at)
+        return bool(f.read(BLOCK).strip(b"\0"))
 
 
 def _read_slots(path: Path) -> list[tuple[int, LogManifest]]:
@@ -112,5 +131,8 @@ def _read_slots(path: Path) -> list[tuple[int, LogManifest]]:
         if checksum != xxh3_64_intdigest(slot[len(_MAGIC) : end]):
             continue
         body = msgpack.unpackb(slot[_HEAD.size : end], raw=False)
-        found.append((seq, LogManifest(int(body["checkpoint"]), tuple(body["segments"]))))
+        segments, sizes = tuple(body["segments"]), tuple(body.get("sizes", ()))
+        if len(sizes) != len(segments):
+            sizes = ()
+        found.append((seq, LogManifest(int(body["checkpoint"]), segments, sizes)))
     return found

@@ -14,6 +14,11 @@ start unless told otherwise):
 - a segment the manifest lists that is gone, unless every record it held is checkpointed;
 - a manifest that is gone while the log is of format 2 (whose folder always has one once a
   record or a checkpoint position was written): what it listed cannot be checked;
+- a log folder with neither a manifest nor a segment while the log is marked in use
+  (:mod:`rlreplay.app.log.in_use`): it was removed after a crash;
+- a segment shorter than the size the manifest records for it: it was cut after its
+  records were answered (a crash never shortens a segment: see
+  :mod:`rlreplay.app.log.segments`);
 - a gap between segments;
 - damage inside a segment: whole records with higher LSNs after bytes that cannot be read,
   further on than the flushes that can be in flight at a crash (see
@@ -61,10 +66,16 @@ class ReplayResult:
 
 
 def replay_segments(
-    folder: Path, after_lsn: int, *, loss: DataLoss, result: ReplayResult
+    folder: Path,
+    after_lsn: int,
+    *,
+    loss: DataLoss,
+    result: ReplayResult,
+    mark: Path | None = None,
 ) -> Iterator[list[Any]]:
     """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking), and fill
-    ``result``. Whatever is missing or damaged goes to ``loss``, which raises
+    ``result`` (``mark``: the log's in-use mark, :mod:`rlreplay.app.log.in_use`, if it
+    has one). Whatever is missing or damaged goes to ``loss``, which raises
     :class:`LogRecoveryError` unless the start may go on (see its policies)."""
     paths = sorted(folder.glob(f"*{SEGMENT_SUFFIX}"), key=lambda p: int(p.stem))
     names = [int(p.stem) for p in paths]
@@ -74,10 +85,12 @@ def replay_segments(
     except LogRecoveryError as exc:
         loss.found(exc.kind, str(exc))
         manifest = None
+    cut: set[int] = set()  # segments cut short
     if manifest is not None:
         _check_listed(manifest, names, after_lsn, loss)
+        cut = _check_sizes(folder, manifest, names, after_lsn, loss)
     else:
-        _check_manifest_gone(folder, paths, loss)
+        _check_manifest_gone(folder, paths, loss, mark)
     if paths and names[0] > after_lsn + 1:
         gone = [] if manifest is None else [n for n in manifest.segments if n < names[0]]
         _hole_before(paths[0], after_lsn, manifest, gone, loss)
@@ -117,7 +130,7 @@ def replay_segments(
                 yield record
         result.found.append((name, path, seg_last))
         previous = (path, seg_last)
-        if stop:
+        if stop or (name in cut and loss.log_policy == "prefix"):
             _set_aside(paths[i + 1 :])
             break
 
@@ -186,12 +199,23 @@ def _damage(scan: SegmentScan, name: int, lost: list[tuple[list[Any], int]]) -> 
     )
 
 
-def _check_manifest_gone(folder: Path, paths: list[Path], loss: DataLoss) -> None:
+def _check_manifest_gone(
+    folder: Path, paths: list[Path], loss: DataLoss, mark: Path | None
+) -> None:
     """Report a manifest removed from a log of format 2: without it, a newest segment (or
     any segment after the last on disk) that is gone looks like the end of the log. The
     manifest is written before a record goes into a segment, but after a new log's first
     segment takes its name (with its header alone): such a folder, or one of format 1
     (from an older server, which never had a manifest), is not missing one."""
+    if not paths and mark is not None and mark.exists():
+        loss.found(
+            "log_missing",
+            f"the log in {folder} is gone (no MANIFEST, no segment), while "
+            f"{mark} says the server that wrote it did not stop with every "
+            "record checkpointed: the records answered after the checkpoint's position are "
+            "lost",
+        )
+        return
     written = [p for p in paths if _starts_with_header(p) and p.stat().st_size > BLOCK]
     if not written:
         return
@@ -234,6 +258,36 @@ def _check_listed(manifest: LogManifest, names: list[int], after_lsn: int, loss:
             f"log segment{'s' if len(gone) > 1 else ''} {', '.join(gone)} listed in the "
             "log's MANIFEST " + ("are" if len(gone) > 1 else "is") + " missing",
         )
+
+
+def _check_sizes(
+    folder: Path, manifest: LogManifest, names: list[int], after_lsn: int, loss: DataLoss
+) -> set[int]:
+    """Report the segments on disk that are shorter than the manifest records and may hold
+    records after ``after_lsn``; returns their names."""
+    cut: set[int] = set()
+    listed = manifest.segments
+    if not manifest.sizes:  # an older server's manifest, or one whose sizes are stale
+        return cut
+    for i, (first, size) in enumerate(zip(listed, manifest.sizes, strict=True)):
+        if first not in names:
+            continue
+        bounds = [n for n in (*names, *listed[i + 1 :]) if n > first]
+        bound = min(bounds, default=None)
+        if bound is not None and bound - 1 <= after_lsn:
+            continue  # every record it held is in the checkpoint
+        path = folder / segment_name(first)
+        actual = path.stat().st_size
+        if actual >= size or not actual:  # an empty one: replay names it
+            continue
+        cut.add(first)
+        loss.found(
+            "log_damaged",
+            f"log {path.name} is {actual} bytes, but the log's MANIFEST records it as "
+            f"{size} bytes (its size before any record went past byte {actual}): it was "
+            f"cut short, and the records it held past byte {actual} are lost",
+        )
+    return cut
 
 
 def _hole_before(

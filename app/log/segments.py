@@ -11,6 +11,13 @@ written length when it is closed, so only the segment being written at a crash c
 A segment is put in place whole: its header block is written and fsynced under a temporary
 name (``*.new``), then it takes its own; and the log's manifest
 (:mod:`rlreplay.app.log.manifest`) lists it before a record goes into it.
+
+A segment's size is settled before records go into it: a new one is extended (sparse) to
+SEGMENT_BYTES, a recycled one keeps its old size if larger, and one whose next region would
+pass its size is extended by SEGMENT_BYTES first; the manifest records each size once it
+is durable. A segment being closed has its written length recorded before it is cut to it.
+So no segment is ever shorter than the manifest says, unless it was cut after its records
+were answered (a torn tail keeps the file's size).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ log = logging.getLogger("rlreplay.app.log.wal")
 SPARES = 1  # spare segments kept (each rotation takes one, each truncation gives one)
 LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
 NEW_SUFFIX = ".new"  # a segment being put in place, before its header is durable
+SEGMENT_BYTES = 16 << 20  # a new segment's size, and each extension's (sparse: no block taken)
 
 
 class SegmentFiles:
@@ -77,6 +85,7 @@ class SegmentFiles:
         self._manifest = ManifestFile(folder)
         self._manifest_lock = threading.Lock()
         self.checkpoint_lsn = 0  # the position the last checkpoint covered, for the manifest
+        self._size = 0  # the size of the segment being written, as the manifest records it
 
     def lock(self) -> None:
         """Take the folder's lock (blocking), waiting up to LOCK_WAIT_S for another holder.
@@ -132,14 +141,14 @@ class SegmentFiles:
             if self._segments[-1][1] == path and not self.failed:
                 return
             try:
-                os.ftruncate(self.fd, self.offset)
+                self._cut()
                 os.fsync(self.fd)
             except OSError:
                 if not self.failed:  # after a failed flush, what it synced was synced then
                     raise
             os.close(self.fd)
             self.fd = None
-        self._put_in_place(path, first_lsn)
+        self._size = self._put_in_place(path, first_lsn)
         self.fd = self._open_segment(path)
         self.segment_token = object()
         self.offset = BLOCK
@@ -149,10 +158,12 @@ class SegmentFiles:
         self._segment_last_lsn[path] = first_lsn - 1
         self._write_manifest()
 
-    def _put_in_place(self, path: Path, first_lsn: int) -> None:
+    def _put_in_place(self, path: Path, first_lsn: int) -> int:
         """Make ``path`` a segment with its header block and no record: a spare (its old
         records stay after the header, with LSNs replay stops at) or a new file, whose
-        header is durable before it takes the name."""
+        header and size are durable before it takes the name. Returns its size: at least
+        SEGMENT_BYTES, and at least that of a file it replaces (the manifest may list
+        that one's)."""
         new = path.with_suffix(NEW_SUFFIX)
         spare = None
         if not path.exists():
@@ -166,6 +177,8 @@ class SegmentFiles:
             header = segment_header(first_lsn)
             if os.pwrite(fd, header, 0) != len(header):
                 raise OSError(errno.EIO, f"a short write of {path.name}'s header")
+            size = max(os.fstat(fd).st_size, SEGMENT_BYTES, _size(path))
+            os.ftruncate(fd, size)
             os.fdatasync(fd)
         finally:
             os.close(fd)
@@ -175,14 +188,43 @@ class SegmentFiles:
             os.fsync(fd)
         finally:
             os.close(fd)
+        return size
+
+    def fits(self, size: int) -> bool:
+        """Whether a region of ``size`` bytes at the offset stays within the segment's size
+        (one that does not is written by :meth:`write_records`, which extends it first)."""
+        return self.offset + size <= self._size
+
+    def _extend(self, end: int) -> None:
+        """Make the segment being written at least ``end`` bytes long, durably, and record
+        its new size in the manifest (blocking)."""
+        assert self.fd is not None
+        size = max(self._size + SEGMENT_BYTES, end)
+        os.ftruncate(self.fd, size)
+        os.fsync(self.fd)
+        self._size = size
+        self._write_manifest()
+
+    def _cut(self) -> None:
+        """Cut the segment being written to its written length, once the manifest records
+        that length (a crash in between leaves it longer than recorded, never shorter)."""
+        assert self.fd is not None
+        self._size = self.offset
+        self._write_manifest()
+        os.ftruncate(self.fd, self.offset)
 
     def _write_manifest(self) -> None:
         """List the segments and the checkpoint's position in the manifest (blocking). A
         failure is logged, not raised: a stale manifest only lists less than there is."""
         with self._manifest_lock:
             firsts = tuple(first for first, _ in self._segments)
+            last = len(self._segments) - 1
+            sizes = tuple(
+                self._size if i == last and self.fd is not None else _size(path)
+                for i, (_, path) in enumerate(self._segments)
+            )
             try:
-                self._manifest.write(LogManifest(self.checkpoint_lsn, firsts))
+                self._manifest.write(LogManifest(self.checkpoint_lsn, firsts, sizes))
             except OSError as exc:
                 log.warning(
                     "write-ahead log in %s: the manifest's write failed: %s", self.folder, exc
@@ -227,6 +269,8 @@ class SegmentFiles:
         fdatasync; returns the padding."""
         assert self.fd is not None
         size = region_size(used)
+        if not self.fits(size):
+            self._extend(self.offset + size)
         buf[used:size] = ZEROS[: size - used]
         with memoryview(buf) as view:
             self._write_region(view[:size])
@@ -260,7 +304,7 @@ class SegmentFiles:
         replay then stops at its torn region) and fsync it."""
         assert self.fd is not None
         if not self.failed:
-            os.ftruncate(self.fd, self.offset)
+            self._cut()
         os.fsync(self.fd)
 
     def close(self) -> None:
@@ -304,11 +348,15 @@ class SegmentFiles:
             path.unlink(missing_ok=True)
 
     def disk_bytes(self) -> int:
-        """Bytes of log on disk (approximate: sizes of the segment files, spares included)."""
+        """Bytes of log on disk (approximate: sizes of the segment files, spares included;
+        the segment being written counts up to its offset, not its size)."""
         total = 0
         with self._spares_lock:
             spares = list(self._spares)
-        for path in [*(p for _, p in self._segments), *spares]:
+        paths = [p for _, p in self._segments]
+        if self.fd is not None and paths:
+            total, paths = self.offset, paths[:-1]
+        for path in [*paths, *spares]:
             try:
                 total += path.stat().st_size
             except FileNotFoundError:
@@ -323,3 +371,11 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "pwrite wrote nothing")
         view, offset = view[written:], offset + written
+
+
+def _size(path: Path) -> int:
+    """The size of the file at ``path`` (0: there is none)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -36,6 +36,7 @@ from rlreplay.app.log.framing import (
     LogRecoveryError,
     region_size,
 )
+from rlreplay.app.log.in_use import mark_in_use, mark_not_needed
 from rlreplay.app.log.refusals import Refusal, Refusals
 from rlreplay.app.log.replay import ReplayResult, drop_spares, replay_segments
 from rlreplay.app.log.segments import SegmentFiles
@@ -71,6 +72,8 @@ class WriteAheadLog:
         group_commit_s: Extra wait before a flush, to gather more records into it.
         direct: Write with ``O_DIRECT`` where the filesystem supports it (False: always
             buffered writes; the on-disk format is the same).
+        in_use_mark: Where the log marks that it holds records no checkpoint covers
+            (:mod:`rlreplay.app.log.in_use`; None: nowhere).
     """
 
     def __init__(
@@ -81,8 +84,10 @@ class WriteAheadLog:
         group_commit_s: float = 0.0,
         direct: bool = True,
         writer: Literal["auto", "process", "thread"] = "auto",
+        in_use_mark: Path | None = None,
     ) -> None:
         self._io = io
+        self._in_use_mark = in_use_mark  # see rlreplay.app.log.in_use (None: no mark)
         self._files = SegmentFiles(folder, io, direct=direct)
         self._group_commit_s = group_commit_s
         # Framed records appended, not yet written: page-aligned (O_DIRECT writes it as it
@@ -134,7 +139,10 @@ class WriteAheadLog:
             loss = DataLoss(wal_recovery="strict" if strict else "point-in-time")
         result = ReplayResult()
         last = after_lsn
-        for record in replay_segments(self._files.folder, after_lsn, loss=loss, result=result):
+        folder = self._files.folder
+        for record in replay_segments(
+            folder, after_lsn, loss=loss, result=result, mark=self._in_use_mark
+        ):
             last = max(last, record[0])
             yield record
         for name, path, seg_last in result.found:
@@ -147,10 +155,14 @@ class WriteAheadLog:
         self._durable_lsn = last
 
     def open(self, min_lsn: int) -> None:
-        """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking)."""
+        """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking).
+        The log is then marked in use (:mod:`rlreplay.app.log.in_use`) until a close finds
+        every record it holds checkpointed."""
         self._next_lsn = max(self._next_lsn, min_lsn + 1)
         self._durable_lsn = self._buffer_last_lsn = self._next_lsn - 1
         self._files.open(self._next_lsn)
+        if self._in_use_mark is not None:
+            mark_in_use(self._in_use_mark)
 
     async def truncate(self, covered_lsn: int) -> None:
         """Delete the segments whose every record has LSN ≤ ``covered_lsn``."""
@@ -303,7 +315,7 @@ class WriteAheadLog:
                     continue
                 if lsn <= process.submitted_lsn:
                     continue
-            if process.use():
+            if process.use() and self._files.fits(region_size(self._fill_used)):
                 if len(process.in_flight) < MAX_IN_FLIGHT:
                     self._submit()
                 else:
@@ -451,13 +463,19 @@ class WriteAheadLog:
             self._drop(self._fill)
             self._fill = None
 
+    def _checkpointed(self) -> bool:
+        """Whether the last checkpoint covers every record the log was given."""
+        return self._files.checkpoint_lsn >= self._next_lsn - 1
+
     def close(self) -> None:
         """Stop the log writer process, flush the buffer, fsync and close (blocking);
         idempotent. Call :meth:`drain` first: flushes still in flight are not waited for
         (the process finishes them before it exits, but they are not counted durable)."""
-        in_flight = self._process.in_flight
+        in_flight = bool(self._process.in_flight)
         if in_flight:
-            log.warning("write-ahead log closed with %d flushes in flight", len(in_flight))
+            log.warning(
+                "write-ahead log closed with %d flushes in flight", len(self._process.in_flight)
+            )
         self._process.close()
         files = self._files
         if files.fd is not None:
@@ -469,6 +487,9 @@ class WriteAheadLog:
                     )
                     self._fill_used = self._fill_count = 0
                 files.seal()  # after a failed flush, replay stops at its torn region
+                mark = self._in_use_mark
+                if mark is not None and not in_flight and not files.failed and self._checkpointed():
+                    mark_not_needed(mark)
             except OSError as exc:  # nothing answered is lost: answers waited for fsyncs
                 log.error("write-ahead log in %s: the last write failed: %s", files.folder, exc)
         for buf in [*self._free, *([self._fill] if self._fill is not None else [])]:

@@ -16,6 +16,7 @@ import pytest
 
 from rlreplay.app.log import flushes, segments, writer_process
 from rlreplay.app.log import wal as wal_module
+from rlreplay.app.log.segments import SEGMENT_BYTES
 from rlreplay.app.log.wal import FRAME, SEGMENT_SUFFIX, LogRecoveryError, WriteAheadLog
 from rlreplay.app.storage.blocking import BlockingIO
 
@@ -92,7 +93,8 @@ async def test_a_torn_tail_ends_replay_at_the_last_whole_record(
     (segment,) = tmp_path.glob(f"*{SEGMENT_SUFFIX}")
     data = segment.read_bytes()
     end = len(data.rstrip(b"\0"))  # the last record's end: zero padding follows it
-    segment.write_bytes(data[: end - cut])  # a crash in the middle of the last record
+    # a crash in the middle of the last record (the file keeps its size: it was sized first)
+    segment.write_bytes(data[: end - cut].ljust(len(data), b"\0"))
     assert [r[0] for r in reopen(tmp_path, io)] == [1, 2]
 
 
@@ -140,9 +142,9 @@ async def test_every_flush_writes_whole_blocks_ending_in_a_zero_frame_header(
         lsn = wal.next_lsn
         body = blob_for(tail, lsn)  # one record per flush: the frames are `tail` bytes
         bodies.append(body)
-        before = segment.stat().st_size
+        before = wal._files.offset  # the file was sized before: its offset grows
         await wal.commit(wal.append(body))
-        grown = segment.stat().st_size - before
+        grown = wal._files.offset - before
         assert grown % BLOCK == 0
         assert grown - tail >= FRAME.size  # a zero header ends every region
         assert grown - tail < BLOCK + FRAME.size
@@ -151,7 +153,7 @@ async def test_every_flush_writes_whole_blocks_ending_in_a_zero_frame_header(
     await asyncio.gather(*(wal.commit(lsn) for lsn in lsns))
     assert segment.stat().st_size % BLOCK == 0
     # the segment's header block, then the regions
-    assert BLOCK + wal.bytes_since_checkpoint == segment.stat().st_size == wal.disk_bytes()
+    assert BLOCK + wal.bytes_since_checkpoint == wal._files.offset == wal.disk_bytes()
     wal.close()
     records = reopen(tmp_path, io)
     assert [r[0] for r in records] == list(range(1, len(bodies) + len(lsns) + 1))
@@ -266,9 +268,9 @@ async def test_damage_in_a_padded_log_ends_replay_at_the_last_whole_record(
     data = bytearray(await three_flushes(tmp_path, io))
     first, last = BLOCK, 5 * BLOCK  # the first and third regions
     if damage == "cut in the last record":
-        del data[last + 5000 :]
+        data[last + 5000 :] = bytes(len(data) - last - 5000)  # a torn tail keeps the size
     elif damage == "cut in the last padding":
-        del data[last + 7000 :]
+        data[last + 7000 :] = bytes(len(data) - last - 7000)
     elif damage == "last record's second block never written":
         data[last + BLOCK :] = bytes(BLOCK)
     elif damage == "last region never written":
@@ -566,7 +568,8 @@ async def test_a_segment_no_longer_needed_becomes_the_next_one(
     assert not list(tmp_path.glob(f"*{wal_module.SPARE_SUFFIX}"))
     current = max(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))
     assert current.stat().st_ino == spare_inode
-    assert current.stat().st_size == spare_size  # still holds the old records
+    # still holds the old records (and is extended to a new segment's size)
+    assert current.stat().st_size == max(spare_size, SEGMENT_BYTES)
     new = [wal.append(["b", "new", b"x" * 100]) for _ in range(3)]
     await wal.commit(new[-1])
     wal.close()  # cut to what was written
@@ -603,7 +606,9 @@ async def test_after_a_crash_a_recycled_segment_replays_only_its_new_records(
     (crashed / current.name).write_bytes(data[: end + 100] + bytes(200) + data[end + 300 :])
     assert [r[0] for r in reopen(crashed, io, after)] == new[:1]
     # a crash after the spare took its new header, before the first write: none count
-    (crashed / current.name).write_bytes(data[:BLOCK] + spare_data[BLOCK:])
+    (crashed / current.name).write_bytes(
+        (data[:BLOCK] + spare_data[BLOCK:]).ljust(len(data), b"\0")
+    )
     assert reopen(crashed, io, after) == []
     assert old[0] < old[-1] < new[0]
 
