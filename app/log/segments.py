@@ -207,15 +207,17 @@ class SegmentFiles:
 
     def _cut(self) -> None:
         """Cut the segment being written to its written length, once the manifest records
-        that length (a crash in between leaves it longer than recorded, never shorter)."""
+        that length (a crash in between leaves it longer than recorded, never shorter).
+        If the manifest cannot be written, the segment keeps its size."""
         assert self.fd is not None
         self._size = self.offset
-        self._write_manifest()
-        os.ftruncate(self.fd, self.offset)
+        if self._write_manifest():
+            os.ftruncate(self.fd, self.offset)
 
-    def _write_manifest(self) -> None:
-        """List the segments and the checkpoint's position in the manifest (blocking). A
-        failure is logged, not raised: a stale manifest only lists less than there is."""
+    def _write_manifest(self) -> bool:
+        """List the segments, their sizes and the checkpoint's position in the manifest
+        (blocking); returns whether it was written. A failure is logged, not raised: a
+        stale manifest only lists less than there is, and records sizes no larger."""
         with self._manifest_lock:
             firsts = tuple(first for first, _ in self._segments)
             last = len(self._segments) - 1
@@ -229,6 +231,8 @@ class SegmentFiles:
                 log.warning(
                     "write-ahead log in %s: the manifest's write failed: %s", self.folder, exc
                 )
+                return False
+            return True
 
     def _open_segment(self, path: Path, extra_flags: int = 0) -> int:
         """Open ``path`` for writing: ``O_DIRECT`` unless the log has fallen back."""
