@@ -121,7 +121,7 @@ class Requester:
         )
 
         # Absolute URLs of the paths called, so that httpx does not parse and merge the base
-        # URL on every request (~30 us each); cleared when full (item paths vary by key).
+        # URL on every request; cleared when full (item paths vary by key).
         self._urls: dict[str, httpx.URL] = {}
         # The event loop the client first ran on: its connections belong to it.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -233,8 +233,8 @@ class Requester:
 
         With our own LeanTransport the request goes straight to it: ``httpx.AsyncClient``
         would send the same bytes, but its per-request flows (auth, redirects, cookies,
-        hooks), which this client never uses, cost about a seventh of the client's CPU per
-        sampled batch (measured).
+        hooks), which this client never uses, are a visible share of the client's CPU per
+        sampled batch (``python -m bench client``).
         """
         extensions: dict[str, Any] = dict(_IDEMPOTENT) if idempotent else {}
         timeout = self._timeout if read_s is None else httpx.Timeout(self._timeout_s, read=read_s)
