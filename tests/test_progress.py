@@ -130,7 +130,7 @@ async def test_the_replay_at_start_up_logs_progress_and_sets_the_gauge(
     await crash(eng)
 
     again = Engine(settings)
-    again.recovery = RecoveryProgress(every_s=1e-9)  # a line at each step
+    again.core.recovery = RecoveryProgress(every_s=1e-9)  # a line at each step
     metrics = Metrics()
     metrics.watch_engine(again, max_tables=None)
     with caplog.at_level(logging.INFO):
@@ -140,6 +140,11 @@ async def test_the_replay_at_start_up_logs_progress_and_sets_the_gauge(
         # the table's creation and 64 pushes
         assert "replay: 25% (16 of 65 records)" in lines, lines
         assert lines[-1].startswith("replay: done, 65 records in "), lines
+        # the checkpoint that follows says so, rather than leave the start silent
+        after = [
+            r.getMessage() for r in caplog.records if "checkpoint after replay" in r.getMessage()
+        ]
+        assert after and after[-1].startswith("checkpoint after replay: done in "), after
         text = metrics.render().decode()
         assert 'rlreplay_recovery_progress_ratio{phase="replay"} 1' in text
         assert 'rlreplay_recovery_done{phase="replay",unit="records"} 65' in text

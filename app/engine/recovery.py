@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -110,7 +111,12 @@ async def recover(
     state.seq = wal.next_lsn - 1
     await processor.trim_all()
     if records or loss.lost:
+        # It may take a while (every replayed value is written): say so, or the start looks
+        # stuck between "replay: done" and "engine ready".
+        log.info("checkpoint after replay: writing what the log held; ready once it is done")
+        started = time.monotonic()
         await processor.checkpoint(full=True)
+        log.info("checkpoint after replay: done in %.1f s", time.monotonic() - started)
     return len(records)
 
 
