@@ -233,7 +233,7 @@ async def _join_rounds(workdir: Path, rounds: int, pushes: int) -> tuple[float, 
     from rlreplay.app.engine.engine import Engine
     from rlreplay.app.settings import Settings
     from rlreplay.app.tables.config import TableConfig
-    from rlreplay.workers.task_processor import TaskProcessor
+    from rlreplay.app.writer.task_processor import TaskProcessor
 
     template, counter = _push_template(), 0
     join = TaskProcessor.join_pushes

@@ -47,13 +47,15 @@ def test_the_layer_contracts_hold() -> None:
         # selection below tables: a sampler may not reach up into the table that holds it
         ("app/selection/base.py", "import rlreplay.app.tables.table", "layers point one way"),
         # the writer below the engine that owns it
-        ("workers/apply.py", "import rlreplay.app.engine.engine", "layers point one way"),
+        ("app/writer/apply.py", "import rlreplay.app.engine.engine", "layers point one way"),
+        # workers below the service: the blocking-work pools know nothing of tables
+        ("workers/blocking.py", "import rlreplay.app.tables.table", "Top-level folders"),
         # the wire package below everything
         ("wire/codec.py", "import rlreplay.app.settings", "layers point one way"),
         # the client installs without the service
         ("clients/retry.py", "import rlreplay.app.api.errors", "needs nothing of the service"),
         # one package name: the folders behind the links are never imported by their own name
-        ("app/engine/core.py", "import workers.apply", "never the folders"),
+        ("app/engine/core.py", "import workers.blocking", "never the folders"),
         # the sidecar speaks the contract, never the service's insides
         ("gpu/follower.py", "import rlreplay.app.tables.table", "only through the client"),
         # the server starts without torch

@@ -37,6 +37,7 @@ from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_bo
 from rlreplay.app.api.write_status import status_of
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
+from rlreplay.app.writer.request_ids import answer_count
 from rlreplay.wire.errors import (
     DeadlineExceeded,
     ItemNotFound,
@@ -57,7 +58,6 @@ from rlreplay.wire.schemas import (
     PushCommitted,
     PushRequest,
 )
-from rlreplay.workers.request_ids import answer_count
 
 __all__ = [
     "batch_delete_reply",

@@ -32,6 +32,7 @@ from rlreplay.app.engine.claims import ClaimedItem
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.tables.rollouts import Lease
+from rlreplay.app.writer.request_ids import answer_count
 from rlreplay.wire.errors import (
     DeadlineExceeded,
     LeaseNotFound,
@@ -52,7 +53,6 @@ from rlreplay.wire.schemas import (
     VersionAnswer,
     VersionRequest,
 )
-from rlreplay.workers.request_ids import answer_count
 
 __all__ = ["claim_reply", "patch_reply", "router"]
 

@@ -23,8 +23,8 @@ from rlreplay.app.backup.checksums import copy_with_checksum
 from rlreplay.app.backup.errors import SnapshotCorrupt
 from rlreplay.app.backup.location import BackupLocation
 from rlreplay.app.backup.manifest import Manifest, SnapshotFile
-from rlreplay.app.backup.pool import completed
 from rlreplay.app.backup.progress import ProgressInfo, ProgressTracker
+from rlreplay.workers.transfer_pool import completed
 
 __all__ = ["download_snapshot", "remove_stale_downloads", "stale_downloads"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from rlreplay.app.backup.checksums import checksum_file
 from rlreplay.app.backup.location import BackupLocation
 from rlreplay.app.backup.manifest import Manifest, SnapshotFile
-from rlreplay.app.backup.pool import completed
+from rlreplay.workers.transfer_pool import completed
 
 __all__ = ["Transfer", "UploadResult", "scan_folder", "send_missing"]
 

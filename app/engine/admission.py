@@ -1,7 +1,7 @@
 """The engine's admission part: writes are checked, admitted (logged, with
 ``durability="wal"``, and numbered: :meth:`EngineCore.admit
 <rlreplay.app.engine.core.EngineCore.admit>`), registered in their table's pending index
-and queued for the writer (:class:`rlreplay.workers.task_processor.TaskProcessor`). They
+and queued for the writer (:class:`rlreplay.app.writer.task_processor.TaskProcessor`). They
 return once the log is fsynced, or once applied with ``wait=True``; and a write that
 carries a request id is served once.
 
@@ -23,10 +23,10 @@ from rlreplay.app.log import records
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.items import MAX_KEY_BYTES, NewItem
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.ops import CheckpointOp, PriorityOp, PutOp
+from rlreplay.app.writer.request_ids import Answer, answer_count, scoped_id
+from rlreplay.app.writer.state import cache_charge
 from rlreplay.wire.errors import StorageFull, Unavailable, ValidationFailed
-from rlreplay.workers.ops import CheckpointOp, PriorityOp, PutOp
-from rlreplay.workers.request_ids import Answer, answer_count, scoped_id
-from rlreplay.workers.state import cache_charge
 
 __all__ = ["Admission", "WriteAnswer", "check_key", "fresh_items", "note_answer", "write_answer"]
 

@@ -28,6 +28,7 @@ from rlreplay.app.storage.layout import value_key
 from rlreplay.app.tables.items import PatchedItem
 from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.ops import AckOp, PatchOp, VersionOp
 from rlreplay.wire.errors import (
     DeadlineExceeded,
     LeaseNotFound,
@@ -35,7 +36,6 @@ from rlreplay.wire.errors import (
     ValidationFailed,
     VersionConflict,
 )
-from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
 
 __all__ = ["ClaimedItem", "Claims"]
 

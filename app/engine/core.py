@@ -19,15 +19,15 @@ from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.faults import StorageDamaged, storage_error
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.ops import DeleteOp
+from rlreplay.app.writer.state import EngineState
+from rlreplay.app.writer.task_processor import TaskProcessor
 from rlreplay.wire.errors import (
     Overloaded,
     TableNotFound,
     Unavailable,
     ValidationFailed,
 )
-from rlreplay.workers.ops import DeleteOp
-from rlreplay.workers.state import EngineState
-from rlreplay.workers.task_processor import TaskProcessor
 
 log = logging.getLogger(__name__)
 

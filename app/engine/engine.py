@@ -35,7 +35,6 @@ from rlreplay.app.engine.snapshots import SnapshotInfo, Snapshots, restore_on_st
 from rlreplay.app.log import records
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.cache import CacheLedger
 from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.tables.config import TableConfig
@@ -49,20 +48,21 @@ from rlreplay.app.tables.items import (
 from rlreplay.app.tables.rollouts import Lease
 from rlreplay.app.tables.stats import TablesSummary, describe, summarize_tables
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.ops import (
+    CheckpointOp,
+    CreateTableOp,
+    DropTableOp,
+)
+from rlreplay.app.writer.state import EngineState
+from rlreplay.app.writer.storage import storage_for
+from rlreplay.app.writer.task_processor import TaskProcessor
 from rlreplay.wire.errors import (
     ReplayError,
     StorageFull,
     TableExists,
     ValidationFailed,
 )
-from rlreplay.workers.ops import (
-    CheckpointOp,
-    CreateTableOp,
-    DropTableOp,
-)
-from rlreplay.workers.state import EngineState
-from rlreplay.workers.storage import storage_for
-from rlreplay.workers.task_processor import TaskProcessor
+from rlreplay.workers.blocking import BlockingIO
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ from rlreplay.app.tables.items import (
 from rlreplay.app.tables.rollouts import NO_VERSION
 from rlreplay.app.tables.stacking import stack_values
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.ops import (
+    PopulateOp,
+)
+from rlreplay.app.writer.state import cache_charge
 from rlreplay.wire.errors import (
     DeadlineExceeded,
     ValidationFailed,
 )
-from rlreplay.workers.ops import (
-    PopulateOp,
-)
-from rlreplay.workers.state import cache_charge
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Recovery: the tables come back from the storage (RocksDB or the memory checkpoint; see
-:mod:`rlreplay.workers.storage`), then the log after the position they cover is replayed on
+:mod:`rlreplay.app.writer.storage`), then the log after the position they cover is replayed on
 top.
 
 Whatever is missing or damaged on the way (a checkpoint, a log segment, a record) goes to
@@ -29,13 +29,11 @@ from rlreplay.app.log.in_use import IN_USE
 from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, PatchedItem, push_body_items
 from rlreplay.app.tables.unstacking import msgpack_columns, unstack_values
-from rlreplay.wire.schemas import PushRequest
-from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT
-from rlreplay.workers.ops import (
+from rlreplay.app.writer.memory_checkpoint import MEMORY_CHECKPOINT
+from rlreplay.app.writer.ops import (
     AckOp,
     CreateTableOp,
     DeleteOp,
@@ -46,9 +44,11 @@ from rlreplay.workers.ops import (
     PutOp,
     VersionOp,
 )
-from rlreplay.workers.request_ids import scoped_id
-from rlreplay.workers.state import EngineState
-from rlreplay.workers.task_processor import TaskProcessor
+from rlreplay.app.writer.request_ids import scoped_id
+from rlreplay.app.writer.state import EngineState
+from rlreplay.app.writer.task_processor import TaskProcessor
+from rlreplay.wire.schemas import PushRequest
+from rlreplay.workers.blocking import BlockingIO
 
 log = logging.getLogger("rlreplay.app.engine.engine")
 

@@ -1,7 +1,7 @@
 """Snapshots: every table captured at one point of the writer's order, uploaded to the
 backup URL in the background, and restored from there on start.
 
-A snapshot is a :class:`~rlreplay.workers.ops.SnapshotOp` on the writer's urgent queue, so
+A snapshot is a :class:`~rlreplay.app.writer.ops.SnapshotOp` on the writer's urgent queue, so
 it has a precise place among the ops: the writer captures the tables into a folder of the
 data directory (RocksDB's checkpoint of hard links, or memory mode's checkpoint file) and
 goes on; the upload (:class:`~rlreplay.app.backup.BackupStore`: content-addressed files, so
@@ -39,13 +39,13 @@ from rlreplay.app.backup.download import remove_stale_downloads
 from rlreplay.app.log.in_use import IN_USE
 from rlreplay.app.progress import Progress, RecoveryProgress
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.faults import Backoff
+from rlreplay.app.writer.memory_checkpoint import MEMORY_CHECKPOINT
+from rlreplay.app.writer.ops import SnapshotOp
+from rlreplay.app.writer.state import EngineState
+from rlreplay.app.writer.task_processor import TaskProcessor
 from rlreplay.wire.errors import NotConfigured, TableNotFound, Unavailable
-from rlreplay.workers.memory_checkpoint import MEMORY_CHECKPOINT
-from rlreplay.workers.ops import SnapshotOp
-from rlreplay.workers.state import EngineState
-from rlreplay.workers.task_processor import TaskProcessor
+from rlreplay.workers.blocking import BlockingIO
 
 log = logging.getLogger("rlreplay.snapshots")
 

@@ -1,4 +1,4 @@
-"""Log flushes through the log writer process (:mod:`rlreplay.app.log.writer_process`), which
+"""Log flushes through the log writer process (:mod:`rlreplay.workers.log_writer_process`), which
 :class:`~rlreplay.app.log.wal.WriteAheadLog` holds as a :class:`ProcessFlusher`.
 
 ``append`` frames records into a page-aligned shared buffer; the process writes and
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from rlreplay.app.log.framing import ZEROS, region_size
 from rlreplay.app.log.segments import SegmentFiles
-from rlreplay.app.log.writer_process import LogWriterProcess, SharedBuffer
+from rlreplay.workers.log_writer_process import LogWriterProcess, SharedBuffer
 
 log = logging.getLogger("rlreplay.app.log.wal")
 

@@ -42,7 +42,7 @@ from rlreplay.app.log.framing import (
     segment_name,
 )
 from rlreplay.app.log.manifest import LogManifest, ManifestFile
-from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.workers.blocking import BlockingIO
 
 log = logging.getLogger("rlreplay.app.log.wal")
 

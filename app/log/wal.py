@@ -40,8 +40,8 @@ from rlreplay.app.log.in_use import mark_in_use, mark_not_needed
 from rlreplay.app.log.refusals import Refusal, Refusals
 from rlreplay.app.log.replay import ReplayResult, drop_spares, replay_segments
 from rlreplay.app.log.segments import SegmentFiles
-from rlreplay.app.log.writer_process import SUPPORTED, SharedBuffer
-from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.workers.blocking import BlockingIO
+from rlreplay.workers.log_writer_process import SUPPORTED, SharedBuffer
 
 __all__ = [
     "FRAME",

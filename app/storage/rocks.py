@@ -73,7 +73,7 @@ class RocksStore:
     """A RocksDB database tuned for large values and a bounded memory footprint.
 
     All methods block; the engine calls them through
-    :class:`~rlreplay.app.storage.blocking.BlockingIO`.
+    :class:`~rlreplay.workers.blocking.BlockingIO`.
 
     Raises:
         StorageDamaged: (from the constructor, with ``verify``) a file of the database is

@@ -286,7 +286,9 @@ async def test_the_log_writer_process_ends_with_the_server_and_loses_nothing_ans
             for n in range(20):  # the first flush settles O_DIRECT in a thread, then the process
                 await rb.push("default", [{"key": f"k{n}.{i}", "value": i} for i in range(10)])
         server = psutil.Process(srv.process.pid)
-        writers = [p for p in server.children() if "rlreplay.app.log.writer_process" in p.cmdline()]
+        writers = [
+            p for p in server.children() if "rlreplay.workers.log_writer_process" in p.cmdline()
+        ]
         assert len(writers) == 1, [p.cmdline() for p in server.children()]
         assert "flushes in a log writer process" in srv.log()
         if stop == "sigterm":

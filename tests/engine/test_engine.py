@@ -13,6 +13,7 @@ import pytest
 
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.tables.config import SamplerSpec, TableConfig
+from rlreplay.app.writer.ops import CheckpointOp
 from rlreplay.wire.errors import (
     DeadlineExceeded,
     Overloaded,
@@ -22,7 +23,6 @@ from rlreplay.wire.errors import (
     Unavailable,
     ValidationFailed,
 )
-from rlreplay.workers.ops import CheckpointOp
 from tests.engine.conftest import item, make_settings
 from tests.engine.test_model import check_cache_accounting
 

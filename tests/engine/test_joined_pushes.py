@@ -17,8 +17,8 @@ from rlreplay.app.engine.admission import Admission
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.feed import read_changes
 from rlreplay.app.tables.config import RemoverSpec, TableConfig
-from rlreplay.workers.ops import CheckpointOp, PutOp
-from rlreplay.workers.task_processor import TaskProcessor
+from rlreplay.app.writer.ops import CheckpointOp, PutOp
+from rlreplay.app.writer.task_processor import TaskProcessor
 from tests.engine.conftest import crash, engine_with_table, item, make_settings
 
 MODES = ["memory", "disk", "hybrid"]
@@ -211,7 +211,7 @@ def test_only_durable_pushes_to_one_table_with_keys_of_their_own_join(
     from collections import deque
     from types import SimpleNamespace
 
-    from rlreplay.workers import task_processor as tp
+    from rlreplay.app.writer import task_processor as tp
 
     a, b = SimpleNamespace(changes=None), SimpleNamespace(changes=None)
     wal = SimpleNamespace(durable_lsn=10, refusal=lambda seq: None)

@@ -16,8 +16,8 @@ import msgpack
 import pytest
 
 from rlreplay.app.main import create_app
-from rlreplay.workers.memory_checkpoint import MAGIC, read_checkpoint_file
-from rlreplay.workers.task_processor import TaskProcessor
+from rlreplay.app.writer.memory_checkpoint import MAGIC, read_checkpoint_file
+from rlreplay.app.writer.task_processor import TaskProcessor
 from tests.faults.damaged_data import (
     assert_everything_back,
     data_dir,

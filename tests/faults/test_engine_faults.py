@@ -16,7 +16,6 @@ from rlreplay.app.engine.engine import Engine
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
 from rlreplay.wire.errors import (
@@ -26,6 +25,7 @@ from rlreplay.wire.errors import (
     Unavailable,
     ValidationFailed,
 )
+from rlreplay.workers.blocking import BlockingIO
 from tests.faults.disk import fill, small_disk
 
 

@@ -11,7 +11,7 @@ from rlreplay.app.engine.engine import Engine
 from rlreplay.app.log import records
 from rlreplay.app.log.wal import LogRecoveryError, WriteAheadLog
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.workers.blocking import BlockingIO
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ from typing import Any
 import msgpack
 import pytest
 
-from rlreplay.app.log import flushes, segments, writer_process
+from rlreplay.app.log import flushes, segments
 from rlreplay.app.log import wal as wal_module
 from rlreplay.app.log.segments import SEGMENT_BYTES
 from rlreplay.app.log.wal import FRAME, SEGMENT_SUFFIX, LogRecoveryError, WriteAheadLog
-from rlreplay.app.storage.blocking import BlockingIO
+from rlreplay.workers import log_writer_process as writer_process
+from rlreplay.workers.blocking import BlockingIO
 
 
 @pytest.fixture

@@ -10,16 +10,16 @@ import msgpack
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.settings import Settings
-from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD, CacheLedger
 from rlreplay.app.storage.layout import pack_meta
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.stats import TableCounters
 from rlreplay.app.tables.table import Table
-from rlreplay.workers.request_ids import RequestIds
+from rlreplay.app.writer.request_ids import RequestIds
+from rlreplay.workers.blocking import BlockingIO
 
 if TYPE_CHECKING:
-    from rlreplay.workers.storage import Storage
+    from rlreplay.app.writer.storage import Storage
 
 
 @dataclass(slots=True)
@@ -31,7 +31,7 @@ class EngineState:
     settings: Settings
     io: BlockingIO
     ledger: CacheLedger[Table]
-    #: The storage mode's object (:mod:`rlreplay.workers.storage`), chosen once at start.
+    #: The storage mode's object (:mod:`rlreplay.app.writer.storage`), chosen once at start.
     storage: Storage
     wal: WriteAheadLog | None = None
     tables: dict[str, Table] = field(default_factory=dict)

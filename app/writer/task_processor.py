@@ -3,7 +3,7 @@
 Admissions and samples change a table too, in the caller's task, through the methods
 :class:`~rlreplay.app.tables.table.Table` names for them.
 
-Callers enqueue ops (see :mod:`rlreplay.workers.ops`) on the urgent queue (push, delete,
+Callers enqueue ops (see :mod:`rlreplay.app.writer.ops`) on the urgent queue (push, delete,
 priorities, tables, checkpoint) or the housekeeping queue (evict, populate) and, if they want,
 await the op's future. One owned task drains both: when both have work it takes urgent work with
 probability ``urgent_probability`` (0.8 by default) and housekeeping otherwise, so housekeeping is
@@ -29,10 +29,9 @@ from typing import Any, TypeGuard
 
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
-from rlreplay.wire.errors import Unavailable
-from rlreplay.workers.apply import OpApplier, raise_into
-from rlreplay.workers.checkpoints import Checkpointer
-from rlreplay.workers.ops import (
+from rlreplay.app.writer.apply import OpApplier, raise_into
+from rlreplay.app.writer.checkpoints import Checkpointer
+from rlreplay.app.writer.ops import (
     AckOp,
     DeleteOp,
     DropTableOp,
@@ -43,9 +42,10 @@ from rlreplay.workers.ops import (
     VersionOp,
     queued_ops,
 )
-from rlreplay.workers.state import (
+from rlreplay.app.writer.state import (
     EngineState,
 )
+from rlreplay.wire.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ JOIN_ITEMS = 1024  # items past which no more queued pushes join one (bounds a s
 class TaskProcessor:
     """Owns the writer task and its queues, and applies ops in order.
 
-    It holds the two parts that do the work: an :class:`~rlreplay.workers.apply.OpApplier`
+    It holds the two parts that do the work: an :class:`~rlreplay.app.writer.apply.OpApplier`
     (each op's effect on tables and storage) and a
-    :class:`~rlreplay.workers.checkpoints.Checkpointer` (checkpoints and captures), and
+    :class:`~rlreplay.app.writer.checkpoints.Checkpointer` (checkpoints and captures), and
     hands each the calls on its queues that it needs.
     """
 

@@ -40,7 +40,7 @@ class PutOp(Op):
     """Insert or replace items.
 
     The writer may apply several queued pushes to one table as one op (see
-    :meth:`~rlreplay.workers.task_processor.TaskProcessor.join_pushes`): ``parts`` then holds
+    :meth:`~rlreplay.app.writer.task_processor.TaskProcessor.join_pushes`): ``parts`` then holds
     them, in order, and ``items`` their items one after another.
     """
 
@@ -118,7 +118,7 @@ class DropTableOp(Op):
 @dataclass(slots=True, eq=False)
 class CheckpointOp(Op):
     """Make what is applied durable without the log, then truncate the log (see
-    :meth:`rlreplay.workers.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
+    :meth:`rlreplay.app.writer.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
 
     full: bool = False
 
@@ -126,7 +126,7 @@ class CheckpointOp(Op):
 @dataclass(slots=True, eq=False)
 class SnapshotOp(Op):
     """Capture every table into ``dest`` at this op's place in the order (see
-    :meth:`rlreplay.workers.checkpoints.Checkpointer.capture`); the writer fills ``meta``."""
+    :meth:`rlreplay.app.writer.checkpoints.Checkpointer.capture`); the writer fills ``meta``."""
 
     dest: Path
     meta: dict[str, object] = field(default_factory=dict)

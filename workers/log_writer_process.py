@@ -94,7 +94,7 @@ class LogWriterProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "rlreplay.app.log.writer_process", str(child.fileno())],
+                [sys.executable, "-m", "rlreplay.workers.log_writer_process", str(child.fileno())],
                 pass_fds=[child.fileno(), *keep_fds],
                 stdin=subprocess.DEVNULL,
             )

@@ -1,7 +1,7 @@
 """Checkpoints: what the writer applied is made durable without the log, then the log it
 covers is cut; and captures, the same at one point of the op order, for a snapshot.
 
-The storage mode does the writing (:mod:`rlreplay.workers.storage`); a checkpoint that fails
+The storage mode does the writing (:mod:`rlreplay.app.writer.storage`); a checkpoint that fails
 (a full disk) leaves the log uncut, and the writer tries again with backoff.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlreplay.workers.state import EngineState
+from rlreplay.app.writer.state import EngineState
 
 
 class Checkpointer:
@@ -33,7 +33,7 @@ class Checkpointer:
     async def checkpoint(self, *, full: bool = False) -> None:
         """Make what is applied durable without the log, then drop the log it covers.
 
-        The storage decides how far (:meth:`~rlreplay.workers.storage.Storage.cut`): memory
+        The storage decides how far (:meth:`~rlreplay.app.writer.storage.Storage.cut`): memory
         mode writes every table to its checkpoint file; hybrid and disk modes, with the log
         on and unless ``full``, write only values logged before the previous checkpoint, so
         the log then holds up to about three intervals (two, and the segment the cut falls

@@ -11,7 +11,7 @@ durable, chosen once at start from ``--storage-mode``.
         │                  or an eviction writes them
         └── DiskStorage    pushes are written through to RocksDB at once
 
-The writer (:mod:`rlreplay.workers.apply`, :mod:`rlreplay.workers.checkpoints`) asks the
+The writer (:mod:`rlreplay.app.writer.apply`, :mod:`rlreplay.app.writer.checkpoints`) asks the
 storage what to do (:attr:`Storage.caches_pushes`, :attr:`Storage.evicts`, :attr:`Storage.capped`)
 instead of comparing mode names, and a RocksDB-backed storage keeps the writes that a failed
 RocksDB call put off, for the next checkpoint's batch.
@@ -28,7 +28,6 @@ import msgpack
 import numpy as np
 
 from rlreplay.app.storage import layout
-from rlreplay.app.storage.blocking import BlockingIO
 from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
     LSN_KEY,
@@ -42,12 +41,13 @@ from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.storage.salvage import salvage_rocksdb
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
-from rlreplay.workers.memory_checkpoint import (
+from rlreplay.app.writer.memory_checkpoint import (
     MEMORY_CHECKPOINT,
     read_checkpoint_file,
     write_checkpoint_file,
 )
-from rlreplay.workers.state import EngineState, cache_charge, meta_bytes, table_record
+from rlreplay.app.writer.state import EngineState, cache_charge, meta_bytes, table_record
+from rlreplay.workers.blocking import BlockingIO
 
 __all__ = [
     "DiskStorage",

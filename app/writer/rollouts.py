@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from rlreplay.workers.ops import AckOp, PatchOp, VersionOp
-from rlreplay.workers.state import EngineState, cache_charge
+from rlreplay.app.writer.ops import AckOp, PatchOp, VersionOp
+from rlreplay.app.writer.state import EngineState, cache_charge
 
 __all__ = ["apply_ack", "apply_patch", "apply_version"]
 

@@ -1,6 +1,6 @@
 """Applying ops to tables and storage, evicting, and checkpointing: what the writer does.
 
-Only :class:`~rlreplay.workers.task_processor.TaskProcessor`, which owns the writer task and its
+Only :class:`~rlreplay.app.writer.task_processor.TaskProcessor`, which owns the writer task and its
 queues and holds an :class:`OpApplier`, calls these, one op at a time (recovery, through it,
 calls :meth:`OpApplier.apply` to replay the log). Storage errors in background work
 (checkpoints, evictions) are logged, counted and retried with backoff; a write an op cannot
@@ -32,9 +32,8 @@ from rlreplay.app.storage.layout import (
 )
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
-from rlreplay.wire.errors import TableExists, TableNotFound
-from rlreplay.workers.checkpoints import Checkpointer
-from rlreplay.workers.ops import (
+from rlreplay.app.writer.checkpoints import Checkpointer
+from rlreplay.app.writer.ops import (
     AckOp,
     CheckpointOp,
     CreateTableOp,
@@ -50,16 +49,17 @@ from rlreplay.workers.ops import (
     VersionOp,
     queued_ops,
 )
-from rlreplay.workers.rollouts import apply_ack, apply_patch, apply_version
-from rlreplay.workers.state import (
+from rlreplay.app.writer.rollouts import apply_ack, apply_patch, apply_version
+from rlreplay.app.writer.state import (
     EngineState,
     cache_charge,
     meta_bytes,
     table_record,
 )
-from rlreplay.workers.storage import RocksStorage
+from rlreplay.app.writer.storage import RocksStorage
+from rlreplay.wire.errors import TableExists, TableNotFound
 
-log = logging.getLogger("rlreplay.workers.task_processor")
+log = logging.getLogger("rlreplay.app.writer.task_processor")
 
 EVICT_LOW_WATERMARK = 0.9  # evict down to this fraction of the limit
 EVICT_HARD_FACTOR = 1.1  # past this the writer evicts before anything else
@@ -74,7 +74,7 @@ def each(effects: Iterator[Any]) -> None:
 
 class SubmitOp(Protocol):
     """How the applier queues follow-up work (an eviction, a checkpoint) for the writer:
-    the task processor's :meth:`~rlreplay.workers.task_processor.TaskProcessor.submit`."""
+    the task processor's :meth:`~rlreplay.app.writer.task_processor.TaskProcessor.submit`."""
 
     def __call__(self, op: Op, *, housekeeping: bool = False) -> None: ...
 

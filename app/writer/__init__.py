@@ -1,0 +1,1 @@
+"""The single writer: the task that applies ops to tables, evicts, and checkpoints."""
