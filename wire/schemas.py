@@ -27,6 +27,8 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType, field
 
+from rlreplay.wire.rollout_scale import MAX_WORLD_SIZE, Tags, Where
+
 __all__ = [
     "DEFAULT_PRIORITY",
     "DEFAULT_TIMEOUT_MS",
@@ -188,6 +190,7 @@ class ItemIn(_Request):
     priority: Priority = DEFAULT_PRIORITY
     group: Annotated[str | UnsetType, Meta(description=_GROUP_DOC)] = UNSET
     version: PolicyVersion | UnsetType = UNSET
+    tags: Tags | UnsetType = UNSET
 
 
 class PushRequest(_Request):
@@ -196,6 +199,10 @@ class PushRequest(_Request):
     items: list[ItemIn]
     wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
     request_id: RequestId | UnsetType = UNSET
+    reservation: (
+        Annotated[str, Meta(max_length=64, description="A reservation these items fill.")]
+        | UnsetType
+    ) = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "items": [
@@ -285,6 +292,7 @@ class SampleRequest(_Request):
     ] = DEFAULT_TIMEOUT_MS
     include_values: Annotated[bool, Meta(description="false: values come back null.")] = True
     layout: Layout = "items"
+    where: Where | UnsetType = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "batch_size": 64,
@@ -316,13 +324,14 @@ class PatchItemIn(_Request):
 
     key: Key
     fields: Annotated[
-        Raw,
+        Raw | UnsetType,
         Meta(
             description="Field name -> value: each is set in the item's value.",
             extra_json_schema={"type": "object", "minProperties": 1},
             examples=[{"reward": 1.0}],
         ),
-    ]
+    ] = UNSET
+    tags: Annotated[Tags | UnsetType, Meta(description="Tags set on the item.")] = UNSET
 
 
 class PatchRequest(_Request):
@@ -371,6 +380,29 @@ class ClaimRequest(_Request):
         bool, Meta(description="Past `wait_ms`, answer what is ready instead of 504.")
     ] = False
     min_version: PolicyVersion | UnsetType = UNSET
+    where: Where | UnsetType = UNSET
+    select: Annotated[
+        list[FieldName] | UnsetType,
+        Meta(description="The fields returned (default: `fields`, or the whole value)."),
+    ] = UNSET
+    values: Annotated[
+        bool, Meta(description="false: no values, each selected field's length instead.")
+    ] = True
+    max_tokens: (
+        Annotated[
+            int, Meta(ge=1, le=2**62, description="Hand out items while their lengths sum within.")
+        ]
+        | UnsetType
+    ) = UNSET
+    length_field: Annotated[
+        FieldName | UnsetType, Meta(description="The field whose length `max_tokens` counts.")
+    ] = UNSET
+    world_size: (
+        Annotated[
+            int, Meta(ge=1, le=MAX_WORLD_SIZE, description="Split the items into this many ranks.")
+        ]
+        | UnsetType
+    ) = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "task": "trainer",
@@ -384,10 +416,15 @@ class ClaimedItem(Struct):
     """One item of a claim: only the fields asked for are in its value."""
 
     key: str
-    value: Annotated[Any, Meta(description=_VALUE_DOC)]
     priority: float
     group: str | None
     version: int | None
+    value: Annotated[Any, Meta(description=_VALUE_DOC + " Absent with `values: false`.")] = UNSET
+    tags: Annotated[dict[str, Any] | UnsetType, Meta(description="When it has any.")] = UNSET
+    lengths: Annotated[
+        dict[str, int] | UnsetType,
+        Meta(description="With `values: false`: each selected field's length."),
+    ] = UNSET
 
 
 class ClaimAnswer(Struct):
@@ -396,6 +433,10 @@ class ClaimAnswer(Struct):
     lease: str
     expires_at: Annotated[float, Meta(description="Unix time, seconds.")]
     items: list[ClaimedItem]
+    ranks: Annotated[
+        list[list[int]] | UnsetType,
+        Meta(description="With `world_size`: indices into `items`, one list per rank."),
+    ] = UNSET
 
 
 class LeaseKeysRequest(_Request):
@@ -458,6 +499,7 @@ class TasksAnswer(Struct):
     tasks: dict[str, TaskCounts]
     version: _Count
     dropped_stale: _Count
+    reserved: Annotated[_Count, Meta(description="Reserved slots not filled yet.")] = 0
 
 
 # --- answers ----------------------------------------------------------------------------------
@@ -498,6 +540,7 @@ class ItemOut(Struct):
     times_sampled: Annotated[int, Meta(ge=0, examples=[0])]
     group: Annotated[str | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
     version: Annotated[int | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
+    tags: Annotated[dict[str, Any] | UnsetType, Meta(description="When it has any.")] = UNSET
 
 
 class ItemList(Struct):
@@ -521,6 +564,7 @@ class SampledItemOut(Struct):
     times_sampled: Annotated[int, Meta(ge=0, examples=[1])]
     group: Annotated[str | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
     version: Annotated[int | UnsetType, Meta(description="Only when pushed with one.")] = UNSET
+    tags: Annotated[dict[str, Any] | UnsetType, Meta(description="When it has any.")] = UNSET
 
 
 class SampleResponse(Struct):

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from rlreplay.app.api.encoding import BodyFormat, decode_body
 from rlreplay.app.tables.config import TableConfig, check_numbers
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.tables.tag_index import check_tags
 from rlreplay.wire.codec import jsonable_to_msgpack
 from rlreplay.wire.errors import BadRequest, ValidationFailed
 from rlreplay.wire.headers import map_size
@@ -104,6 +105,8 @@ class PushBody:
     #: A msgpack columnar body's ``columns`` map as sent (the log keeps it, and replay
     #: builds the values from it again); None otherwise.
     columns: memoryview | None = field(default=None, compare=False)
+    #: The reservation whose slots these items fill, if any.
+    reservation: str | None = None
 
 
 class _PushRequestWithWait(PushRequest):
@@ -302,7 +305,9 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
     priorities = [it.priority for it in items]
     check_keys(keys, _item_key)
     check_finite(priorities, _item_priority)
-    if any(it.group is not UNSET or it.version is not UNSET for it in items):
+    if any(
+        it.group is not UNSET or it.version is not UNSET or it.tags is not UNSET for it in items
+    ):
         new_items = [
             NewItem(
                 k,
@@ -310,8 +315,9 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
                 p,
                 None if it.group is UNSET else it.group,
                 None if it.version is UNSET else it.version,
+                None if it.tags is UNSET else check_tags(it.tags, f"items[{i}].tags") or None,
             )
-            for k, v, p, it in zip(keys, values, priorities, items, strict=True)
+            for i, (k, v, p, it) in enumerate(zip(keys, values, priorities, items, strict=True))
         ]
     else:
         new_items = list(map(NewItem, keys, values, priorities))
@@ -320,6 +326,7 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
         bool(push.wait),
         body if fmt is BodyFormat.MSGPACK else None,
         None if push.request_id is UNSET else push.request_id,
+        reservation=None if push.reservation is UNSET else push.reservation,
     )
 
 
@@ -341,6 +348,7 @@ def _decode_msgpack_push(body: bytes) -> PushRequest:
     if size is not None and size > 2:  # every name is known: count those given
         wait: Any = push.wait
         given = 1 + (wait is not UNSET) + (push.request_id is not UNSET)
+        given += push.reservation is not UNSET
         if given != size:
             raise ValidationFailed("duplicate field(s) in the body")
     return push
@@ -470,6 +478,8 @@ class PatchBody:
     items: list[tuple[str, bytes]]
     wait: bool
     request_id: str | None
+    #: Per item, the tags the patch sets (None where it sets none); None: no item sets any.
+    tags: list[dict[str, Any] | None] | None = None
 
 
 def parse_patch(body: bytes, fmt: BodyFormat) -> PatchBody:
@@ -478,7 +488,14 @@ def parse_patch(body: bytes, fmt: BodyFormat) -> PatchBody:
     request: PatchRequest = _decode(body, fmt, _PATCH)
     check_keys([it.key for it in request.items], _item_key)
     items = []
+    tags: list[dict[str, Any] | None] = []
     for i, it in enumerate(request.items):
+        tags.append(None if it.tags is UNSET else check_tags(it.tags, f"items[{i}].tags"))
+        if it.fields is UNSET:
+            if it.tags is UNSET:
+                raise ValidationFailed(f"items[{i}] must set fields, tags or both")
+            items.append((it.key, _EMPTY_MAP))
+            continue
         raw = bytes(it.fields)
         if fmt is not BodyFormat.MSGPACK:
             raw = _value_msgpack(_json_form(raw, i), i)
@@ -486,11 +503,15 @@ def parse_patch(body: bytes, fmt: BodyFormat) -> PatchBody:
             named = _FIELD_MAP.decode(raw)
         except (msgspec.ValidationError, *_UNREADABLE) as exc:
             raise ValidationFailed(f"items[{i}].fields must be a map of field names") from exc
-        if not named:
+        if not named and it.tags is UNSET:
             raise ValidationFailed(f"items[{i}].fields must name at least one field")
         items.append((it.key, raw))
     rid = None if request.request_id is UNSET else request.request_id
-    return PatchBody(items, request.wait, rid)
+    return PatchBody(items, request.wait, rid, tags if any(t is not None for t in tags) else None)
+
+
+#: The fields of a patch that sets tags alone.
+_EMPTY_MAP = b"\x80"
 
 
 def parse_claim(body: bytes, fmt: BodyFormat) -> ClaimRequest:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
 
 from rlreplay.app.tables.items import Item, SampleBatch
@@ -69,7 +70,7 @@ _SAMPLED_NAMES = _names(
 
 def _item_parts(item: Item, out: list[bytes]) -> None:
     p, i, t = _ITEM_NAMES
-    extra = _rollout_parts(item.group, item.version)
+    extra = _rollout_parts(item.group, item.version, item.tags)
     out += (
         _ITEM_HEAD if not extra else bytes((0x85 + len(extra) // 2,)) + b"\xa3key",
         str_bytes(item.key),
@@ -84,13 +85,21 @@ _GROUP = b"\xa5group"
 _VERSION = b"\xa7version"
 
 
-def _rollout_parts(group: str | None, version: int | None) -> list[bytes]:
-    """``"group"`` and ``"version"`` entries of an item's map, those it has."""
+_TAGS = b"\xa4tags"
+_PACK_TAGS = msgspec.msgpack.Encoder().encode
+
+
+def _rollout_parts(
+    group: str | None, version: int | None, tags: dict[str, Any] | None = None
+) -> list[bytes]:
+    """``"group"``, ``"version"`` and ``"tags"`` entries of an item's map, those it has."""
     out: list[bytes] = []
     if group is not None:
         out += (_GROUP, str_bytes(group))
     if version is not None:
         out += (_VERSION, b"\xcf" + version.to_bytes(8, "big"))
+    if tags:
+        out += (_TAGS, _PACK_TAGS(tags))
     return out
 
 
@@ -158,10 +167,11 @@ def sample_msgpack(batch: SampleBatch) -> bytes:
     values = _or_nil(batch.values)
     if batch.groups is not None and batch.versions is not None:
         out: list[bytes] = [_ITEMS_MAP, array_header(n)]
-        for key, value, tail, group, version in zip(
-            batch.keys, values, tails, batch.groups, batch.versions, strict=True
+        tags = batch.tags or [None] * n
+        for key, value, tail, group, version, tg in zip(
+            batch.keys, values, tails, batch.groups, batch.versions, tags, strict=True
         ):
-            extra = _rollout_parts(group, version)
+            extra = _rollout_parts(group, version, tg)
             out += (bytes((0x86 + len(extra) // 2,)), b"\xa3key", str_bytes(key), _VALUE)
             out += (value, tail, *extra)
         return b"".join(out)
@@ -198,6 +208,8 @@ def item_json(item: Item) -> dict[str, Any]:
         out["group"] = item.group
     if item.version is not None:
         out["version"] = item.version
+    if item.tags:
+        out["tags"] = item.tags
     return out
 
 
@@ -223,5 +235,7 @@ def sample_json(batch: SampleBatch) -> dict[str, Any]:
             pick["group"] = s.group
         if s.version is not None:
             pick["version"] = s.version
+        if s.tags:
+            pick["tags"] = s.tags
         out.append(pick)
     return {"items": out}

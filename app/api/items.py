@@ -113,7 +113,10 @@ async def push_reply(
         body=push.raw,
         request_id=push.request_id,
         columns=push.columns,
+        reservation=push.reservation,
     )
+    if push.reservation is not None:
+        engine.reservations.fill(table, push.reservation, len(push.items))
     metrics.count_items("push", answer_count(answer))
     return encode_reply(answer, msgpack_body=as_msgpack, status=status_of(answer))
 

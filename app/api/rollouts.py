@@ -95,7 +95,7 @@ async def patch_reply(
     """The work of :func:`patch_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     patch = parse_patch(body, fmt)
     answer = await engine.claims.patch(
-        table, patch.items, wait=patch.wait, request_id=patch.request_id
+        table, patch.items, wait=patch.wait, request_id=patch.request_id, tags=patch.tags
     )
     metrics.count_items("patch", answer_count(answer))
     return encode_reply(answer, msgpack_body=as_msgpack, status=status_of(answer))

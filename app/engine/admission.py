@@ -139,13 +139,16 @@ class Admission:
         body: bytes | None = None,
         request_id: str | None = None,
         columns: bytes | memoryview | None = None,
+        reservation: str | None = None,
     ) -> WriteAnswer:
         """:meth:`push`, answered as the contract says: ``{"committed": n}`` (applied) or
         ``{"accepted": n}``; a repeat of ``request_id`` gets the first answer whatever its
         own ``wait``. The API layer gives it its HTTP status
         (:func:`rlreplay.app.api.write_status.status_of`)."""
         if request_id is None:
-            n = await self._push(table, items, wait, timeout_s, validated, body, None, columns)
+            n = await self._push(
+                table, items, wait, timeout_s, validated, body, None, columns, reservation
+            )
             return write_answer(n, wait)
         n = len(items)
 
@@ -153,7 +156,9 @@ class Admission:
             answer = write_answer(n, wait)
             if request is not None:
                 note_answer(request, answer)
-            await self._push(table, items, wait, timeout_s, validated, body, request, columns)
+            await self._push(
+                table, items, wait, timeout_s, validated, body, request, columns, reservation
+            )
             return answer
 
         return await self.once("push", request_id, serve)
@@ -168,6 +173,7 @@ class Admission:
         body: bytes | None,
         request: list[Any] | None,
         columns: bytes | memoryview | None = None,
+        reservation: str | None = None,
     ) -> int:
         t = self._core.table(table)
         if t.config.max_staleness is not None:
@@ -229,6 +235,10 @@ class Admission:
             if any(it.group is not None or it.version is not None for it in items):
                 extras["groups"] = [it.group for it in items]
                 extras["versions"] = [it.version for it in items]
+            if any(it.tags is not None for it in items):
+                extras["tags"] = [it.tags for it in items]
+            if reservation is not None:
+                extras["reservation"] = reservation
             if request is not None:
                 extras["request"] = request
             # a columnar push's items have no group or version: its columns say it all

@@ -27,6 +27,7 @@ from rlreplay.app.log import records
 from rlreplay.app.storage.layout import value_key
 from rlreplay.app.tables.items import PatchedItem
 from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
+from rlreplay.app.tables.tag_index import merge_tags
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.ops import AckOp, PatchOp, VersionOp
 from rlreplay.wire.errors import (
@@ -107,12 +108,14 @@ class Claims:
         *,
         wait: bool = False,
         request_id: str | None = None,
+        tags: Sequence[dict[str, Any] | None] | None = None,
     ) -> WriteAnswer:
         """Set fields of existing items' values: ``items`` are (key, msgpack map of the
-        fields). Answers ``{"accepted" or "committed": n, "missing": m}``."""
+        fields); ``tags`` (per item, None where none) are merged into their tags.
+        Answers ``{"accepted" or "committed": n, "missing": m}``."""
 
         async def serve(request: list[Any] | None) -> WriteAnswer:
-            return await self._patch(table, items, wait=wait, request=request)
+            return await self._patch(table, items, wait=wait, request=request, tags=tags)
 
         return await self._admission.once("patch", request_id, serve)
 
@@ -123,12 +126,13 @@ class Claims:
         *,
         wait: bool,
         request: list[Any] | None,
+        tags: Sequence[dict[str, Any] | None] | None = None,
     ) -> WriteAnswer:
         t = self._core.table(table)
         writer = self._core.writer()
         read: dict[tuple[int, int], bytes] = {}  # (slot, value version) → value from disk
         for _ in range(_PATCH_TRIES):
-            merged, misses = self._merge(t, items, read)
+            merged, misses = self._merge(t, items, read, tags)
             if not misses:
                 break
             s = self._core.state
@@ -158,8 +162,9 @@ class Claims:
             )
         keys = [it.key for it, _ in merged]
         values = [it.value for it, _ in merged]
+        logged_tags = [it.tags for it, _ in merged] if tags is not None else None
         seq = self._core.admit(
-            records.patch(table, keys, values, request) if s.wal is not None else None
+            records.patch(table, keys, values, request, logged_tags) if s.wal is not None else None
         )
         fut = asyncio.get_running_loop().create_future() if wait and merged else None
         if merged:
@@ -174,17 +179,24 @@ class Claims:
         t: Table,
         items: Sequence[tuple[str, bytes]],
         read: dict[tuple[int, int], bytes],
+        tags: Sequence[dict[str, Any] | None] | None = None,
     ) -> tuple[list[tuple[PatchedItem, float]], list[tuple[int, int, str]]]:
         """The patched items over what readers see now, or the values to read first."""
         merged: dict[str, tuple[PatchedItem, float]] = {}
         misses: list[tuple[int, int, str]] = []
         pending, index = t.pending.entries, t.index
-        for key, fields in items:
+        for i, (key, fields) in enumerate(items):
+            new_tags = None if tags is None else tags[i]
             base = merged.get(key)
             if base is not None:  # the same key twice: the second merges over the first
                 it = base[0]
                 value = merge_fields(it.value, fields, key)
-                merged[key] = (PatchedItem(key, value, it.priority, it.group, it.version), base[1])
+                merged[key] = (
+                    PatchedItem(
+                        key, value, it.priority, it.group, it.version, merge_tags(it.tags, new_tags)
+                    ),
+                    base[1],
+                )
                 continue
             entry = pending.get(key)
             if entry is not None:
@@ -192,7 +204,11 @@ class Claims:
                     continue  # deleted
                 old, ts = entry[1], entry[2]
                 value = merge_fields(old.value, fields, key)
-                merged[key] = (PatchedItem(key, value, old.priority, old.group, old.version), ts)
+                new = merge_tags(old.tags, new_tags)
+                merged[key] = (
+                    PatchedItem(key, value, old.priority, old.group, old.version, new),
+                    ts,
+                )
                 continue
             slot = index.get(key)
             if slot is None:
@@ -211,6 +227,7 @@ class Claims:
                     float(t.priority[slot]),
                     t.rollouts.groups.get(slot),
                     None if version == NO_VERSION else version,
+                    merge_tags(t.rollouts.tag_index.get(slot), new_tags),
                 ),
                 float(t.inserted_at[slot]),
             )

@@ -71,7 +71,7 @@ class Reads:
                         keys, vals, t.priority[sl], t.inserted_at[sl], t.times_sampled[sl]
                     )
                     if t.rollouts.has_meta:
-                        batch.groups, batch.versions = rollout_meta(t, slots)  # type: ignore[arg-type]
+                        batch.groups, batch.versions, batch.tags = rollout_meta(t, slots)  # type: ignore[arg-type]
                     return batch
         out: list[Item | None] = [None] * len(keys)
         pending = t.pending.entries
@@ -83,7 +83,14 @@ class Reads:
                     item = entry[1]
                     if item is not None:
                         out[i] = Item(
-                            key, item.value, item.priority, entry[2], 0, item.group, item.version
+                            key,
+                            item.value,
+                            item.priority,
+                            entry[2],
+                            0,
+                            item.group,
+                            item.version,
+                            item.tags,
                         )
                     continue
             slot = index.get(key)
@@ -144,7 +151,7 @@ class Reads:
                     housekeeping=True,
                 )
             assert value is not None
-            out[i] = Item(key, value, meta[0], meta[1], meta[2], meta[4], meta[5])
+            out[i] = Item(key, value, meta[0], meta[1], meta[2], meta[4], meta[5], meta[6])
 
     async def sample(
         self,
@@ -220,7 +227,7 @@ class Reads:
             times_sampled=t.times_sampled[slots],
         )
         if t.rollouts.has_meta:
-            batch.groups, batch.versions = rollout_meta(t, slot_list)
+            batch.groups, batch.versions, batch.tags = rollout_meta(t, slot_list)
         if include_values:
             t.touch(slots)
             if None in batch.values:
@@ -274,6 +281,8 @@ class Reads:
             if batch.groups is not None and batch.versions is not None:
                 batch.groups = [batch.groups[i] for i in keep]
                 batch.versions = [batch.versions[i] for i in keep]
+            if batch.tags is not None:
+                batch.tags = [batch.tags[i] for i in keep]
 
     async def caught_up(self, t: Table, deadline: float, waited_s: float) -> None:
         """Wait until the writer applied what was accepted for ``t``, by the deadline."""
@@ -287,16 +296,25 @@ class Reads:
             )
 
 
-def rollout_of(t: Table, slot: int) -> tuple[str | None, int | None]:
-    """An item's group and policy version (None where it has none)."""
+def rollout_of(t: Table, slot: int) -> tuple[str | None, int | None, dict[str, Any] | None]:
+    """An item's group, policy version and tags (None where it has none)."""
     if not t.rollouts.has_meta:
-        return None, None
+        return None, None, None
     version = int(t.policy_version[slot])
-    return t.rollouts.groups.get(slot), None if version == NO_VERSION else version
+    return (
+        t.rollouts.groups.get(slot),
+        None if version == NO_VERSION else version,
+        t.rollouts.tag_index.get(slot),
+    )
 
 
-def rollout_meta(t: Table, slots: list[int]) -> tuple[list[str | None], list[int | None]]:
-    """The groups and policy versions of ``slots`` (None where an item has none)."""
+def rollout_meta(
+    t: Table, slots: list[int]
+) -> tuple[list[str | None], list[int | None], list[dict[str, Any] | None] | None]:
+    """The groups, policy versions and tags of ``slots`` (None where an item has none;
+    no tags list when the table holds no tags)."""
     groups = t.rollouts.groups
     versions = t.policy_version[slots].tolist()
-    return [groups.get(slot) for slot in slots], [None if v < 0 else v for v in versions]
+    tag_index = t.rollouts.tag_index
+    tags = [tag_index.get(slot) for slot in slots] if tag_index.of else None
+    return [groups.get(slot) for slot in slots], [None if v < 0 else v for v in versions], tags

@@ -185,9 +185,10 @@ def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
         extras = more[0] if more else {}
         nones = [None] * len(keys)
         groups, versions = extras.get("groups") or nones, extras.get("versions") or nones
+        tags = extras.get("tags") or nones
         items = [
-            NewItem(k, v, p, g, r)
-            for k, v, p, g, r in zip(keys, values, prios, groups, versions, strict=True)
+            NewItem(k, v, p, g, r, tg)
+            for k, v, p, g, r, tg in zip(keys, values, prios, groups, versions, tags, strict=True)
         ]
         return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
     if rec.kind == records.PUSH_BODY:
@@ -201,8 +202,9 @@ def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
     if rec.kind == records.DELETE:
         return DeleteOp(lsn, table=table, keys=fields[0], weight=0)
     if rec.kind == records.PATCH:
-        keys, values, _ = fields
-        patched = [PatchedItem(k, v) for k, v in zip(keys, values, strict=True)]
+        keys, values, _, *more = fields
+        tags = more[0] if more else [None] * len(keys)
+        patched = [PatchedItem(k, v, tags=tg) for k, v, tg in zip(keys, values, tags, strict=True)]
         return PatchOp(lsn, table=table, items=patched, weight=0)
     if rec.kind == records.ACK:
         return AckOp(lsn, table=table, task=fields[0], keys=fields[1], weight=0)

@@ -22,7 +22,8 @@ Kinds and their fields:
                  did, which spares encoding every value
 ``delete``       ``keys``, and the write's ``request`` when it had an id
 ``priorities``   ``keys``, ``priorities``
-``patch``        ``keys``, ``values`` (the merged values, msgpack bytes), ``request`` or nil
+``patch``        ``keys``, ``values`` (the merged values, msgpack bytes), ``request`` or nil,
+                 and ``tags`` (each item's merged tags, nil where unchanged) when any are set
 ``ack``          ``task``, ``keys``: the task consumed those items
 ``version``      ``version``: the table's policy version moved forward
 ================ ==========================================================================
@@ -84,8 +85,9 @@ def put(
     inserted_at: float,
     extras: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Items were inserted or replaced. ``extras``: ``groups`` and ``versions`` (a list
-    each, None where an item has none) and the write's ``request``, when there are any."""
+    """Items were inserted or replaced. ``extras``: ``groups``, ``versions`` and ``tags``
+    (a list each, None where an item has none), the ``reservation`` the push filled and the
+    write's ``request``, when there are any."""
     record = [PUT, RECORD_VERSION, table, keys, values, priorities, inserted_at]
     if extras:
         record.append(extras)
@@ -117,9 +119,19 @@ def delete(table: str, keys: list[str], request: list[Any] | None = None) -> lis
     return record
 
 
-def patch(table: str, keys: list[str], values: list[bytes], request: list[Any] | None) -> list[Any]:
-    """Items' values were patched: ``values`` are the merged ones."""
-    return [PATCH, RECORD_VERSION, table, keys, values, request]
+def patch(
+    table: str,
+    keys: list[str],
+    values: list[bytes],
+    request: list[Any] | None,
+    tags: list[dict[str, Any] | None] | None = None,
+) -> list[Any]:
+    """Items' values were patched: ``values`` are the merged ones; ``tags``: the merged
+    tags of those whose tags the patch set."""
+    record = [PATCH, RECORD_VERSION, table, keys, values, request]
+    if tags is not None:
+        record.append(tags)
+    return record
 
 
 def ack(table: str, task: str, keys: list[str]) -> list[Any]:

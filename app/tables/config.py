@@ -86,6 +86,14 @@ class QueueLimiter(BaseModel):
     size: Count = Field(..., ge=1, le=MAX_COUNT)
 
 
+class AdmissionSpec(BaseModel):
+    """Generation pacing: reserved slots plus unconsumed items stay within ``max_ahead``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_ahead: Count = Field(..., ge=1, le=MAX_COUNT)
+
+
 RateLimiterSpec = Annotated[
     MinSizeLimiter | SampleToInsertRatioLimiter | QueueLimiter, Field(discriminator="type")
 ]
@@ -113,6 +121,16 @@ class TableConfig(BaseModel):
         max_length=64,
         description="An item acknowledged by every one of these tasks is deleted.",
     )
+    admission: AdmissionSpec | None = Field(
+        None, description="Reservations are granted while reserved + unconsumed <= max_ahead."
+    )
+    ttl_s: Rate | None = Field(
+        None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="Unconsumed items older than this are deleted, whole groups at a time.",
+    )
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able form (what is stored and answered); the rollout settings only
@@ -125,7 +143,7 @@ class TableConfig(BaseModel):
 
 
 #: Settings of rollout tables, left out of a config's wire form while unset.
-_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack")
+_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack", "admission", "ttl_s")
 
 
 def check_numbers(value: Any, where: str) -> None:

@@ -33,13 +33,14 @@ __all__ = [
 
 class NewItem(msgspec.Struct, gc=False):
     """An item as pushed: ``value`` is the msgpack encoding the client sent, kept as is;
-    ``group`` and ``version``: its rollout metadata (None: none given)."""
+    ``group``, ``version`` and ``tags``: its rollout metadata (None: none given)."""
 
     key: str
     value: bytes
     priority: float = 1.0
     group: str | None = None
     version: int | None = None
+    tags: dict[str, Any] | None = None
 
 
 class PatchedItem(NewItem, gc=False):
@@ -57,6 +58,7 @@ class Item(msgspec.Struct, gc=False):
     times_sampled: int
     group: str | None = None
     version: int | None = None
+    tags: dict[str, Any] | None = None
 
 
 class SampledItem(msgspec.Struct, gc=False):
@@ -70,6 +72,7 @@ class SampledItem(msgspec.Struct, gc=False):
     times_sampled: int
     group: str | None = None
     version: int | None = None
+    tags: dict[str, Any] | None = None
 
 
 #: Reads the push bodies the write-ahead log keeps as sent (the API accepted them).
@@ -93,6 +96,7 @@ def push_body_items(body: bytes) -> list[NewItem]:
             it.priority,
             None if it.group is msgspec.UNSET else it.group,
             None if it.version is msgspec.UNSET else it.version,
+            None if it.tags is msgspec.UNSET else it.tags,
         )
         for it in push.items
     ]
@@ -111,6 +115,8 @@ class ItemBatch:
     #: Each item's group and version (None where it has none), when the table holds any.
     groups: list[str | None] | None = None
     versions: list[int | None] | None = None
+    #: Each item's tags (None where it has none), when the table holds any.
+    tags: list[dict[str, Any] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -119,8 +125,8 @@ class ItemBatch:
         """The items as :class:`Item` objects, None where missing."""
         nones = [None] * len(self.keys)
         return [
-            None if v is None else Item(k, v, p, t, n, g, r)
-            for k, v, p, t, n, g, r in zip(
+            None if v is None else Item(k, v, p, t, n, g, r, tg)
+            for k, v, p, t, n, g, r, tg in zip(
                 self.keys,
                 self.values,
                 self.priorities.tolist(),
@@ -128,6 +134,7 @@ class ItemBatch:
                 self.times_sampled.tolist(),
                 self.groups or nones,
                 self.versions or nones,
+                self.tags or nones,
                 strict=True,
             )
         ]
@@ -143,6 +150,7 @@ class ItemBatch:
             np.array([0 if it is None else it.times_sampled for it in items], dtype=np.int64),
             [None if it is None else it.group for it in items],
             [None if it is None else it.version for it in items],
+            [None if it is None else it.tags for it in items],
         )
 
 
@@ -165,6 +173,7 @@ class SampleBatch:
     #: Each pick's group and version (None where it has none), when the table holds any.
     groups: list[str | None] | None = None
     versions: list[int | None] | None = None
+    tags: list[dict[str, Any] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -183,6 +192,7 @@ class SampleBatch:
                 self.times_sampled.tolist(),
                 self.groups or nones,
                 self.versions or nones,
+                self.tags or nones,
             )
         )
 

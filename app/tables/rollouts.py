@@ -34,6 +34,7 @@ import numpy as np
 
 from rlreplay.app.tables.items import PatchedItem
 from rlreplay.app.tables.name_masks import LOW, Names, SlotMasks
+from rlreplay.app.tables.tag_index import TagIndex
 from rlreplay.wire.errors import ValidationFailed
 
 if TYPE_CHECKING:
@@ -157,6 +158,10 @@ class Rollouts:
         self.tasks: dict[str, TaskState] = {}
         self.leases: dict[str, Lease] = {}
         self.groups: dict[int, str] = {}  # slot → group, for items pushed with one
+        self.tag_index = TagIndex()  # slot → tags, and the index of ``where`` filters
+        #: slot → field → length, of the fields a token budget or ``values: false`` measured
+        self.lengths: dict[int, dict[str, int]] = {}
+        self.expired = 0  # unconsumed items deleted by the table's ``ttl_s``
         self.version = 0  # the trainer's current policy version
         self.dropped_stale = 0
         self.changed = Signal()
@@ -180,6 +185,7 @@ class Rollouts:
         return {
             "version": self.version,
             "dropped_stale": self.dropped_stale,
+            "expired": self.expired,
             "names_whole": not self.relearn,
         }
 
@@ -188,24 +194,30 @@ class Rollouts:
         version that tracked at most :data:`LEGACY_MAX_NAMES` field names."""
         self.version = int(state.get("version", 0))
         self.dropped_stale = int(state.get("dropped_stale", 0))
+        self.expired = int(state.get("expired", 0))
         self.names_whole = bool(state.get("names_whole", False))
 
     def meta_of(self, slot: int) -> list[Any] | None:
         """What an item's metadata record keeps of it here: group, version, field names,
-        names of the tasks that acknowledged it (None: nothing to keep)."""
+        names of the tasks that acknowledged it, and its tags when it has any (None:
+        nothing to keep)."""
         t = self.table
         group = self.groups.get(slot)
         version = int(t.policy_version[slot])
         acked = self.acked_masks.get(slot)
         fields = self.field_masks.get(slot)
-        if group is None and version == NO_VERSION and not acked and not fields:
+        tags = self.tag_index.get(slot)
+        if group is None and version == NO_VERSION and not acked and not fields and not tags:
             return None
-        return [
+        meta = [
             group,
             None if version == NO_VERSION else version,
             self.fields.names(fields),
             self.task_bits.names(acked),
         ]
+        if tags:
+            meta.append(tags)
+        return meta
 
     # -- the writer's hooks -----------------------------------------------------------------
 
@@ -223,6 +235,15 @@ class Rollouts:
             self.field_masks.clear(slots, slot_list)  # not known yet: see learning
         groups = self.groups
         versions = t._policy_version
+        if self.lengths:
+            for slot in slot_list:
+                self.lengths.pop(slot, None)
+        tag_index = self.tag_index
+        if any(it.tags is not None for it in items) or tag_index.of:
+            for slot, it in zip(slot_list, items, strict=True):
+                tag_index.set(slot, it.tags)
+                if it.tags:
+                    self.has_meta = True
         if any(it.group is not None or it.version is not None for it in items):
             for slot, it in zip(slot_list, items, strict=True):
                 group, version = it.group, it.version
@@ -270,11 +291,23 @@ class Rollouts:
         if self.groups:
             for slot in slot_list:
                 self.groups.pop(slot, None)
+        self.tag_index.remove_many(slot_list)
+        if self.lengths:
+            for slot in slot_list:
+                self.lengths.pop(slot, None)
 
     def on_patch(self, slot: int, value: bytes) -> None:
         """An item's value got new fields (or its fields are learned: see
         the learning)."""
         self.field_masks.set(slot, self.fields.mask(field_names(value)))
+        self.lengths.pop(slot, None)
+
+    def set_tags(self, slot: int, tags: dict[str, Any] | None) -> None:
+        """A patch set the item's tags (the merged map)."""
+        self.tag_index.set(slot, tags)
+        if tags:
+            self.has_meta = True
+        self.table.mark_meta_dirty(slot)
 
     def on_ack(self, task_name: str, slots: list[int]) -> None:
         """``task_name`` acknowledged the items at ``slots`` (durably, once applied)."""
@@ -294,7 +327,10 @@ class Rollouts:
     def restore(self, slot: int, meta: list[Any]) -> None:
         """An item loaded from storage with the record of :meth:`meta_of`."""
         t = self.table
-        group, version, fields, acked = meta
+        group, version, fields, acked, *tags = meta
+        if tags and tags[0]:
+            self.tag_index.set(slot, dict(tags[0]))
+            self.has_meta = True
         if group is not None:
             self.groups[slot] = group
             self.has_meta = True
@@ -342,10 +378,12 @@ class Rollouts:
         batch_size: int,
         group_size: int | None,
         min_version: int | None,
+        among: set[int] | None = None,
     ) -> list[int]:
         """The slots of the oldest items ready for ``task``: they have every field of
         ``want``, it neither acknowledged nor holds them, their version is recent enough;
-        whole groups of ``group_size`` when given. At most ``batch_size``."""
+        whole groups of ``group_size`` when given. At most ``batch_size``. ``among``: only
+        these slots (those a ``where`` filter matched)."""
         t = self.table
         versions, leased, groups = t.policy_version, task.leased, self.groups
         # the first 64 names' bits are checked in the table's column; later ones, where a
@@ -357,7 +395,7 @@ class Rollouts:
             low = min_version if low is None else max(low, min_version)
         out: list[int] = []
         partial: dict[str, list[int]] = {}
-        for order, slot in task.unacked.items():
+        for order, slot in self._walk(task, among):
             if order in leased or (fmask[slot] & want_u) != want_u:
                 continue
             if want_high and (high.get(slot, 0) & want_high) != want_high:
@@ -382,6 +420,24 @@ class Rollouts:
                 if len(out) >= batch_size:
                     break
         return out
+
+    def _walk(self, task: TaskState, among: set[int] | None) -> Any:
+        """(order, slot) of the task's unacknowledged items, oldest first; of ``among``
+        alone when given, sorted by insertion order when it is the smaller."""
+        unacked = task.unacked
+        if among is None:
+            return unacked.items()
+        if len(among) * 4 >= len(unacked):
+            return ((o, s) for o, s in unacked.items() if s in among)
+        slots = np.fromiter(among, dtype=np.int64, count=len(among))
+        orders = self.table.order[slots]
+        by_age = np.argsort(orders, kind="stable")
+        get = unacked.get
+        return (
+            (o, s)
+            for o, s in zip(orders[by_age].tolist(), slots[by_age].tolist(), strict=True)
+            if get(o) == s
+        )
 
     def ready_count(self, task: TaskState) -> int:
         """Items ready for ``task`` with the fields its last claim asked for."""

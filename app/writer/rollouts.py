@@ -37,6 +37,8 @@ def apply_patch(state: EngineState, op: PatchOp) -> None:
         # replayed patch only sets again the values written
         state.ledger.add(t, slot, cache_charge(size))
         rollouts.on_patch(slot, value)
+        if it.tags is not None:
+            rollouts.set_tags(slot, it.tags)
     t.pending.applied(seq, op.weight)
     rollouts.changed.notify()
 
