@@ -28,6 +28,7 @@ from rlreplay.app.api.encoding import (
 from rlreplay.app.api.envelopes import value_json
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from rlreplay.app.api.write_status import status_of
+from rlreplay.app.engine.claim_shape import ClaimShape
 from rlreplay.app.engine.claims import ClaimedItem
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
@@ -130,6 +131,14 @@ async def claim_reply(
 ) -> Reply:
     """The work of :func:`claim` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
     params: ClaimRequest = parse_claim(body, fmt)
+    shape = ClaimShape.of(
+        where=_given(params.where),
+        select=_given(params.select),
+        values=params.values,
+        max_tokens=_given(params.max_tokens),
+        length_field=_given(params.length_field),
+        world_size=_given(params.world_size),
+    )
     lease, items = await engine.claims.claim(
         table,
         params.task,
@@ -140,29 +149,45 @@ async def claim_reply(
         wait_ms=params.wait_ms,
         partial=params.partial,
         min_version=None if params.min_version is msgspec.UNSET else params.min_version,
+        shape=shape,
     )
     metrics.count_items("claim", len(items))
+    answer = _claim_answer(lease, items, raw=as_msgpack)
+    if shape.world_size is not None:
+        ranks = None if lease is None else lease.ranks
+        answer["ranks"] = ranks if ranks is not None else [[] for _ in range(shape.world_size)]
     if as_msgpack:
-        return Reply(_ENCODER.encode(_claim_answer(lease, items, raw=True)), MSGPACK)
-    return Reply(dump_json(_claim_answer(lease, items, raw=False)), JSON)
+        return Reply(_ENCODER.encode(answer), MSGPACK)
+    return Reply(dump_json(answer), JSON)
+
+
+def _given(value: Any) -> Any:
+    """None for a field the body left out."""
+    return None if value is msgspec.UNSET else value
 
 
 def _claim_answer(lease: Lease | None, items: list[ClaimedItem], *, raw: bool) -> dict[str, Any]:
     """``{"lease", "expires_at", "items"}``: values spliced in as stored (msgpack), or in
-    their JSON form."""
+    their JSON form; ``tags`` where an item has any; with ``values: false`` each item's
+    ``lengths`` instead of its ``value``."""
+    out = []
+    for it in items:
+        entry: dict[str, Any] = {"key": it.key}
+        if it.lengths is not None:
+            entry["lengths"] = it.lengths
+        else:
+            value = it.value if it.value is not None else b"\xc0"
+            entry["value"] = msgspec.Raw(value) if raw else value_json(value)
+        entry["priority"] = it.priority
+        entry["group"] = it.group
+        entry["version"] = it.version
+        if it.tags:
+            entry["tags"] = it.tags
+        out.append(entry)
     return {
         "lease": "" if lease is None else lease.id,
         "expires_at": 0.0 if lease is None else lease.expires_at,
-        "items": [
-            {
-                "key": it.key,
-                "value": msgspec.Raw(it.value) if raw else value_json(it.value),
-                "priority": it.priority,
-                "group": it.group,
-                "version": it.version,
-            }
-            for it in items
-        ],
+        "items": out,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from fastapi import APIRouter, Request, Response
 
 from rlreplay.app.api.bodies import parse_sample
@@ -12,6 +13,7 @@ from rlreplay.app.api.envelopes import sample_json, sample_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
+from rlreplay.app.tables.tag_index import parse_where
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound
 from rlreplay.wire.schemas import SampleColumns, SampleRequest, SampleResponse
 
@@ -61,6 +63,7 @@ async def sample_reply(
         timeout_s=params.timeout_ms / 1000,
         include_values=params.include_values,
         stacked=columns,
+        where=None if params.where is msgspec.UNSET else parse_where(params.where),
     )
     metrics.count_items("sample", len(items))
     if columns:

@@ -11,7 +11,6 @@ leases live in memory and :class:`~rlreplay.app.engine.lease_expiry.LeaseExpiry`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,15 +19,18 @@ from typing import Any
 import numpy as np
 
 from rlreplay.app.engine.admission import Admission, WriteAnswer, note_answer, write_answer
+from rlreplay.app.engine.claim_shape import ClaimShape, lengths_of
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
+from rlreplay.app.engine.field_learning import FieldLearning
 from rlreplay.app.engine.lease_expiry import LeaseExpiry
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.log import records
 from rlreplay.app.storage.layout import value_key
 from rlreplay.app.tables.items import PatchedItem
 from rlreplay.app.tables.rollouts import NO_VERSION, Lease, merge_fields, project
-from rlreplay.app.tables.tag_index import merge_tags
 from rlreplay.app.tables.table import Table
+from rlreplay.app.tables.tag_index import merge_tags
+from rlreplay.app.tables.token_budget import balance_ranks, field_length, fit_budget, value_lengths
 from rlreplay.app.writer.ops import AckOp, PatchOp, VersionOp
 from rlreplay.wire.errors import (
     DeadlineExceeded,
@@ -42,8 +44,6 @@ __all__ = ["ClaimedItem", "Claims"]
 
 #: Tries a patch makes to merge over values read from disk while writes move them.
 _PATCH_TRIES = 8
-#: Items whose fields a claim learns between turns it gives the event loop.
-_LEARN_YIELD_EVERY = 4096
 #: The largest step of a policy version without ``force``: no training run makes it (one
 #: version per optimizer step), while a mistaken one (2^63 - 1) drops every rollout for good.
 MAX_VERSION_STEP = 1_000_000
@@ -54,10 +54,13 @@ class ClaimedItem:
     """One item of a claim: ``value`` holds only the fields asked for (msgpack bytes)."""
 
     key: str
-    value: bytes
+    value: bytes | None  # None with ``values: false``
     priority: float
     group: str | None
     version: int | None
+    tags: dict[str, Any] | None = None
+    #: With ``values: false``: each returned field's length.
+    lengths: dict[str, int] | None = None
 
 
 class Claims:
@@ -75,7 +78,7 @@ class Claims:
         self._reads = reads
         self._admission = admission
         self._leases = LeaseExpiry()
-        self._scans: set[asyncio.Task[None]] = set()
+        self._learning = FieldLearning(core)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -86,12 +89,7 @@ class Claims:
     async def stop(self) -> None:
         """Stop the lease expiry task and cancel every field-learning scan; idempotent."""
         await self._leases.stop()
-        scans = list(self._scans)
-        for scan in scans:
-            scan.cancel()
-        for scan in scans:
-            with contextlib.suppress(asyncio.CancelledError):
-                await scan
+        await self._learning.stop()
 
     def forget_table(self, t: Table) -> None:
         """``t`` is being dropped: its field-learning scan (if one runs) is cancelled."""
@@ -247,9 +245,13 @@ class Claims:
         wait_ms: int = 10_000,
         partial: bool = False,
         min_version: int | None = None,
+        shape: ClaimShape | None = None,
     ) -> tuple[Lease | None, list[ClaimedItem]]:
         """Hand ``task`` the oldest items ready for it under a new lease (see the
-        contract's ``claim``); None and no items when nothing is handed out."""
+        contract's ``claim``); None and no items when nothing is handed out. ``shape``:
+        the ``where`` filter, ``select``, ``values``, token budget and ranks; with
+        ``world_size`` the lease's ``ranks`` split the items."""
+        shape = shape or ClaimShape()
         if group_size is not None and batch_size % group_size:
             raise ValidationFailed(
                 f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
@@ -263,13 +265,29 @@ class Claims:
         await self._reads.caught_up(t, time.monotonic() + catch_up, catch_up)
         r = t.rollouts
         if fields:
-            await self._fields_learned(t)
+            await self._learning.learned(t)
         state = r.task(task)
         state.fields = fields or []
+        rereads = 0
         while True:
             want = r.want(fields)  # None until some item has each field
-            slots = [] if want is None else r.pick(state, want, batch_size, group_size, min_version)
-            if len(slots) >= batch_size:
+            among = None if shape.where is None else r.tag_index.match(shape.where)
+            slots = (
+                []
+                if want is None
+                else r.pick(state, want, batch_size, group_size, min_version, among)
+            )
+            if shape.max_tokens is not None and slots:
+                assert shape.length_field is not None
+                lengths, read = await lengths_of(self._reads, t, slots, shape.length_field)
+                rereads += 1
+                if read and rereads < 4:  # values came from disk: pick again from what is now
+                    continue
+                kept, full = fit_budget(lengths, group_size, shape.max_tokens, batch_size)
+                slots = slots[:kept]
+                if full:
+                    break
+            elif len(slots) >= batch_size:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
@@ -295,70 +313,13 @@ class Claims:
         lease = r.lease(state, slots, lease_s)
         self._leases.schedule(t, lease)
         try:
-            return lease, await self._claimed(t, lease, slots, fields, want, measure=measure)
+            items = await self._claimed(t, lease, slots, fields, want, measure=measure, shape=shape)
+            if shape.world_size is not None:
+                lease.ranks = self._ranks(t, items, shape)
+            return lease, items
         except BaseException:
             r.cancel(lease)  # refused: nothing stays leased
             raise
-
-    async def _fields_learned(self, t: Table) -> None:
-        """Return once every item's fields are known: pushes record them only from the
-        table's first claim that asks for fields on (see ``Rollouts.learning``), so
-        that claim learns those of the items pushed before; claims that come meanwhile
-        wait for the same learning, and one that fails is tried again by the next claim."""
-        r = t.rollouts
-        learning = r.learning
-        if learning is None:
-            # started: pushes applied from now on record their own fields
-            learning = r.learning = asyncio.get_running_loop().create_task(
-                self._learn_fields(t), name=f"rlreplay-learn-fields-{t.name}"
-            )
-            self._scans.add(learning)
-            learning.add_done_callback(self._scans.discard)
-        if not learning.done():
-            await asyncio.shield(learning)
-        learning.result()
-
-    async def _learn_fields(self, t: Table) -> None:
-        """Record the fields of the items whose fields are not known, reading the values
-        the cache does not hold from RocksDB; the event loop gets a turn every few thousand
-        items. Marks their metadata for the next checkpoint, so a restart knows them. (Not
-        ``_read_misses``: it would queue a cache populate for every value read here.)"""
-        r = t.rollouts
-        relearn = r.relearn
-        try:
-            n = len(t.keys)
-            unknown = r.field_masks.empty(n)
-            if relearn:  # saved by a version that dropped names: every item again
-                unknown[:] = True
-            misses: list[tuple[int, str, int]] = []  # slot, key, value version
-            for i, slot in enumerate(np.flatnonzero(unknown).tolist()):
-                if i % _LEARN_YIELD_EVERY == _LEARN_YIELD_EVERY - 1:
-                    await asyncio.sleep(0)  # the writer may free or reuse slots meanwhile
-                key, value = t.keys[slot], t.values[slot]
-                if key is None:
-                    continue
-                if value is None:
-                    misses.append((slot, key, int(t.version[slot])))
-                    continue
-                r.on_patch(slot, value)
-                t.mark_meta_dirty(slot)
-            store = self._core.state.store
-            for start in range(0, len(misses), _LEARN_YIELD_EVERY):
-                chunk = misses[start : start + _LEARN_YIELD_EVERY]
-                assert store is not None  # values leave the cache for RocksDB only
-                found = await self._core.state.io.run(
-                    store.get_many, [value_key(t.prefix, key) for _, key, _ in chunk]
-                )
-                for (slot, key, version), value in zip(chunk, found, strict=True):
-                    # one replaced, patched or freed meanwhile has its fields recorded
-                    if value is not None and t.keys[slot] == key and t.version[slot] == version:
-                        r.on_patch(slot, value)
-                        t.mark_meta_dirty(slot)
-        except BaseException:
-            r.learning = None  # the next claim tries again
-            raise
-        if relearn:
-            r.relearn = False
 
     async def _claimed(
         self,
@@ -369,6 +330,7 @@ class Claims:
         want: int,
         *,
         measure: bool = False,
+        shape: ClaimShape | None = None,
     ) -> list[ClaimedItem]:
         """The items of a new lease, their values cut to ``fields`` (as stored when they
         have those fields alone); those deleted while their values were read from disk
@@ -385,29 +347,55 @@ class Claims:
         out: list[ClaimedItem] = []
         gone: list[str] = []
         groups, versions = t.rollouts.groups, t.policy_version
+        tag_of = t.rollouts.tag_index.get
         prios = t.priority[slots].tolist()
         masks = t.rollouts.field_masks.get_many(slots)
+        shape = shape or ClaimShape()
+        names = shape.returned(fields)
+        as_stored = names is None or (names is fields and shape.select is None)
+        lengths_by_slot = t.rollouts.lengths
         for key, slot, value, prio, mask in zip(keys, slots, values, prios, masks, strict=True):
             if value is None:
                 gone.append(key)
                 continue
             version = int(versions[slot])
-            out.append(
-                ClaimedItem(
-                    key,
-                    value if fields is None or mask == want else project(value, fields),
-                    prio,
-                    groups.get(slot),
-                    None if version == NO_VERSION else version,
-                )
+            item = ClaimedItem(
+                key,
+                value if names is None or (as_stored and mask == want) else project(value, names),
+                prio,
+                groups.get(slot),
+                None if version == NO_VERSION else version,
+                tag_of(slot),
             )
+            if shape.length_field is not None:
+                known = lengths_by_slot.setdefault(slot, {})
+                if shape.length_field not in known:
+                    known[shape.length_field] = field_length(value, shape.length_field)
+            if not shape.values:
+                item.lengths = value_lengths(value, names)
+                item.value = None
+            out.append(item)
         if measure:
-            nbytes = sum(len(it.key) + len(it.value) for it in out)
+            nbytes = sum(len(it.key) + len(it.value or b"") for it in out)
             if nbytes > self._core.max_answer_bytes:
                 raise self._core.too_big(nbytes, f"a claim of {len(out)} items")
         if gone:
             t.rollouts.drop_entries(lease, gone)
         return out
+
+    @staticmethod
+    def _ranks(t: Table, items: list[ClaimedItem], shape: ClaimShape) -> list[list[int]]:
+        """The items split over ``shape.world_size`` ranks, balanced by the length field
+        (by count without one), never splitting a group."""
+        assert shape.world_size is not None
+        name, index = shape.length_field, t.index
+        lengths = [1] * len(items)
+        if name is not None:
+            cache = t.rollouts.lengths
+            for i, it in enumerate(items):
+                slot = index.get(it.key)
+                lengths[i] = cache.get(slot, {}).get(name, 0) if slot is not None else 0
+        return balance_ranks(lengths, [it.group for it in items], shape.world_size)
 
     def _lease(self, t: Table, lease_id: str) -> Lease:
         lease = t.rollouts.leases.get(lease_id)

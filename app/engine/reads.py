@@ -13,6 +13,8 @@ import numpy as np
 
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
 from rlreplay.app.storage.layout import value_key
+from rlreplay.app.tables.draws import Draw
+from rlreplay.app.tables.filtered_draws import selectable
 from rlreplay.app.tables.items import (
     Item,
     ItemBatch,
@@ -22,6 +24,7 @@ from rlreplay.app.tables.items import (
 from rlreplay.app.tables.rollouts import NO_VERSION
 from rlreplay.app.tables.stacking import stack_values
 from rlreplay.app.tables.table import Table
+from rlreplay.app.tables.tag_index import Condition
 from rlreplay.app.writer.ops import (
     PopulateOp,
 )
@@ -175,6 +178,7 @@ class Reads:
         timeout_s: float | None = None,
         include_values: bool = True,
         stacked: bool = False,
+        where: list[Condition] | None = None,
     ) -> SampleBatch:
         """``batch_size`` draws from the table's sampler, after its pending ops are applied.
 
@@ -194,14 +198,18 @@ class Reads:
             await t.gate.acquire_sample(batch_size, timeout)
         try:
             await self.caught_up(t, deadline, timeout)
-            while len(t.sampler) == 0:
-                left = deadline - time.monotonic()
-                if left <= 0 or not await t.pending.wait_nonempty(left):
-                    raise DeadlineExceeded(
-                        f"table {table!r} had no item to sample within {timeout:g} s"
-                    )
-                await self.caught_up(t, deadline, timeout)
-            drawn = t.draw(batch_size, self._core.rng)
+            if where is not None:
+                drawn, size = await self._draw_where(t, batch_size, where, deadline, timeout)
+            else:
+                while len(t.sampler) == 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not await t.pending.wait_nonempty(left):
+                        raise DeadlineExceeded(
+                            f"table {table!r} had no item to sample within {timeout:g} s"
+                        )
+                    await self.caught_up(t, deadline, timeout)
+                drawn = t.draw(batch_size, self._core.rng)
+                size = len(t.sampler) + len(drawn.exhausted)
             slots, probs, exhausted = drawn.slots, drawn.probabilities, drawn.exhausted
             if include_values:
                 nbytes = int(t.size[slots].sum())
@@ -212,7 +220,6 @@ class Reads:
             if t.gate.limited:
                 t.gate.refund_sample(batch_size)
             raise
-        size = len(t.sampler) + len(exhausted)
         t.counters.samples += len(slots)
         slot_list = slots.tolist()
         tkeys, tvalues = t.keys, t.values
@@ -257,6 +264,24 @@ class Reads:
         if exhausted and not t.dropped and not t.dropping:  # no log record past its drop
             self._core.enqueue_delete(self._core.writer(), t, exhausted, wait=False)
         return batch
+
+    async def _draw_where(
+        self, t: Table, n: int, where: list[Condition], deadline: float, waited_s: float
+    ) -> tuple[Draw, int]:
+        """A draw among the items ``where`` matches, waiting (no polling) for one; and how
+        many were selectable (what the weights are relative to)."""
+        while True:
+            slots = selectable(t, t.rollouts.tag_index.match(where))
+            if len(slots):
+                return t.draw_among(n, self._core.rng, slots), len(slots)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(
+                    f"table {t.name!r} had no item matching the filter within {waited_s:g} s"
+                )
+            await t.rollouts.changed.wait(left)
+            t = self._core.table(t.name)
+            await self.caught_up(t, deadline, waited_s)
 
     async def _fill_sampled_misses(
         self, t: Table, slot_list: list[int], batch: SampleBatch

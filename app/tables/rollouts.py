@@ -138,6 +138,8 @@ class Lease:
     expires_at: float  # unix time
     deadline: float  # time.monotonic()
     entries: dict[str, list[Any]]
+    #: With a claim's ``world_size``: indices into its items, per rank.
+    ranks: list[list[int]] | None = None
 
     def keys(self, keys: list[str] | None) -> list[str]:
         """The lease's keys among ``keys`` (all when None), in the lease's order."""

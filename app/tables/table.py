@@ -18,7 +18,7 @@ from rlreplay.app.selection.base import Selector
 from rlreplay.app.selection.rate_limiters import RateGate
 from rlreplay.app.selection.registry import make_selector
 from rlreplay.app.storage.layout import table_id
-from rlreplay.app.tables import draws, residency
+from rlreplay.app.tables import draws, filtered_draws, residency
 from rlreplay.app.tables.changes import ChangeFeed
 from rlreplay.app.tables.config import TableConfig, make_rate_limiter
 from rlreplay.app.tables.draws import Draw
@@ -409,6 +409,10 @@ class Table:
     def draw(self, n: int, rng: np.random.Generator) -> Draw:
         """Draw ``n`` picks (see :func:`~rlreplay.app.tables.draws.draw`)."""
         return draws.draw(self, n, rng)
+
+    def draw_among(self, n: int, rng: np.random.Generator, slots: np.ndarray) -> Draw:
+        """Draw ``n`` picks among ``slots`` (see :mod:`~rlreplay.app.tables.filtered_draws`)."""
+        return filtered_draws.draw_among(self, n, rng, slots)
 
     def undraw(self, taken: Draw) -> None:
         """Take back a refused draw (see :func:`~rlreplay.app.tables.draws.undraw`)."""
