@@ -12,7 +12,16 @@ from typing import Any
 from fastapi import FastAPI
 
 from rlreplay.app import package_version
-from rlreplay.app.api import changes, health, items, rollouts, sampling, snapshots, tables
+from rlreplay.app.api import (
+    changes,
+    health,
+    items,
+    reservations,
+    rollouts,
+    sampling,
+    snapshots,
+    tables,
+)
 from rlreplay.app.api.docs import install_docs
 from rlreplay.app.api.errors import install_error_handlers
 from rlreplay.app.api.hot import HotRoutes, ReplayApp
@@ -187,6 +196,7 @@ def create_app(
         sampling.router,
         items.router,
         rollouts.router,
+        reservations.router,
         tables.router,
         snapshots.router,
         changes.router,

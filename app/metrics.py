@@ -256,6 +256,9 @@ class EngineExposition:
         task_stats = getattr(self._engine, "task_stats", None)
         if callable(task_stats):
             out.extend(_task_series(task_stats()))
+        reservation_stats = getattr(self._engine, "reservation_stats", None)
+        if callable(reservation_stats):
+            out.extend(_reservation_series(reservation_stats()))
         lag = getattr(self._engine, "writer_lag_s", None)
         if isinstance(lag, int | float):
             out.append(
@@ -311,6 +314,41 @@ def _task_series(stats: dict[str, dict[str, dict[str, int]]]) -> list[str]:
     ):
         out.append(_head(name, "counter", doc))
         out.extend(f"{name}{{{labels}}} {_value(counts[stat])}\n" for labels, counts in rows)
+    return out
+
+
+_RESERVATION_SERIES = (
+    ("rlreplay_reserved_slots", "gauge", "reserved", "Reserved slots no push filled yet."),
+    ("rlreplay_reservation_slots_granted_total", "counter", "granted", "Slots granted."),
+    ("rlreplay_reservation_slots_filled_total", "counter", "filled", "Slots filled by pushes."),
+    (
+        "rlreplay_reservation_slots_returned_total",
+        "counter",
+        "returned",
+        "Unfilled slots returned (by DELETE or expiry).",
+    ),
+    ("rlreplay_items_expired_total", "counter", "expired", "Items deleted past ttl_s."),
+    (
+        "rlreplay_expiry_failures_total",
+        "counter",
+        "failures",
+        "Expiry sweeps that failed (each is logged).",
+    ),
+)
+
+
+def _reservation_series(stats: dict[str, dict[str, int]]) -> list[str]:
+    """Per table with reservations or ``ttl_s``: slots reserved, granted, filled and
+    returned, items expired, and failed expiry sweeps."""
+    out: list[str] = []
+    if not stats:
+        return out
+    for name, kind, stat, doc in _RESERVATION_SERIES:
+        out.append(_head(name, kind, doc))
+        out.extend(
+            f'{name}{{table="{_label(table)}"}} {_value(counts.get(stat, 0))}\n'
+            for table, counts in stats.items()
+        )
     return out
 
 

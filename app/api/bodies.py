@@ -66,6 +66,7 @@ __all__ = [
     "check_finite",
     "check_key",
     "check_keys",
+    "decode_struct",
     "parse_claim",
     "parse_delete",
     "parse_keys",
@@ -529,6 +530,18 @@ def parse_lease_keys(body: bytes, fmt: BodyFormat | None) -> list[str] | None:
         return None
     check_keys(request.keys, _key_at)
     return request.keys
+
+
+def decode_struct(body: bytes, fmt: BodyFormat, struct: type[_Body]) -> _Body:
+    """A body of any request Struct, refused as the contract says (integral floats are ints)."""
+    decoders = _STRUCT_DECODERS.get(struct)
+    if decoders is None:
+        decoders = _STRUCT_DECODERS[struct] = _Decoders(struct, integral_floats=True)
+    request: _Body = _decode(body, fmt, decoders)
+    return request
+
+
+_STRUCT_DECODERS: dict[type[msgspec.Struct], _Decoders] = {}
 
 
 def parse_version(body: bytes, fmt: BodyFormat) -> VersionRequest:

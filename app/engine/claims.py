@@ -511,6 +511,7 @@ class Claims:
         record = records.version(table, version) if s.wal is not None else None
         seq = self._core.admit(record)
         r.version = version
+        r.reservations.room.notify()  # waiting reservations check their version again
         t.pending.accept(seq, 0)
         writer.submit(VersionOp(seq, weight=0, table=t, version=version))
         stale = self._stale_keys(t)
@@ -564,4 +565,9 @@ class Claims:
     def tasks(self, table: str) -> dict[str, Any]:
         """``/tasks``: per task ready, leased, acknowledged and expired; the version."""
         r = self._core.table(table).rollouts
-        return {"tasks": r.counts(), "version": r.version, "dropped_stale": r.dropped_stale}
+        return {
+            "tasks": r.counts(),
+            "version": r.version,
+            "dropped_stale": r.dropped_stale,
+            "reserved": r.reservations.reserved,
+        }

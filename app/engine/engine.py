@@ -29,8 +29,10 @@ from typing import Any
 from rlreplay.app.engine.admission import Admission, WriteAnswer
 from rlreplay.app.engine.claims import ClaimedItem, Claims
 from rlreplay.app.engine.core import EngineCore
+from rlreplay.app.engine.item_expiry import ItemExpiry
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.engine.recovery import recover, release
+from rlreplay.app.engine.reservations import ReservationDesk
 from rlreplay.app.engine.snapshots import SnapshotInfo, Snapshots, restore_on_start
 from rlreplay.app.log import records
 from rlreplay.app.progress import RecoveryProgress
@@ -85,6 +87,8 @@ class Engine:
         self.admission = Admission(self.core)
         self.reads = Reads(self.core)
         self.claims = Claims(self.core, self.reads, self.admission)
+        self.reservations = ReservationDesk(self.core)
+        self.item_expiry = ItemExpiry(self.core)
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None
 
@@ -185,6 +189,8 @@ class Engine:
             await self._ensure_table(name, config)
         await self.snapshots.start()
         self.claims.start()
+        self.reservations.start()
+        self.item_expiry.start()
         self.core.open()
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",
@@ -210,6 +216,8 @@ class Engine:
         deadline = None if budget is None else time.monotonic() + budget
         try:
             await self.claims.stop()
+            await self.reservations.stop()
+            await self.item_expiry.stop()
             if self.snapshots is not None:
                 await self.snapshots.stop()
             if processor.running:
@@ -285,6 +293,7 @@ class Engine:
         seq = self.core.admit(records.drop_table(table.name))
         table.mark_dropping()  # until the drop is applied (or refused), calls find no table
         self.claims.forget_table(table)  # its field-learning scan ends here
+        self.reservations.forget_table(table)
         writer.submit(DropTableOp(seq, future=fut, weight=0, table=table))
         await self.core.committed(seq, fut)
 
@@ -442,6 +451,14 @@ class Engine:
     def tasks(self, table: str) -> dict[str, Any]:
         """:meth:`Claims.tasks`."""
         return self.claims.tasks(table)
+
+    def reservation_stats(self) -> dict[str, dict[str, int]]:
+        """:meth:`ReservationDesk.stats`, with the expiry tasks' failures."""
+        failures = self.reservations.failures + self.item_expiry.failures
+        return {
+            name: {**counts, "failures": failures}
+            for name, counts in self.reservations.stats().items()
+        }
 
     def task_stats(self) -> dict[str, dict[str, dict[str, int]]]:
         """:meth:`Claims.task_stats`."""

@@ -34,6 +34,8 @@ import numpy as np
 
 from rlreplay.app.tables.items import PatchedItem
 from rlreplay.app.tables.name_masks import LOW, Names, SlotMasks
+from rlreplay.app.tables.reservations import Reservations
+from rlreplay.app.tables.signal import Signal
 from rlreplay.app.tables.tag_index import TagIndex
 from rlreplay.wire.errors import ValidationFailed
 
@@ -85,29 +87,6 @@ def project(value: bytes, names: list[str]) -> bytes:
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):
         return value
     return _ENCODE.encode({name: decoded[name] for name in names if name in decoded})
-
-
-class Signal:
-    """Wakes every waiter once something changed (waiters look again themselves)."""
-
-    def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def notify(self) -> None:
-        """Wake the waiters."""
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    async def wait(self, timeout_s: float) -> None:
-        """Wait for the next :meth:`notify`, at most ``timeout_s``."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, max(0.0, timeout_s))
-        except TimeoutError:
-            pass
 
 
 @dataclass(eq=False)
@@ -164,6 +143,7 @@ class Rollouts:
         #: slot → field → length, of the fields a token budget or ``values: false`` measured
         self.lengths: dict[int, dict[str, int]] = {}
         self.expired = 0  # unconsumed items deleted by the table's ``ttl_s``
+        self.reservations = Reservations()
         self.version = 0  # the trainer's current policy version
         self.dropped_stale = 0
         self.changed = Signal()
@@ -294,6 +274,7 @@ class Rollouts:
             for slot in slot_list:
                 self.groups.pop(slot, None)
         self.tag_index.remove_many(slot_list)
+        self.reservations.room.notify()  # fewer unconsumed items: room for reservations
         if self.lengths:
             for slot in slot_list:
                 self.lengths.pop(slot, None)

@@ -68,6 +68,7 @@ def describe(t: Table) -> dict[str, Any]:
     # what a client spreading the table over servers splits a sample's batch by
     stats["selectable"] = len(t.sampler)
     stats["draw_mass"] = t.sampler.draw_mass()
+    stats["expired"] = t.rollouts.expired  # unconsumed items past the table's ttl_s
     return {"name": t.name, "config": t.config.to_wire(), "stats": stats}
 
 
