@@ -54,7 +54,9 @@ def encode_body(body: Any) -> bytes:
         raise ValueError(f"cannot encode: {exc}") from exc
 
 
-def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
+def push_request(
+    items: Sequence[Mapping[str, Any]], wait: bool, reservation: str | None = None
+) -> PushRequest:
     """A push body, each value packed by the codec and spliced in as is.
 
     Plain values (maps of strings to arrays, plain scalars and more such maps and lists: the
@@ -64,8 +66,9 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
     codec a packer per value.
 
     Args:
-        items: ``{"key", "value", "priority"?, "group"?, "version"?}`` each.
+        items: ``{"key", "value", "priority"?, "group"?, "version"?, "tags"?}`` each.
         wait: Whether the server answers once the writer applied the items.
+        reservation: The reservation whose slots the items fill.
 
     Returns:
         The body.
@@ -87,16 +90,24 @@ def push_request(items: Sequence[Mapping[str, Any]], wait: bool) -> PushRequest:
                 item.get("priority", DEFAULT_PRIORITY),
                 item.get("group", msgspec.UNSET),
                 item.get("version", msgspec.UNSET),
+                item.get("tags", msgspec.UNSET),
             )
             for item, value in zip(items, values, strict=True)
-            # with key and value there, no field but priority, group and version
-            if len(item) - ("priority" in item) - ("group" in item) - ("version" in item) == 2
+            # with key and value there, no field but priority, group, version and tags
+            if len(item) - sum(name in item for name in _OPTIONAL) == 2
         ]
     except KeyError:
         raise _item_error(items) from None
     if len(body_items) != len(items):
         raise _item_error(items)
-    return PushRequest(body_items, wait)
+    request = PushRequest(body_items, wait)
+    if reservation is not None:
+        request.reservation = reservation
+    return request
+
+
+#: The fields an item may have beside its key and value.
+_OPTIONAL = ("priority", "group", "version", "tags")
 
 
 def _item_error(items: Sequence[Mapping[str, Any]]) -> ValidationFailed:

@@ -106,6 +106,8 @@ class ReplayClient(RolloutCalls):
         rate_limiter: Mapping[str, Any] | None = None,
         max_staleness: int | None = None,
         delete_after_ack: Sequence[str] = (),
+        admission: Mapping[str, Any] | None = None,
+        ttl_s: float | None = None,
     ) -> dict[str, Any]:
         """Create a table, or confirm that it exists with this configuration.
 
@@ -120,6 +122,9 @@ class ReplayClient(RolloutCalls):
             max_staleness: Rollouts whose version is below the table's version minus this
                 are dropped (None: never).
             delete_after_ack: Tasks whose acknowledgements, all of them, delete an item.
+            admission: ``{"max_ahead": n}``: reservations are granted while reserved slots
+                plus unconsumed items stay within n (None: every reservation is granted).
+            ttl_s: Unconsumed items older than this are deleted, whole groups at a time.
 
         Returns:
             The server's answer (the table's config and stats).
@@ -141,6 +146,10 @@ class ReplayClient(RolloutCalls):
             config["max_staleness"] = max_staleness
         if delete_after_ack:
             config["delete_after_ack"] = list(delete_after_ack)
+        if admission is not None:
+            config["admission"] = dict(admission)
+        if ttl_s is not None:
+            config["ttl_s"] = ttl_s
         return self._as_dict(
             await self._call("PUT", self._table(name), body=config, idempotent=True)
         )
@@ -172,7 +181,12 @@ class ReplayClient(RolloutCalls):
     # --- items ------------------------------------------------------------------------------
 
     async def push(
-        self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False
+        self,
+        table: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items.
 
@@ -181,6 +195,7 @@ class ReplayClient(RolloutCalls):
             items: ``{"key": str, "value": any, "priority": float (optional)}`` each. Values
                 may hold NumPy arrays and torch tensors.
             wait: Answer only once the writer has applied the items.
+            reservation: The id of a reservation (:meth:`reserve`) the items fill.
 
         Returns:
             How many items were accepted (``wait=False``) or committed (``wait=True``); 0
@@ -192,7 +207,7 @@ class ReplayClient(RolloutCalls):
         """
         if not items:
             return 0
-        return await self._push_body(table, push_request(items, wait))
+        return await self._push_body(table, push_request(items, wait, reservation))
 
     async def push_columns(
         self,

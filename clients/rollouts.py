@@ -20,6 +20,7 @@ import asyncio
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self, Unpack
 
@@ -30,6 +31,7 @@ from rlreplay.clients.requester import Requester
 from rlreplay.clients.surface import ClaimOptions
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import DeadlineExceeded
+from rlreplay.wire.rollout_scale import DEFAULT_RESERVATION_TTL_S, ReservationRequest
 from rlreplay.wire.schemas import (
     ClaimRequest,
     LeaseKeysRequest,
@@ -41,6 +43,7 @@ from rlreplay.wire.schemas import (
 __all__ = [
     "Lease",
     "LeaseBase",
+    "Reservation",
     "RolloutCalls",
     "claim_request",
     "consume_leases",
@@ -49,6 +52,16 @@ __all__ = [
 
 _CLAIM_TIMEOUT_MARGIN_S: Final = 5.0
 _CLAIM_OPTIONS: Final = ClaimOptions.__required_keys__ | ClaimOptions.__optional_keys__
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Slots granted to a generator: push with ``reservation=id`` to fill them. On a
+    sharded client ``id`` names each server's reservation (``"<server>:<id>,..."``)."""
+
+    id: str
+    granted: int
+    expires_at: float
 
 
 def new_request_id() -> str:
@@ -115,6 +128,8 @@ class Lease(LeaseBase):
         self.id: str = str(answer.get("lease", ""))
         self.expires_at: float = float(answer.get("expires_at", 0.0))
         self.items: list[dict[str, Any]] = list(answer.get("items", []))
+        #: With ``world_size``: indices into ``items``, one list per rank.
+        self.ranks: list[list[int]] | None = answer.get("ranks")
         self.done = not self.items
 
     async def ack(self, keys: Sequence[str] | None = None) -> int:
@@ -168,6 +183,15 @@ def claim_request(options: ClaimOptions, *, partial: bool) -> ClaimRequest:
         request.wait_ms = options["wait_ms"]
     if (min_version := options.get("min_version")) is not None:
         request.min_version = min_version
+    if (where := options.get("where")) is not None:
+        request.where = dict(where)
+    if (select := options.get("select")) is not None:
+        request.select = list(select)
+    if "values" in options:
+        request.values = options["values"]
+    for name in ("max_tokens", "length_field", "world_size"):
+        if (given := options.get(name)) is not None:
+            setattr(request, name, given)
     return request
 
 
@@ -244,22 +268,30 @@ class RolloutCalls(Requester):
 
         Args:
             table: The table.
-            items: ``{key: {field: value}}``, or ``[{"key", "fields"}]``.
+            items: ``{key: {field: value}}``, or ``[{"key", "fields"?, "tags"?}]`` (tags
+                are set in the item's tags, keeping the others).
             wait: Answer once the writer applied them.
 
         Returns:
             ``{"accepted" (or "committed"): n, "missing": m}``: keys not in the table are
             skipped and counted.
         """
-        pairs = (
-            list(items.items())
+        entries: list[Mapping[str, Any]] = (
+            [{"key": key, "fields": fields} for key, fields in items.items()]
             if isinstance(items, Mapping)
-            else [(item["key"], item["fields"]) for item in items]
+            else list(items)
         )
-        if not pairs:
+        if not entries:
             return {"accepted": 0, "missing": 0}
         body = PatchRequest(
-            [PatchItemIn(key, msgspec.Raw(packb(dict(fields)))) for key, fields in pairs],
+            [
+                PatchItemIn(
+                    item["key"],
+                    msgspec.Raw(packb(dict(item["fields"]))) if "fields" in item else UNSET,
+                    dict(item["tags"]) if "tags" in item else UNSET,
+                )
+                for item in entries
+            ],
             wait,
             new_request_id(),
         )
@@ -344,7 +376,43 @@ class RolloutCalls(Requester):
         )
         return {k: int(v) for k, v in self._as_dict(answer).items()}
 
+    async def reserve(
+        self,
+        table: str,
+        count: int,
+        *,
+        version: int,
+        wait_ms: int = 10_000,
+        ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+    ) -> Reservation:
+        """Reserve slots before generating ``count`` rollouts at policy ``version``.
+
+        Waits up to ``wait_ms`` for at least one slot (the table's ``admission.max_ahead``);
+        push with ``reservation=`` the answer's ``id`` to fill them; unfilled slots return
+        after ``ttl_s`` or with :meth:`return_reservation`.
+
+        Raises:
+            DeadlineExceeded: No slot came free within ``wait_ms``.
+            VersionConflict: ``version`` is outside the table's staleness window.
+        """
+        answer = await self._call(
+            "POST",
+            self._table(table, "/reservations"),
+            body=ReservationRequest(count, version, wait_ms, ttl_s),
+            idempotent=False,
+            read_timeout_s=max(self._timeout_s, wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S),
+        )
+        got = self._as_dict(answer)
+        return Reservation(str(got["reservation"]), int(got["granted"]), float(got["expires_at"]))
+
+    async def return_reservation(self, table: str, reservation: str) -> int:
+        """Return a reservation's unfilled slots; how many (``LeaseNotFound`` once it is
+        not live: filled, returned or expired)."""
+        path = self._table(table, "/reservations/") + reservation
+        answer = self._as_dict(await self._call("DELETE", path, idempotent=True))
+        return int(answer.get("returned", 0))
+
     async def tasks(self, table: str) -> dict[str, Any]:
         """``{"tasks": {name: {"ready", "leased", "acked", "expired"}}, "version",
-        "dropped_stale"}``."""
+        "dropped_stale", "reserved"}``."""
         return self._as_dict(await self._call("GET", self._table(table, "/tasks"), idempotent=True))

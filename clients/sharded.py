@@ -30,7 +30,7 @@ from rlreplay.clients.client import Item, Layout, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.rendezvous import Rendezvous, normalized_url
-from rlreplay.clients.rollouts import LeaseBase
+from rlreplay.clients.rollouts import LeaseBase, Reservation
 from rlreplay.clients.shard_fan_out import ShardFanOut
 from rlreplay.clients.shard_merge import (
     Part,
@@ -42,6 +42,7 @@ from rlreplay.clients.shard_merge import (
     shard_masses,
     split_picks,
 )
+from rlreplay.clients.sharded_reservations import push_spread, reserve_sharded, return_sharded
 from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
 from rlreplay.clients.surface import ClaimOptions, ReplayCalls
 from rlreplay.clients.writer import Writer
@@ -142,6 +143,8 @@ class ShardedReplayClient:
         rate_limiter: Mapping[str, Any] | None = None,
         max_staleness: int | None = None,
         delete_after_ack: Sequence[str] = (),
+        admission: Mapping[str, Any] | None = None,
+        ttl_s: float | None = None,
     ) -> dict[str, Any]:
         """Create the table on every server, or confirm it (``ReplayClient.create_table``).
 
@@ -160,6 +163,8 @@ class ShardedReplayClient:
                     rate_limiter=rate_limiter,
                     max_staleness=max_staleness,
                     delete_after_ack=delete_after_ack,
+                    admission=admission,
+                    ttl_s=ttl_s,
                 )
             ),
         )
@@ -206,21 +211,19 @@ class ShardedReplayClient:
     # --- items ----------------------------------------------------------------------------
 
     async def push(
-        self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False
+        self,
+        table: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items, each on its key's server (``ReplayClient.push``).
 
         A server that fails fails the call; the parts other servers took stay (pushing
         again is safe: a key's item is replaced).
         """
-        if not items:
-            return 0
-        groups = self._fan_out.split([_key(item, i) for i, item in enumerate(items)])
-        calls = {
-            s: self._fan_out.shards[s].push(table, [items[i] for i in places.tolist()], wait=wait)
-            for s, places in groups.items()
-        }
-        return sum((await self._fan_out.each(calls)).values())
+        return await push_spread(self._fan_out, table, items, wait, reservation)
 
     async def push_columns(
         self,
@@ -543,6 +546,16 @@ class ShardedReplayClient:
         """Each task's counts summed over the servers (``ShardedRollouts.tasks``)."""
         return await self._rollouts.tasks(table)
 
+    async def reserve(
+        self, table: str, count: int, *, version: int, wait_ms: int = 10_000, ttl_s: float = 600.0
+    ) -> Reservation:
+        """Slots on every server, ``count`` spread over them (``reserve_sharded``)."""
+        return await reserve_sharded(self._fan_out, table, count, version, wait_ms, ttl_s)
+
+    async def return_reservation(self, table: str, reservation: str) -> int:
+        """Each server's unfilled slots of a sharded reservation (``return_sharded``)."""
+        return await return_sharded(self._fan_out, table, reservation)
+
     async def claim(
         self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
     ) -> ShardedLease:
@@ -574,14 +587,6 @@ class ShardedReplayClient:
     async def health(self) -> bool:
         """Whether every server answers ``GET /healthz`` with 2xx."""
         return all(await asyncio.gather(*(shard.health() for shard in self._fan_out.shards)))
-
-
-def _key(item: Mapping[str, Any], i: int) -> str:
-    """An item's key, or the server's 422 when it has none."""
-    if "key" not in item:
-        raise ValidationFailed(f"missing field(s) in items[{i}]: key")
-    key: str = item["key"]
-    return key
 
 
 if TYPE_CHECKING:  # mypy checks that the sharded client has every shared call, as declared

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Required, TypedDict, U
 if TYPE_CHECKING:
     from rlreplay.clients.client import Item, Layout
     from rlreplay.clients.columns import ColumnBatch
-    from rlreplay.clients.rollouts import LeaseBase
+    from rlreplay.clients.rollouts import LeaseBase, Reservation
     from rlreplay.clients.writer import Writer
 
 __all__ = ["ClaimOptions", "ReplayCalls"]
@@ -40,6 +40,13 @@ class ClaimOptions(TypedDict, total=False):
         lease_s: Seconds until the server releases what is not acknowledged (60).
         wait_ms: How long the server waits for ``batch_size`` ready items (10,000).
         min_version: Hand out only items of this policy version or later (None: any).
+        where: Hand out only items whose tags meet every condition: ``{tag: value |
+            {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``.
+        select: The fields returned in values (default: ``fields``, or whole values).
+        values: False: no values, each returned field's length in ``lengths`` instead.
+        max_tokens: Hand out items while the lengths of ``length_field`` sum within this.
+        length_field: The field whose length ``max_tokens`` and ``world_size`` count.
+        world_size: Split the items into this many ranks (the lease's ``ranks``).
     """
 
     task: Required[str]
@@ -49,6 +56,12 @@ class ClaimOptions(TypedDict, total=False):
     lease_s: float
     wait_ms: int
     min_version: int | None
+    where: Mapping[str, Any] | None
+    select: Sequence[str] | None
+    values: bool
+    max_tokens: int | None
+    length_field: str | None
+    world_size: int | None
 
 
 class ReplayCalls(Protocol):
@@ -68,6 +81,8 @@ class ReplayCalls(Protocol):
         rate_limiter: Mapping[str, Any] | None = None,
         max_staleness: int | None = None,
         delete_after_ack: Sequence[str] = (),
+        admission: Mapping[str, Any] | None = None,
+        ttl_s: float | None = None,
     ) -> dict[str, Any]: ...
 
     async def list_tables(self) -> list[dict[str, Any]]: ...
@@ -77,7 +92,12 @@ class ReplayCalls(Protocol):
     async def drop_table(self, name: str) -> None: ...
 
     async def push(
-        self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False
+        self,
+        table: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+        reservation: str | None = None,
     ) -> int: ...
 
     async def push_columns(
@@ -196,6 +216,18 @@ class ReplayCalls(Protocol):
     ) -> dict[str, int]: ...
 
     async def tasks(self, table: str) -> dict[str, Any]: ...
+
+    async def reserve(
+        self,
+        table: str,
+        count: int,
+        *,
+        version: int,
+        wait_ms: int = 10_000,
+        ttl_s: float = 600.0,
+    ) -> Reservation: ...
+
+    async def return_reservation(self, table: str, reservation: str) -> int: ...
 
     async def health(self) -> bool: ...
 

@@ -21,7 +21,7 @@ from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.loop_thread import LoopThread
-from rlreplay.clients.rollouts import LeaseBase
+from rlreplay.clients.rollouts import LeaseBase, Reservation
 from rlreplay.clients.surface import ClaimOptions, ReplayCalls
 from rlreplay.clients.sync_lease import SyncLease
 from rlreplay.clients.sync_stream import SyncStream
@@ -100,6 +100,8 @@ class BlockingCalls(Generic[A]):
         rate_limiter: Mapping[str, Any] | None = None,
         max_staleness: int | None = None,
         delete_after_ack: Sequence[str] = (),
+        admission: Mapping[str, Any] | None = None,
+        ttl_s: float | None = None,
     ) -> dict[str, Any]:
         """Create a table, or confirm it (:meth:`ReplayClient.create_table`); with no
         ``sampler``, the server's default (uniform), as ``PUT {}``."""
@@ -113,6 +115,8 @@ class BlockingCalls(Generic[A]):
                 rate_limiter=rate_limiter,
                 max_staleness=max_staleness,
                 delete_after_ack=delete_after_ack,
+                admission=admission,
+                ttl_s=ttl_s,
             )
         )
 
@@ -130,9 +134,16 @@ class BlockingCalls(Generic[A]):
 
     # --- items ------------------------------------------------------------------------------
 
-    def push(self, table: str, items: Sequence[Mapping[str, Any]], *, wait: bool = False) -> int:
+    def push(
+        self,
+        table: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+        reservation: str | None = None,
+    ) -> int:
         """Insert or replace items (:meth:`ReplayClient.push`); how many were accepted."""
-        return self._loop.run(self._rb.push(table, items, wait=wait))
+        return self._loop.run(self._rb.push(table, items, wait=wait, reservation=reservation))
 
     def push_columns(
         self,
@@ -308,6 +319,18 @@ class BlockingCalls(Generic[A]):
     def tasks(self, table: str) -> dict[str, Any]:
         """Per-task counts of a rollout table (:meth:`ReplayClient.tasks`)."""
         return self._loop.run(self._rb.tasks(table))
+
+    def reserve(
+        self, table: str, count: int, *, version: int, wait_ms: int = 10_000, ttl_s: float = 600.0
+    ) -> Reservation:
+        """Reserve slots before generating (:meth:`ReplayClient.reserve`)."""
+        return self._loop.run(
+            self._rb.reserve(table, count, version=version, wait_ms=wait_ms, ttl_s=ttl_s)
+        )
+
+    def return_reservation(self, table: str, reservation: str) -> int:
+        """Return a reservation's unfilled slots (:meth:`ReplayClient.return_reservation`)."""
+        return self._loop.run(self._rb.return_reservation(table, reservation))
 
     def consume(
         self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]

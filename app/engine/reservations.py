@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.tables.reservations import Reservation
@@ -169,7 +168,7 @@ class ReservationDesk:
         state = self._core.current_state
         if state is None:
             return 1.0
-        deadlines: list[Any] = [
+        deadlines: list[float] = [
             d
             for t in state.tables.values()
             if (d := t.rollouts.reservations.next_deadline()) is not None

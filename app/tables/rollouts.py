@@ -191,7 +191,7 @@ class Rollouts:
         tags = self.tag_index.get(slot)
         if group is None and version == NO_VERSION and not acked and not fields and not tags:
             return None
-        meta = [
+        meta: list[Any] = [
             group,
             None if version == NO_VERSION else version,
             self.fields.names(fields),
@@ -223,7 +223,7 @@ class Rollouts:
         tag_index = self.tag_index
         if any(it.tags is not None for it in items) or tag_index.of:
             for slot, it in zip(slot_list, items, strict=True):
-                tag_index.set(slot, it.tags)
+                tag_index.put(slot, it.tags)
                 if it.tags:
                     self.has_meta = True
         if any(it.group is not None or it.version is not None for it in items):
@@ -287,7 +287,7 @@ class Rollouts:
 
     def set_tags(self, slot: int, tags: dict[str, Any] | None) -> None:
         """A patch set the item's tags (the merged map)."""
-        self.tag_index.set(slot, tags)
+        self.tag_index.put(slot, tags)
         if tags:
             self.has_meta = True
         self.table.mark_meta_dirty(slot)
@@ -312,7 +312,7 @@ class Rollouts:
         t = self.table
         group, version, fields, acked, *tags = meta
         if tags and tags[0]:
-            self.tag_index.set(slot, dict(tags[0]))
+            self.tag_index.put(slot, dict(tags[0]))
             self.has_meta = True
         if group is not None:
             self.groups[slot] = group

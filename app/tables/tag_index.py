@@ -148,7 +148,7 @@ class TagIndex:
         """The tags of ``slot`` (None: none)."""
         return self.of.get(slot)
 
-    def set(self, slot: int, tags: dict[str, Any] | None) -> None:
+    def put(self, slot: int, tags: dict[str, Any] | None) -> None:
         """``slot`` carries ``tags`` now (None or empty: no tags)."""
         if slot in self.of:
             self.remove(slot)
@@ -223,7 +223,7 @@ class TagIndex:
             stop = find(values, cond.high)
         out: set[int] = set()
         for value in values[start:stop]:
-            out |= by_value.get(value, ())
+            out |= by_value.get(value) or set()
         return out
 
     def match(self, conditions: list[Condition]) -> set[int]:
