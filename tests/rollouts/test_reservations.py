@@ -118,3 +118,54 @@ async def test_a_restart_returns_reservations_and_keeps_fills(tmp_path: Path) ->
         r = await c.delete(f"/v1/tables/t/reservations/{rid}")
         assert r.status_code == 404
         assert (await _reserve(c, count=5, version=0))["granted"] == 2
+
+
+async def test_the_clients_reserve_fill_claim_by_tokens_and_return(
+    server_url: str, table: str
+) -> None:
+    from rlreplay import Client, ReplayClient, ShardedReplayClient
+
+    async with ReplayClient(server_url) as rb:
+        await rb.create_table(
+            table,
+            sampler={"type": "fifo"},
+            admission={"max_ahead": 8},
+            delete_after_ack=["trainer"],
+            ttl_s=3600,
+        )
+        got = await rb.reserve(table, 4, version=0)
+        assert got.granted == 4
+        items = [
+            {
+                "key": f"r{i}",
+                "value": {"tokens": [1] * (i + 1)},
+                "group": f"g{i // 2}",
+                "tags": {"ds": "math"},
+            }
+            for i in range(4)
+        ]
+        assert await rb.push(table, items, wait=True, reservation=got.id) == 4
+        assert (await rb.tasks(table))["reserved"] == 0
+        await rb.patch(table, [{"key": "r3", "tags": {"ds": "code"}}], wait=True)
+        lease = await rb.claim(
+            table,
+            task="trainer",
+            batch_size=4,
+            group_size=2,
+            max_tokens=3,
+            length_field="tokens",
+            world_size=2,
+            where={"ds": "math"},
+        )
+        assert lease.keys == ["r0", "r1"] and lease.ranks == [[0, 1], []]  # one group
+        await lease.ack()
+    async with ShardedReplayClient([server_url]) as sharded:
+        got = await sharded.reserve(table, 3, version=0)
+        assert got.granted == 3 and got.id.startswith("0:")
+        await sharded.push(table, [{"key": "s0", "value": {"tokens": [1]}}], reservation=got.id)
+        assert await sharded.return_reservation(table, got.id) == 2
+    with Client(server_url) as sync:
+        got = sync.reserve(table, 1, version=0)
+        assert sync.return_reservation(table, got.id) == 1
+        lease = sync.claim(table, task="meta", batch_size=1, values=False, select=["tokens"])
+        assert lease.items[0]["lengths"] == {"tokens": 3}  # r2: r0 and r1 are consumed
