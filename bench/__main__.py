@@ -32,6 +32,7 @@ SECTIONS = (
     "sharded",
     "sidecar",
     "rollouts",
+    "rollout_filters",
     "bulk",
 )
 
