@@ -46,6 +46,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--timeout-s", type=float, default=120)
+    parser.add_argument(
+        "--no-reservations",
+        action="store_true",
+        help="generators push as fast as they generate (rollouts then go stale)",
+    )
+    parser.add_argument(
+        "--trainer-step-s", type=float, default=0.3, help="a trainer slower than generators"
+    )
     args = parser.parse_args()
     deadline = time.monotonic() + args.timeout_s
     port = free_port()
@@ -71,18 +79,22 @@ def main() -> int:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("the server did not start")
                 time.sleep(0.1)
-            config = {
+            config: dict[str, object] = {
                 "sampler": {"type": "uniform"},
                 "max_staleness": 2,
                 "delete_after_ack": ["trainer"],
             }
+            if not args.no_reservations:  # the generator runs at most 2 groups ahead
+                config["admission"] = {"max_ahead": 2 * GROUP}
+            pace = ["--no-reservations"] if args.no_reservations else []
+            step = ["--step-s", str(args.trainer_step_s)]
             httpx.put(f"{url}/v1/tables/rollouts", json=config).raise_for_status()
             httpx.put(f"{url}/v1/tables/control", json={}).raise_for_status()
             workers = {
-                role: start(role, url, "--prompts", str(args.prompts))
+                role: start(role, url, "--prompts", str(args.prompts), *pace)
                 for role in ("generator", "reference", "reward")
             }
-            first = start("trainer", url, "--hang-after", "2")
+            first = start("trainer", url, "--hang-after", "2", *step)
             consumed: dict[str, list[str]] = {"trainer": []}
             assert first.stdout is not None
             hanging: list[str] = []
@@ -97,7 +109,7 @@ def main() -> int:
             first.send_signal(signal.SIGKILL)
             first.wait()
             print(f"trainer killed holding {len(hanging)} rollouts: {hanging[0]}..{hanging[-1]}")
-            second = start("trainer", url)
+            second = start("trainer", url, *step)
             left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
             for role, process in workers.items():
                 consumed[role] = [
@@ -134,6 +146,12 @@ def report(
         print(f"{role:<10} {len(keys):>8} {groups:>6}  {once}")
     dropped = int(tasks["dropped_stale"])  # type: ignore[call-overload]
     print(f"policy version {tasks['version']}, rollouts dropped as stale: {dropped}")
+    trained_groups = {k.split("/")[0] for k in consumed["trainer"]}
+    lost = prompts - len(trained_groups) - dropped // GROUP
+    print(
+        f"groups: {prompts} generated, {len(trained_groups)} trained, "
+        f"{dropped // GROUP} dropped stale, {lost} lost"
+    )
     trained = set(consumed["trainer"])
     rescued = set(hanging) & trained
     print(

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from rlreplay import DeadlineExceeded, ReplayClient
+from rlreplay import DeadlineExceeded, ReplayClient, VersionConflict
 
 TABLE = "rollouts"
 GROUP = 8  # rollouts per prompt (GRPO's group)
@@ -26,12 +26,31 @@ def say(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def generator(rb: ReplayClient, prompts: int) -> None:
+async def reserve(rb: ReplayClient) -> tuple[str, int]:
+    """Slots for one group at the trainer's current version, waiting while the trainer is
+    ``admission.max_ahead`` behind (the server wakes the wait when it consumes)."""
+    while True:
+        version = (await rb.tasks(TABLE))["version"]
+        try:
+            got = await rb.reserve(TABLE, GROUP, version=version, wait_ms=2000)
+        except (DeadlineExceeded, VersionConflict):  # still behind, or the version moved
+            continue
+        if got.granted == GROUP:
+            return got.id, version
+        await rb.return_reservation(TABLE, got.id)  # a part of a group is no use: wait on
+
+
+async def generator(rb: ReplayClient, prompts: int, reservations: bool) -> None:
     """Writes prompt and response of ``GROUP`` rollouts per prompt, tagged with the
-    trainer's current policy version."""
+    trainer's current policy version; with ``reservations``, it reserves the group's
+    slots before generating, so it never runs further ahead than the trainer can use."""
     rng = np.random.default_rng(0)
     for p in range(prompts):
-        version = (await rb.tasks(TABLE))["version"]
+        reservation = None
+        if reservations:
+            reservation, version = await reserve(rb)
+        else:
+            version = (await rb.tasks(TABLE))["version"]
         prompt = rng.integers(0, 32_000, size=16, dtype=np.int32)
         items = [
             {
@@ -45,7 +64,7 @@ async def generator(rb: ReplayClient, prompts: int) -> None:
             }
             for i in range(GROUP)
         ]
-        await rb.push(TABLE, items)
+        await rb.push(TABLE, items, reservation=reservation)
         say(task="generator", keys=[it["key"] for it in items], version=version)
         await asyncio.sleep(0.05)
     await rb.push(CONTROL, [{"key": "generator_done", "value": True}])
@@ -79,29 +98,46 @@ async def scorer(rb: ReplayClient, task: str, field: str) -> None:
         say(task=task, keys=lease.keys)
 
 
-async def trainer(rb: ReplayClient, hang_after: int | None, version_every: int) -> None:
-    """Claims whole groups with every field, computes group-relative advantages, bumps the
-    policy version every ``version_every`` batches. With ``hang_after``, it stops working
-    while holding its next lease (``run.py`` then kills it with SIGKILL)."""
+#: Tokens of one trainer step: two groups of 24-token responses, split over two ranks.
+TOKENS_PER_STEP = 2 * GROUP * 24
+RANKS = 2
+
+
+async def trainer(
+    rb: ReplayClient, hang_after: int | None, version_every: int, step_s: float
+) -> None:
+    """Claims whole groups with every field by tokens (``max_tokens`` of the responses),
+    split over two data-parallel ranks balanced by length, computes group-relative
+    advantages, bumps the policy version every ``version_every`` batches; each step takes
+    ``step_s`` (a trainer slower than its generators). With ``hang_after``, it stops
+    working while holding its next lease (``run.py`` then kills it with SIGKILL)."""
     batches = 0
     fields = ["response", "ref_logprob", "reward"]
     while True:
+        claim = {
+            "task": "trainer",
+            "batch_size": 2 * GROUP,
+            "group_size": GROUP,
+            "fields": fields,
+            "max_tokens": TOKENS_PER_STEP,
+            "length_field": "response",
+            "world_size": RANKS,
+            "lease_s": 2.0,
+        }
         try:
-            lease = await rb.claim(
-                TABLE,
-                task="trainer",
-                batch_size=2 * GROUP,
-                group_size=GROUP,
-                fields=fields,
-                lease_s=2.0,
-                wait_ms=1000,
-            )
+            lease = await rb.claim(TABLE, wait_ms=1000, **claim)  # type: ignore[arg-type]
         except DeadlineExceeded:
-            mine = (await rb.tasks(TABLE))["tasks"]["trainer"]
-            # done once nothing is left to train on, a dead trainer's lease included
-            if await idle_and_done(rb) and not mine["ready"] and not mine["leased"]:
-                return
-            continue
+            done = await idle_and_done(rb)
+            if not done:
+                continue
+            # the generator is done: the last groups go even if they fill no whole step
+            lease = await rb.claim(TABLE, wait_ms=0, partial=True, **claim)  # type: ignore[arg-type]
+            if not lease.items:
+                mine = (await rb.tasks(TABLE))["tasks"]["trainer"]
+                # done once nothing is left to train on, a dead trainer's lease included
+                if done and not mine["ready"] and not mine["leased"]:
+                    return
+                continue
         if hang_after is not None and batches >= hang_after:
             say(task="trainer", hanging=lease.keys)
             await asyncio.sleep(3600)  # killed here, mid-lease
@@ -110,9 +146,11 @@ async def trainer(rb: ReplayClient, hang_after: int | None, version_every: int) 
             rewards.std(1, keepdims=True) + 1e-6
         )
         assert np.isfinite(advantages).all()
+        assert lease.ranks is not None and len(lease.ranks) == RANKS
+        await asyncio.sleep(step_s)
         await lease.ack()
         batches += 1
-        say(task="trainer", keys=lease.keys)
+        say(task="trainer", keys=lease.keys, ranks=[len(rank) for rank in lease.ranks])
         if batches % version_every == 0:
             version = (await rb.tasks(TABLE))["version"] + 1
             await rb.set_version(TABLE, version)
@@ -125,16 +163,18 @@ async def main() -> None:
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--hang-after", type=int, default=None)
     parser.add_argument("--version-every", type=int, default=2)
+    parser.add_argument("--step-s", type=float, default=0.0)
+    parser.add_argument("--no-reservations", action="store_true")
     args = parser.parse_args()
     async with ReplayClient(args.url) as rb:
         if args.task == "generator":
-            await generator(rb, args.prompts)
+            await generator(rb, args.prompts, not args.no_reservations)
         elif args.task == "reference":
             await scorer(rb, "reference", "ref_logprob")
         elif args.task == "reward":
             await scorer(rb, "reward", "reward")
         else:
-            await trainer(rb, args.hang_after, args.version_every)
+            await trainer(rb, args.hang_after, args.version_every, args.step_s)
 
 
 if __name__ == "__main__":
