@@ -305,7 +305,7 @@ class Claims:
         """Record the fields of the items whose fields are not known, reading the values
         the cache does not hold from RocksDB; the event loop gets a turn every few thousand
         items. Marks their metadata for the next checkpoint, so a restart knows them. (Not
-        ``_read_misses``: it would queue a cache populate for every value read here.)"""
+        ``Reads.read_misses``: it would queue a cache populate for every value read here.)"""
         r = t.rollouts
         relearn = r.relearn
         try:
