@@ -3,8 +3,8 @@ so per request: the server (request bodies, sample answers) and a client taking 
 
 With glibc's defaults such a buffer is either a mapping of its own, or heap memory that
 glibc hands back to the OS as soon as it is freed at the heap's top. Either way every
-request faults its pages in again, which can double a client's CPU per batch (count them in
-``/proc/self/stat``; docs/architecture.md, "Per-request costs", has the figures). Fixed
+request faults its pages in again, a large share of a client's CPU per batch (count them in
+``/proc/self/stat``; docs/benchmarks.md, "Per-request costs", has the figures). Fixed
 thresholds end that:
 buffers under :data:`MMAP_THRESHOLD` come from the heap, and the heap keeps up to
 :data:`TRIM_THRESHOLD` of free memory at its top (``malloc_trim`` still returns it).

@@ -2,9 +2,9 @@
 
 Every ``POST /v1/tables/{table}/<op>`` of the data plane (push, batchGet, batchDelete,
 priorities, sample, and the rollout tables' patch and claim) is answered here without
-passing through Starlette's middleware stack, router and FastAPI's parameter resolution.
-Measured on 2 cores, that machinery was about a third of the server's time on a push of 64
-items and a sample of 256.
+passing through Starlette's middleware stack, router and FastAPI's parameter resolution,
+a large share of a small request's time (``python -m bench fast_paths`` measures it: its
+``--no-hot-routes`` arm; docs/benchmarks.md, "Fast paths", has the figures).
 
 Nothing else differs. The work is the routes' own :data:`~rlreplay.app.api.deps.BodyHandler`
 (``push_reply``, ``sample_reply``...), and

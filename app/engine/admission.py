@@ -6,8 +6,8 @@ return once the log is fsynced, or once applied with ``wait=True``; and a write 
 carries a request id is served once.
 
 A write answers ``{"committed": n}`` (applied) or ``{"accepted": n}``
-(:data:`WriteAnswer`); the HTTP status is the API layer's
-(:func:`rlreplay.app.api.write_status.status_of`).
+(:data:`WriteAnswer`, of an :class:`~rlreplay.app.writer.request_ids.AnswerKind`); the HTTP
+status is the API layer's (:func:`rlreplay.app.api.write_status.status_of`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.items import MAX_KEY_BYTES, NewItem
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.ops import CheckpointOp, PriorityOp, PutOp
-from rlreplay.app.writer.request_ids import Answer, answer_count, scoped_id
+from rlreplay.app.writer.request_ids import Answer, answer_count, answer_kind, scoped_id
 from rlreplay.app.writer.state import cache_charge
 from rlreplay.wire.errors import StorageFull, Unavailable, ValidationFailed
 
 __all__ = ["Admission", "WriteAnswer", "check_key", "fresh_items", "note_answer", "write_answer"]
 
 #: A write's answer: ``{"committed": n}`` once applied, else ``{"accepted": n}`` (a patch
-#: adds ``"missing"``).
-WriteAnswer = dict[str, Any]
+#: adds ``"missing"``); the idempotency window keeps it as it is.
+WriteAnswer = Answer
 
 
 def write_answer(n: int, applied: bool) -> WriteAnswer:
@@ -40,15 +40,10 @@ def write_answer(n: int, applied: bool) -> WriteAnswer:
     return {"committed": n} if applied else {"accepted": n}
 
 
-def _kept(answer: WriteAnswer) -> Answer:
-    """``answer`` as the idempotency window and the log's request record keep it: with the
-    code their format carries (200 applied, 202 accepted), which nothing here reads back."""
-    return (200 if "committed" in answer else 202), answer
-
-
 def note_answer(request: list[Any], answer: WriteAnswer) -> None:
-    """Fill the log's request record ``[id, code, answer, time]`` with ``answer``."""
-    request[1:3] = list(_kept(answer))
+    """Fill the log's request record ``[id, kind, answer, time]`` with ``answer`` and its
+    :class:`~rlreplay.app.writer.request_ids.AnswerKind`'s value."""
+    request[1:3] = [answer_kind(answer).value, answer]
 
 
 class Admission:
@@ -66,7 +61,7 @@ class Admission:
         serve: Callable[[list[Any] | None], Awaitable[WriteAnswer]],
     ) -> WriteAnswer:
         """Serve a write once per request id and ``kind`` of write (push, patch, delete):
-        ``serve(request)`` does it, logging ``request`` (``[id, code, answer, time]``, filled
+        ``serve(request)`` does it, logging ``request`` (``[id, kind, answer, time]``, filled
         in by :func:`note_answer`) with its record; a repeat of the id gets the first answer
         (waiting for it while it is in flight)."""
         if request_id is None:
@@ -80,11 +75,11 @@ class Admission:
             except BaseException as exc:
                 ids.forget(request_id, exc)
                 raise
-            ids.finish(request_id, _kept(answer))
+            ids.finish(request_id, answer)
             return answer
-        if isinstance(got, tuple):
-            return got[1]
-        return (await asyncio.shield(got))[1]
+        if isinstance(got, dict):
+            return got
+        return await asyncio.shield(got)
 
     async def push(
         self,
@@ -113,9 +108,14 @@ class Admission:
         :func:`~rlreplay.app.tables.unstacking.unstack_values`, which replay runs on it
         again); the log keeps it as sent, with the keys and priorities, instead of every
         value.
+
+        Returns the count of ``items``, those a table with ``max_staleness`` drops at once
+        as already stale included (the contract's ``accepted`` counts them), with or
+        without a ``request_id``.
         """
         if request_id is None:
-            return await self._push(table, items, wait, timeout_s, validated, body, None, columns)
+            await self._push(table, items, wait, timeout_s, validated, body, None, columns)
+            return len(items)
         answer = await self.push_answer(
             table,
             items,
@@ -145,12 +145,12 @@ class Admission:
         ``{"accepted": n}``; a repeat of ``request_id`` gets the first answer whatever its
         own ``wait``. The API layer gives it its HTTP status
         (:func:`rlreplay.app.api.write_status.status_of`)."""
+        n = len(items)  # the stale items a table drops at once included, as the contract says
         if request_id is None:
-            n = await self._push(
+            await self._push(
                 table, items, wait, timeout_s, validated, body, None, columns, reservation
             )
             return write_answer(n, wait)
-        n = len(items)
 
         async def serve(request: list[Any] | None) -> WriteAnswer:
             answer = write_answer(n, wait)
@@ -175,6 +175,7 @@ class Admission:
         columns: bytes | memoryview | None = None,
         reservation: str | None = None,
     ) -> int:
+        """Admit ``items`` (less those already stale); returns how many were admitted."""
         t = self._core.table(table)
         if t.config.max_staleness is not None:
             fresh = fresh_items(t, items)

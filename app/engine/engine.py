@@ -13,7 +13,8 @@ writer, the checks):
 - ``engine.snapshots`` (:class:`~rlreplay.app.engine.snapshots.Snapshots`, once started).
 
 The engine itself owns the lifetime (``start``/``stop``) and the tables (create, drop,
-describe); its other methods forward to a part, one line each.
+describe); its other methods forward to a part with the part's own signature, for tests,
+benchmarks and embedders (the routes call the parts: ``engine.reads.sample_batch(...)``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlreplay.app.engine.admission import Admission, WriteAnswer
+from rlreplay.app.engine.claim_shape import ClaimShape
 from rlreplay.app.engine.claims import ClaimedItem, Claims
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.engine.item_expiry import ItemExpiry
@@ -50,6 +52,7 @@ from rlreplay.app.tables.items import (
 from rlreplay.app.tables.rollouts import Lease
 from rlreplay.app.tables.stats import TablesSummary, describe, summarize_tables
 from rlreplay.app.tables.table import Table
+from rlreplay.app.tables.tag_index import Condition
 from rlreplay.app.writer.ops import (
     CheckpointOp,
     CreateTableOp,
@@ -374,23 +377,42 @@ class Engine:
             },
         }
 
-    # -- forwarded to the parts, one line each ---------------------------------------------
+    # -- forwarded to the parts, with their signatures (the routes call the parts) ---------
 
-    async def push(self, table: str, items: Sequence[NewItem], **kw: Any) -> int:
+    async def push(
+        self,
+        table: str,
+        items: Sequence[NewItem],
+        *,
+        wait: bool = False,
+        timeout_s: float | None = None,
+        validated: bool = False,
+        body: bytes | None = None,
+        request_id: str | None = None,
+        columns: bytes | memoryview | None = None,
+    ) -> int:
         """:meth:`Admission.push <rlreplay.app.engine.admission.Admission.push>`."""
-        return await self.admission.push(table, items, **kw)
+        return await self.admission.push(
+            table,
+            items,
+            wait=wait,
+            timeout_s=timeout_s,
+            validated=validated,
+            body=body,
+            request_id=request_id,
+            columns=columns,
+        )
 
-    async def push_answer(self, table: str, items: Sequence[NewItem], **kw: Any) -> WriteAnswer:
-        """:meth:`Admission.push_answer <rlreplay.app.engine.admission.Admission.push_answer>`."""
-        return await self.admission.push_answer(table, items, **kw)
-
-    async def delete(self, table: str, keys: Sequence[str], **kw: Any) -> int:
+    async def delete(
+        self,
+        table: str,
+        keys: Sequence[str],
+        *,
+        wait: bool = False,
+        request_id: str | None = None,
+    ) -> int:
         """:meth:`Admission.delete <rlreplay.app.engine.admission.Admission.delete>`."""
-        return await self.admission.delete(table, keys, **kw)
-
-    async def delete_answer(self, table: str, keys: Sequence[str], **kw: Any) -> WriteAnswer:
-        """:meth:`Admission.delete_answer`."""
-        return await self.admission.delete_answer(table, keys, **kw)
+        return await self.admission.delete(table, keys, wait=wait, request_id=request_id)
 
     async def update_priorities(
         self, table: str, priorities: Mapping[str, float]
@@ -414,23 +436,78 @@ class Engine:
         """:meth:`Reads.get_batch`."""
         return await self.reads.get_batch(table, keys)
 
-    async def sample(self, table: str, batch_size: int, **kw: Any) -> list[SampledItem]:
-        """:meth:`Reads.sample`."""
-        return await self.reads.sample(table, batch_size, **kw)
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_s: float | None = None,
+        include_values: bool = True,
+    ) -> list[SampledItem]:
+        """:meth:`Reads.sample <rlreplay.app.engine.reads.Reads.sample>`."""
+        return await self.reads.sample(
+            table, batch_size, timeout_s=timeout_s, include_values=include_values
+        )
 
-    async def sample_batch(self, table: str, batch_size: int, **kw: Any) -> SampleBatch:
+    async def sample_batch(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_s: float | None = None,
+        include_values: bool = True,
+        stacked: bool = False,
+        where: list[Condition] | None = None,
+    ) -> SampleBatch:
         """:meth:`Reads.sample_batch <rlreplay.app.engine.reads.Reads.sample_batch>`."""
-        return await self.reads.sample_batch(table, batch_size, **kw)
+        return await self.reads.sample_batch(
+            table,
+            batch_size,
+            timeout_s=timeout_s,
+            include_values=include_values,
+            stacked=stacked,
+            where=where,
+        )
 
-    async def patch(self, table: str, items: Sequence[tuple[str, bytes]], **kw: Any) -> WriteAnswer:
+    async def patch(
+        self,
+        table: str,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        wait: bool = False,
+        request_id: str | None = None,
+        tags: Sequence[dict[str, Any] | None] | None = None,
+    ) -> WriteAnswer:
         """:meth:`Claims.patch <rlreplay.app.engine.claims.Claims.patch>`."""
-        return await self.claims.patch(table, items, **kw)
+        return await self.claims.patch(table, items, wait=wait, request_id=request_id, tags=tags)
 
     async def claim(
-        self, table: str, task: str, batch_size: int, **kw: Any
+        self,
+        table: str,
+        task: str,
+        batch_size: int,
+        *,
+        fields: list[str] | None = None,
+        group_size: int | None = None,
+        lease_s: float = 60.0,
+        wait_ms: int = 10_000,
+        partial: bool = False,
+        min_version: int | None = None,
+        shape: ClaimShape | None = None,
     ) -> tuple[Lease | None, list[ClaimedItem]]:
         """:meth:`Claims.claim <rlreplay.app.engine.claims.Claims.claim>`."""
-        return await self.claims.claim(table, task, batch_size, **kw)
+        return await self.claims.claim(
+            table,
+            task,
+            batch_size,
+            fields=fields,
+            group_size=group_size,
+            lease_s=lease_s,
+            wait_ms=wait_ms,
+            partial=partial,
+            min_version=min_version,
+            shape=shape,
+        )
 
     async def ack(self, table: str, lease_id: str, keys: list[str] | None = None) -> int:
         """:meth:`Claims.ack`."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from rlreplay.app.engine.admission import write_answer
 from rlreplay.app.log import records
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.in_use import IN_USE
@@ -163,12 +164,12 @@ def remember_request(state: EngineState, record: list[Any]) -> None:
         push = _PUSH_REQUEST.decode(rec.fields[1])
         if push.request_id is not msgspec.UNSET:
             n = len(push.items)
-            answer = (200, {"committed": n}) if push.wait else (202, {"accepted": n})
+            answer = write_answer(n, push.wait is True)
             state.request_ids.remember(scoped_id("push", push.request_id), answer, rec.fields[0])
         return
-    if request is not None:
-        rid, status, body, at = request
-        state.request_ids.remember(rid, (int(status), dict(body)), float(at))
+    if request is not None:  # [id, kind, answer, time]; the answer says its kind
+        rid, _kind, body, at = request
+        state.request_ids.remember(rid, dict(body), float(at))
 
 
 def op_from_record(state: EngineState, record: list[Any]) -> Op | None:

@@ -3,9 +3,17 @@
 
 ``append`` frames records into a page-aligned shared buffer; the process writes and
 fdatasyncs it (up to ``MAX_IN_FLIGHT`` flushes at a time) while the next buffer fills, so
-the event loop hands over no GIL between a flush's system calls. The flush thread does the
-first write (it settles ``O_DIRECT``), rotations, the flushes after a failure, and every
-flush with ``writer="thread"``; only one of the two writes at a time.
+the event loop hands over no GIL between a flush's system calls.
+
+There is one flusher, not a thread flusher and a process flusher behind one interface: the
+log's flush thread (``WriteAheadLog._flush_once``, one ``BlockingIO`` call) is not an
+alternative to the process but the path every log has and needs. It does the first write
+(which settles ``O_DIRECT``), every rotation (a checkpoint's, which must come after the
+process's flushes in flight and before the next), the flushes after a failure or once the
+process is lost, and every flush with ``writer="thread"`` or where descriptor passing is
+missing. The process is an accelerator the log starts once it is busy
+(:meth:`ProcessFlusher.thread_flushed`) and stops using when it fails; only one of the two
+writes at a time, and :meth:`WriteAheadLog.commit` chooses, flush by flush, which.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 
 from rlreplay.app.log.framing import ZEROS, region_size
 from rlreplay.app.log.segments import SegmentFiles
+from rlreplay.workers.blocking import BlockingIO
 from rlreplay.workers.log_writer_process import LogWriterProcess, SharedBuffer
 
 log = logging.getLogger("rlreplay.app.log.wal")
@@ -84,6 +93,13 @@ class ProcessFlusher:
             and self._files.direct is not None  # the first write settles O_DIRECT, in the thread
             and (self.writer == "process" or self.thread_flushes >= PROCESS_AFTER_FLUSHES)
         )
+
+    async def thread_flushed(self, io: BlockingIO) -> None:
+        """The flush thread made a flush durable: the process starts once the log has been
+        busy enough (off the event loop, while no flush can begin)."""
+        self.thread_flushes += 1
+        if self.due():
+            self.proc = await io.run(self.start)
 
     def start(self) -> LogWriterProcess | None:
         """Start the log writer process (blocking: fork and exec); None if it cannot be."""

@@ -64,7 +64,11 @@ class WriteAheadLog:
 
     It holds its parts: the segment files (:class:`~rlreplay.app.log.segments.SegmentFiles`)
     and the log writer process's flusher (:class:`~rlreplay.app.log.flushes.ProcessFlusher`);
-    the fill buffers, the LSNs and the flush thread are its own.
+    the fill buffers, the LSNs and the flush thread are its own. The flush thread is not a
+    second flusher behind the process's interface but the path every flush can take and
+    the first write, rotations and recovery from a failure must take; :meth:`commit` hands
+    a flush to the process when it runs and nothing needs the thread (the
+    :mod:`~rlreplay.app.log.flushes` docstring says why).
 
     Args:
         folder: Where the segment files live.
@@ -393,10 +397,7 @@ class WriteAheadLog:
                         self.last_error = exc
                 raise
             self._durable(upto, padding)
-            process = self._process
-            process.thread_flushes += 1
-            if process.due():  # started off the event loop, while no flush can begin
-                process.proc = await self._io.run(process.start)
+            await self._process.thread_flushed(self._io)
             fut.set_result(None)
         except BaseException as exc:
             fut.set_exception(exc)

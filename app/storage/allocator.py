@@ -8,18 +8,18 @@ holds. Three measures, all glibc-only and harmless elsewhere:
 - at most :data:`ARENA_MAX` arenas (``M_ARENA_MAX``), so the I/O threads share heaps;
 - fixed mmap and trim thresholds (:mod:`rlreplay.wire.allocator`, which the client uses too):
   with glibc's defaults each request freed its body, the freed heap top went back to the
-  OS, and the next request faulted it in again (17 page faults per push of 64 x 4 KiB);
+  OS, and the next request faulted it in again (docs/benchmarks.md, "Per-request costs");
 - :func:`release_free_memory` (``malloc_trim``), which the writer calls after it has
   evicted a good amount, hands the free pages inside the heaps back to the OS.
 
 The service's own process (``rlreplay serve``) also tunes Python's cyclic garbage
 collector (:func:`tune_gc`): requests allocate many short-lived containers (an item object
 per pushed item), and at the default threshold of 700 a young collection ran every one or
-two requests, about 4% of the server's time under load (``perf``).
+two requests, a visible share of the server's time under load (``perf``).
 
 Lowering glibc's mmap threshold instead (each value its own mapping) bounds memory more
-tightly but makes every large allocation, such as a 1 MB response, 20 times slower; we
-measured that and chose not to. Figures are in ``tests/engine/test_memory.py``.
+tightly but makes every large allocation, such as a 1 MB response, many times slower; we
+measured that and chose not to (docs/benchmarks.md, "Per-request costs").
 """
 
 from __future__ import annotations

@@ -7,20 +7,40 @@ is kept for ``window_s`` (10 minutes) and, however old, while it is among the ne
 ``keep`` (100,000). The ids are durable: the log records each write's id (replay remembers
 it again) and every checkpoint saves the window (:meth:`RequestIds.state`, in RocksDB or
 the memory checkpoint), so a retry after a restart is recognised too.
+
+The window keeps what happened to a write, never how HTTP says it: an answer body, whose
+:class:`AnswerKind` (committed or accepted) the API layer turns into a status
+(:mod:`rlreplay.app.api.write_status`). The log's request record and a checkpoint's window
+carry the kind's name beside the body; files written before the kind was named carry a
+number there, which reading ignores: the body says the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "RequestIds", "answer_count", "scoped_id"]
+__all__ = ["Answer", "AnswerKind", "RequestIds", "answer_count", "answer_kind", "scoped_id"]
 
-#: An answer as the window keeps it: the HTTP status and the body's plain data.
-Answer = tuple[int, dict[str, Any]]
+#: A write's answer body as the window keeps it: ``{"committed": n}`` once applied, else
+#: ``{"accepted": n}`` (a patch adds ``"missing"``).
+Answer = dict[str, Any]
+
+
+class AnswerKind(enum.Enum):
+    """What happened to a write before it was answered."""
+
+    COMMITTED = "committed"  #: applied by the writer (the write asked to wait)
+    ACCEPTED = "accepted"  #: admitted (logged, with the log on) and queued for the writer
+
+
+def answer_kind(body: Answer) -> AnswerKind:
+    """The kind of a write's answer ``body``: the key it counts under."""
+    return AnswerKind.COMMITTED if "committed" in body else AnswerKind.ACCEPTED
 
 
 @dataclass(slots=True, eq=False)
@@ -105,15 +125,16 @@ class RequestIds:
             excess -= 1
 
     def state(self) -> list[list[Any]]:
-        """The answered ids, oldest first: ``[[id, at, status, body], ...]``."""
+        """The answered ids, oldest first: ``[[id, at, kind, body], ...]`` (``kind``: the
+        :class:`AnswerKind`'s value)."""
         self._trim(time.time())
         return [
-            [rid, e.at, e.answer[0], e.answer[1]]
+            [rid, e.at, answer_kind(e.answer).value, e.answer]
             for rid, e in self._entries.items()
             if e.answer is not None
         ]
 
     def load(self, state: list[list[Any]]) -> None:
-        """Remember the ids of :meth:`state`."""
-        for rid, at, status, body in state:
-            self.remember(str(rid), (int(status), dict(body)), float(at))
+        """Remember the ids of :meth:`state` (the kind is read from each body)."""
+        for rid, at, _kind, body in state:
+            self.remember(str(rid), dict(body), float(at))
