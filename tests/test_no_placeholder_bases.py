@@ -1,5 +1,5 @@
 """No placeholder base classes: an object is built from parts passed to its constructor
-(docs/architecture.md, "Composition over stacks"), not from a base class its subclass
+(the style guide, "Composition over stacks"), not from a base class its subclass
 completes.
 
 Two rules, checked on the source of the installed folders (``app``, ``workers``,
