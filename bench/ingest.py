@@ -9,7 +9,7 @@ One server at a time (``hybrid``, ``wal``), fed for ``--duration`` seconds (60 b
 
 Each arm runs against the default settings (checkpoints every 256 MB of log, or sooner
 when recovery would take longer than its bound) and against the same server with
-checkpoints pushed past the run (``--wal-checkpoint-mb 100000``); the pipelined writer
+checkpoints pushed past the run (``--wal-checkpoint-mb 100000 --recovery-bound-s 0``); the pipelined writer
 also runs against Reverb 0.14's writer (same values, same table) when its venv is there.
 
 While the load runs, a thread of this process asks ``/healthz`` every 10 ms: its p99 and
@@ -49,7 +49,7 @@ TABLE = "bench"
 CAPACITY = 200_000
 PUSH_ITEMS = 64
 ITEM_BYTES = 4096
-NO_CHECKPOINTS = ("--wal-checkpoint-mb", "100000")
+NO_CHECKPOINTS = ("--wal-checkpoint-mb", "100000", "--recovery-bound-s", "0")
 
 #: The pipelined writer, in a process of its own: URL SECONDS -> JSON (items/s, per second).
 _WRITER = """
@@ -207,6 +207,8 @@ def run_arm(
     started = time.monotonic()
     proc = _start(data_dir, workdir / "restart.log", port, flags)
     figures["recovery_s"] = time.monotonic() - started
+    scrape = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    figures["replay_mb_s"] = _metric(scrape, "rlreplay_recovery_replay_bytes_per_second") / 2**20
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return figures

@@ -25,9 +25,10 @@ from rlreplay.app.writer.state import EngineState
 if TYPE_CHECKING:
     from rlreplay.app.log.wal import WriteAheadLog
 
-#: Bytes of log a restart replays per second, until a start has measured it: a replay of
-#: pushes of 64 x 4 KiB on the 2-core machine of docs/benchmarks.md (``bench.ingest``).
-REPLAY_BYTES_S = 100 * 2**20
+#: Bytes of log a start gets through per second (its checkpoint after replay included),
+#: until a start has measured it: below what ``bench.ingest`` measured on a busy 2-core
+#: machine (17 to 60 MB/s for pushes of 64 x 4 KiB).
+REPLAY_BYTES_S = 32 * 2**20
 #: A start that replayed less than this keeps the rate it had (a small log times badly).
 _MEASURE_AFTER_BYTES = 64 * 2**20
 #: The least log a checkpoint waits for, whatever the bound says (no checkpoint storms).
@@ -108,10 +109,11 @@ class Checkpointer:
 
     def note_recovery(self, seconds: float, replayed_bytes: int, replay_s: float) -> None:
         """The start took ``seconds``, of which ``replay_s`` replaying ``replayed_bytes``
-        of log: the replay rate the cadence counts on, once enough was replayed."""
+        of log: the rate the cadence counts on, once enough was replayed, is the log's
+        bytes per second of the whole start (the checkpoint after replay writes them)."""
         self.stats.recovery_s = seconds
-        if replayed_bytes >= _MEASURE_AFTER_BYTES and replay_s > 0:
-            self.stats.replay_bytes_s = replayed_bytes / replay_s
+        if replayed_bytes >= _MEASURE_AFTER_BYTES and seconds > 0:
+            self.stats.replay_bytes_s = replayed_bytes / seconds
 
     async def checkpoint(self, *, full: bool = False) -> None:
         """Make what is applied durable without the log, then drop the log it covers.

@@ -43,6 +43,7 @@ async def test_the_checkpoint_figures_appear_and_move(tmp_path: Path) -> None:
         text = metrics.render().decode()
         assert _series(text, "rlreplay_checkpoints_total") == 0
         assert _series(text, "rlreplay_recovery_bound_seconds") == 30
+        assert _series(text, "rlreplay_recovery_replay_bytes_per_second") == 32 * MB
         assert _series(text, "rlreplay_recovery_seconds") > 0
         await eng.push("t", _values("a", 64, 16_384), wait=True)
         await eng.flush()  # covers the pushes; writes what came before the last one: none
@@ -103,17 +104,17 @@ async def test_a_checkpoint_comes_due_at_the_cap_or_sooner_by_the_recovery_bound
     assert capped.due(log)  # type: ignore[arg-type]
 
     bounded = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
-    bounded.note_recovery(5.0, 400 * MB, 4.0)  # a replay of 100 MiB/s: 200 MiB in the bound
+    bounded.note_recovery(4.0, 400 * MB, 3.0)  # a start at 100 MiB/s: 200 MiB in the bound
     log.bytes_since_checkpoint = 150 * MB
     assert not bounded.due(log)  # type: ignore[arg-type]
     log.bytes_since_checkpoint = 201 * MB
     assert bounded.due(log)  # type: ignore[arg-type]
     assert bounded.stats.replay_bytes == 201 * MB
-    assert bounded.stats.recovery_s == 5.0
+    assert bounded.stats.recovery_s == 4.0
 
     # a slower replay calls for checkpoints sooner; the previous interval counts too
     slow = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
-    slow.note_recovery(5.0, 100 * MB, 4.0)  # 25 MiB/s: 50 MiB in the bound
+    slow.note_recovery(4.0, 100 * MB, 3.0)  # 25 MiB/s: 50 MiB in the bound
     slow._new_interval(40 * MB, time.monotonic())
     log.bytes_since_checkpoint = 20 * MB
     assert slow.due(log)  # type: ignore[arg-type]  # 40 + 20 past 50
