@@ -9,8 +9,9 @@ One server at a time (``hybrid``, ``wal``), fed for ``--duration`` seconds (60 b
 
 Each arm runs against the default settings (checkpoints every 256 MB of log, or sooner
 when recovery would take longer than its bound) and against the same server with
-checkpoints pushed past the run (``--wal-checkpoint-mb 100000 --recovery-bound-s 0``); the pipelined writer
-also runs against Reverb 0.14's writer (same values, same table) when its venv is there.
+checkpoints pushed past the run (``--wal-checkpoint-mb 100000 --recovery-bound-s 0``); the
+pipelined writer also runs against Reverb 0.14's writer (same values, same table) when its
+venv is there (``RLREPLAY_REVERB_PYTHON``, else ``.venv-reverb``).
 
 While the load runs, a thread of this process asks ``/healthz`` every 10 ms: its p99 and
 its longest answer show how long the server's event loop stalled (every route waits
@@ -19,7 +20,8 @@ taken, the longest event-loop stall during one, the longest checkpoint. Then the
 killed (``kill -9``) and started again on the same data: the seconds until it is ready
 are the recovery time, next to the bound the server states.
 
-Run: ``python -m bench.ingest [--duration 60] [--repeats 1] [--quick]``.
+Run: ``python -m bench.ingest [--duration 60] [--repeats 1] [--arms writer,wrk,reverb]
+[--servers default,"no checkpoints"] [--quick]``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ CAPACITY = 200_000
 PUSH_ITEMS = 64
 ITEM_BYTES = 4096
 NO_CHECKPOINTS = ("--wal-checkpoint-mb", "100000", "--recovery-bound-s", "0")
+#: The servers each load runs against: label -> flags.
+SERVERS: dict[str, tuple[str, ...]] = {"default": (), "no checkpoints": NO_CHECKPOINTS}
 
 #: The pipelined writer, in a process of its own: URL SECONDS -> JSON (items/s, per second).
 _WRITER = """
@@ -220,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each arm, back to back")
     parser.add_argument("--connections", type=int, default=8, help="wrk's connections")
     parser.add_argument("--arms", default="writer,wrk,reverb", help="which loads to run")
+    parser.add_argument(
+        "--servers", default="default,no checkpoints", help="which server settings to run"
+    )
     parser.add_argument("--quick", action="store_true", help="15 s runs")
     args = parser.parse_args(argv)
     if args.quick:
@@ -233,22 +240,24 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(tmp)
         for arm in [a for a in arms if a != "reverb"]:
             for _ in range(args.repeats):
-                for label, flags in (("default", ()), ("no checkpoints", NO_CHECKPOINTS)):
-                    f = run_arm(arm, flags, args, workdir)
-                    print(f"# {arm} {label}: {json.dumps(f)}", flush=True)
-                    rows.append(
-                        [
-                            arm,
-                            label,
-                            f"{f['rate'] / 1e3:.1f}k",
-                            int(f["checkpoints"]),
-                            f"{f['stall_ms']:.1f}",
-                            f"{f['healthz_p99']:.1f}",
-                            f"{f['healthz_max']:.1f}",
-                            f"{f['recovery_s']:.1f}",
-                            f"{f['bound_s']:.0f}",
-                        ]
-                    )
+                for label, flags in SERVERS.items():
+                    if label not in args.servers.split(","):
+                        continue
+                        f = run_arm(arm, flags, args, workdir)
+                        print(f"# {arm} {label}: {json.dumps(f)}", flush=True)
+                        rows.append(
+                            [
+                                arm,
+                                label,
+                                f"{f['rate'] / 1e3:.1f}k",
+                                int(f["checkpoints"]),
+                                f"{f['stall_ms']:.1f}",
+                                f"{f['healthz_p99']:.1f}",
+                                f"{f['healthz_max']:.1f}",
+                                f"{f['recovery_s']:.1f}",
+                                f"{f['bound_s']:.0f}",
+                            ]
+                        )
         if "reverb" in arms:
             python = reverb_python()
             if python is None or subprocess.run([str(python), "-c", "import reverb"]).returncode:
