@@ -243,21 +243,21 @@ def main(argv: list[str] | None = None) -> None:
                 for label, flags in SERVERS.items():
                     if label not in args.servers.split(","):
                         continue
-                        f = run_arm(arm, flags, args, workdir)
-                        print(f"# {arm} {label}: {json.dumps(f)}", flush=True)
-                        rows.append(
-                            [
-                                arm,
-                                label,
-                                f"{f['rate'] / 1e3:.1f}k",
-                                int(f["checkpoints"]),
-                                f"{f['stall_ms']:.1f}",
-                                f"{f['healthz_p99']:.1f}",
-                                f"{f['healthz_max']:.1f}",
-                                f"{f['recovery_s']:.1f}",
-                                f"{f['bound_s']:.0f}",
-                            ]
-                        )
+                    f = run_arm(arm, flags, args, workdir)
+                    print(f"# {arm} {label}: {json.dumps(f)}", flush=True)
+                    rows.append(
+                        [
+                            arm,
+                            label,
+                            f"{f['rate'] / 1e3:.1f}k",
+                            int(f["checkpoints"]),
+                            f"{f['stall_ms']:.1f}",
+                            f"{f['healthz_p99']:.1f}",
+                            f"{f['healthz_max']:.1f}",
+                            f"{f['recovery_s']:.1f}",
+                            f"{f['bound_s']:.0f}",
+                        ]
+                    )
         if "reverb" in arms:
             python = reverb_python()
             if python is None or subprocess.run([str(python), "-c", "import reverb"]).returncode:
