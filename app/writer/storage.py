@@ -424,8 +424,19 @@ class _Steps:
         deletes: Sequence[bytes],
         ranges: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        if not (puts or deletes or ranges):
-            return
+        """Write ``ranges``, then ``deletes`` (in batches of :data:`STEP_SLOTS`: a FIFO
+        table's removals queue thousands), then ``puts`` as one batch, in this order."""
+        for at in range(0, len(deletes), STEP_SLOTS):
+            await self._write((), deletes[at : at + STEP_SLOTS], ranges if not at else ())
+        if puts or (ranges and not deletes):
+            await self._write(puts, (), ranges if not deletes else ())
+
+    async def _write(
+        self,
+        puts: Sequence[tuple[bytes, bytes]],
+        deletes: Sequence[bytes],
+        ranges: Sequence[tuple[bytes, bytes]],
+    ) -> None:
         # polled: RocksDB tells no one when its flush is done
         while not await self._io.run(self._store.try_write, puts, deletes, ranges):  # noqa: ASYNC110
             await asyncio.sleep(_STALL_WAIT_S)
