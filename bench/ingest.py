@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 
 from bench.client import reverb_python
-from bench.http import _push_template, _wrk, free_port, start_process
+from bench.http import _push_template, _wrk, free_port
 from bench.report import print_table
 from rlreplay.app.cli import serve_command
 
@@ -52,6 +52,7 @@ CAPACITY = 200_000
 PUSH_ITEMS = 64
 ITEM_BYTES = 4096
 NO_CHECKPOINTS = ("--wal-checkpoint-mb", "100000", "--recovery-bound-s", "0")
+_READY_WITHIN_S = 900  # a start's recovery may replay gigabytes of log
 #: The servers each load runs against: label -> flags.
 SERVERS: dict[str, tuple[str, ...]] = {"default": (), "no checkpoints": NO_CHECKPOINTS}
 
@@ -147,9 +148,23 @@ class HealthProbe:
 
 
 def _start(data_dir: Path, log: Path, port: int, flags: tuple[str, ...]) -> subprocess.Popen[bytes]:
-    url = f"http://127.0.0.1:{port}"
+    """A server, once ready: a restart replays the whole log first (minutes, without
+    checkpoints), so it gets far longer than :func:`bench.http.start_process` waits."""
     cmd = serve_command(port, data_dir, "--log-level", "warning", *flags)
-    return start_process(cmd, url, "/readyz", log)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + _READY_WITHIN_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"the server on port {port} was not ready in {_READY_WITHIN_S} s")
 
 
 def _metric(text: str, name: str) -> float:
