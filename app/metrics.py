@@ -253,6 +253,7 @@ class EngineExposition:
                 )
         out.extend(_snapshot_series(getattr(self._engine, "snapshot_stats", None)))
         out.extend(_recovery_series(getattr(self._engine, "recovery", None)))
+        out.extend(_checkpoint_series(getattr(self._engine, "checkpoint_stats", None)))
         task_stats = getattr(self._engine, "task_stats", None)
         if callable(task_stats):
             out.extend(_task_series(task_stats()))
@@ -286,6 +287,69 @@ _SNAPSHOT_SERIES = {
         "How long the writer paused to capture the last snapshot (the upload runs after).",
     ),
 }
+
+
+#: :class:`~rlreplay.app.writer.checkpoints.CheckpointStats` field -> (name, type, help).
+_CHECKPOINT_SERIES = {
+    "checkpoints": ("rlreplay_checkpoints_total", "counter", "Checkpoints taken since start."),
+    "seconds_total": (
+        "rlreplay_checkpoint_seconds_total",
+        "counter",
+        "Seconds spent in checkpoints since start.",
+    ),
+    "last_seconds": ("rlreplay_checkpoint_last_seconds", "gauge", "The last checkpoint's time."),
+    "longest_seconds": (
+        "rlreplay_checkpoint_duration_max_seconds",
+        "gauge",
+        "The longest checkpoint since start.",
+    ),
+    "bytes_total": (
+        "rlreplay_checkpoint_bytes_total",
+        "counter",
+        "Bytes checkpoints wrote (RocksDB keys and values, or memory.ckpt) since start.",
+    ),
+    "last_bytes": ("rlreplay_checkpoint_last_bytes", "gauge", "Bytes the last checkpoint wrote."),
+    "last_loop_stall_s": (
+        "rlreplay_checkpoint_loop_stall_last_seconds",
+        "gauge",
+        "The longest the event loop went without a turn during the last checkpoint.",
+    ),
+    "longest_loop_stall_s": (
+        "rlreplay_checkpoint_loop_stall_max_seconds",
+        "gauge",
+        "The longest the event loop went without a turn during any checkpoint since start.",
+    ),
+    "recovery_s": (
+        "rlreplay_recovery_seconds",
+        "gauge",
+        "Seconds the start took to bring the tables back (storage, log replay, checkpoint).",
+    ),
+    "replay_bytes_s": (
+        "rlreplay_recovery_replay_bytes_per_second",
+        "gauge",
+        "Bytes of log a restart replays per second (measured at a start, else assumed).",
+    ),
+    "replay_bytes": (
+        "rlreplay_recovery_replay_bytes",
+        "gauge",
+        "Bytes of log a restart now would replay (as of the writer's last op).",
+    ),
+    "recovery_bound_s": (
+        "rlreplay_recovery_bound_seconds",
+        "gauge",
+        "The bound on replaying the log that checkpoints keep (--recovery-bound-s; 0: none).",
+    ),
+}
+
+
+def _checkpoint_series(stats: Any) -> list[str]:
+    """The ``rlreplay_checkpoint*`` and ``rlreplay_recovery_*`` figures of the writer."""
+    if stats is None:
+        return []
+    out = []
+    for field, (name, kind, doc) in _CHECKPOINT_SERIES.items():
+        out.append(_head(name, kind, doc) + f"{name} {_value(getattr(stats, field))}\n")
+    return out
 
 
 def _task_series(stats: dict[str, dict[str, dict[str, int]]]) -> list[str]:

@@ -52,6 +52,14 @@ class Settings(BaseSettings):
             "keeps up to about 3x this (values pushed since the last checkpoint)."
         ),
     )
+    recovery_bound_s: float = Field(
+        30,
+        ge=0,
+        description=(
+            "Checkpoint sooner than --wal-checkpoint-mb when replaying the log after a crash "
+            "would take longer than this (the log's replay rate measured); 0: no bound."
+        ),
+    )
     wal_writer: Literal["auto", "process", "thread"] = Field(
         "auto",
         description=(

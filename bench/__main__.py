@@ -8,7 +8,8 @@ synchronous Client next to the async ReplayClient),
 sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
 sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
 + ack next to sample, patch next to push), bulk (big batches over TCP and a Unix socket
-next to the sockets' own bandwidth).
+next to the sockets' own bandwidth), ingest (sustained pushes with and without checkpoints:
+the event loop's stalls, recovery after kill -9).
 With no section named, all run.
 """
 
@@ -34,6 +35,7 @@ SECTIONS = (
     "rollouts",
     "rollout_filters",
     "bulk",
+    "ingest",
 )
 
 

@@ -53,6 +53,7 @@ from rlreplay.app.tables.rollouts import Lease
 from rlreplay.app.tables.stats import TablesSummary, describe, summarize_tables
 from rlreplay.app.tables.table import Table
 from rlreplay.app.tables.tag_index import Condition
+from rlreplay.app.writer.checkpoints import CheckpointStats
 from rlreplay.app.writer.ops import (
     CheckpointOp,
     CreateTableOp,
@@ -353,6 +354,12 @@ class Engine:
         """Seconds the oldest op not yet applied by the writer has waited."""
         p = self.core.processor
         return p.lag_s if p is not None else 0.0
+
+    @property
+    def checkpoint_stats(self) -> CheckpointStats | None:
+        """What checkpoints cost and what the start took (None before the writer exists)."""
+        p = self.core.processor
+        return p.checkpoint_stats if p is not None else None
 
     def storage_stats(self) -> dict[str, Any]:
         """Engine-wide figures for metrics: cache bytes and limit, log bytes, applied ops."""

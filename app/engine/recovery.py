@@ -71,12 +71,14 @@ async def recover(
     checkpoint file even without the log, which otherwise leaves the file alone).
     ``progress``: where the replay's progress goes (its ``replay`` phase)."""
     st, io = state.settings, state.io
+    began = time.monotonic()
     loss = state.data_loss = DataLoss(
         accept=st.accept_data_loss, wal_recovery=st.wal_recovery, checkpoint=_checkpoint_of(st)
     )
     covered = await state.storage.open(state, restored=restored)
     processor.horizon = covered
     if st.durability != "wal":
+        processor.note_recovery(time.monotonic() - began, 0, 0.0)
         return 0
     wal = WriteAheadLog(
         st.data_dir / "wal",
@@ -86,6 +88,7 @@ async def recover(
         in_use_mark=st.data_dir / IN_USE,
     )
     try:
+        replay_began = time.monotonic()
         records = await io.run(lambda: list(wal.replay(covered, loss=loss)))
         shown = (progress or RecoveryProgress()).start(
             "replay", len(records), log=log, unit="records"
@@ -103,6 +106,8 @@ async def recover(
                 await asyncio.sleep(0)  # let the loop answer probes
         shown.advance_to(len(records))
         shown.close()
+        replay_s = time.monotonic() - replay_began
+        replayed_bytes = await io.run(wal.disk_bytes)  # before the new segment
         await io.run(wal.open, covered)
     except BaseException:
         with contextlib.suppress(OSError):  # its lock goes: the folder can be opened again
@@ -118,6 +123,7 @@ async def recover(
         started = time.monotonic()
         await processor.checkpoint(full=True)
         log.info("checkpoint after replay: done in %.1f s", time.monotonic() - started)
+    processor.note_recovery(time.monotonic() - began, replayed_bytes, replay_s)
     return len(records)
 
 

@@ -64,6 +64,10 @@ _VERIFY_READAHEAD = 4 << 20  # bytes read ahead while verify() reads every block
 _NAMED_FILE = re.compile(r"(/[^\s:,]+?\.sst)\b|The file (\S+) may be corrupted|(CURRENT) file")
 
 
+class _WriteStalled(Exception):
+    """A write with ``no_slowdown`` that RocksDB would have made wait (nothing written)."""
+
+
 def is_corruption(exc: BaseException) -> bool:
     """Whether a RocksDB error (rocksdict raises plain Exceptions) reports damage."""
     return "Corruption" in str(exc)
@@ -112,6 +116,10 @@ class RocksStore:
             raise self._failed(exc, "open") from exc
         self._nowal = WriteOptions()
         self._nowal.disable_wal = True  # type: ignore[method-assign,assignment]
+        # the same, but a write that would wait for a flush fails at once (try_write)
+        self._nowal_or_none = WriteOptions()
+        self._nowal_or_none.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._nowal_or_none.no_slowdown = True
         self._closed = False
         # Keys and ranges written since the last flush that succeeded: what the memtables
         # may hold and a reopening would lose (kept as keys only; recover() reads values).
@@ -217,6 +225,33 @@ class RocksStore:
         delete_ranges: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         """Apply puts, deletes and range deletes in one atomic batch."""
+        self._write(self._nowal, puts, deletes, delete_ranges)
+
+    def try_write(
+        self,
+        puts: Sequence[tuple[bytes, bytes]] = (),
+        deletes: Sequence[bytes] = (),
+        delete_ranges: Sequence[tuple[bytes, bytes]] = (),
+    ) -> bool:
+        """:meth:`write`, unless RocksDB would make it wait for a memtable flush: then
+        nothing is written and it returns False (call again a few milliseconds later).
+
+        rocksdict holds the GIL through a write, waits included: a write that waited for
+        the flush behind it would stop every thread of the process, the event loop too.
+        """
+        try:
+            self._write(self._nowal_or_none, puts, deletes, delete_ranges)
+        except _WriteStalled:
+            return False
+        return True
+
+    def _write(
+        self,
+        options: WriteOptions,
+        puts: Sequence[tuple[bytes, bytes]],
+        deletes: Sequence[bytes],
+        delete_ranges: Sequence[tuple[bytes, bytes]],
+    ) -> None:
         batch = WriteBatch(raw_mode=True)
         for begin, end in delete_ranges:
             batch.delete_range(begin, end)
@@ -225,8 +260,10 @@ class RocksStore:
         for key, value in puts:
             batch.put(key, value)
         try:
-            self._live().write(batch, self._nowal)
+            self._live().write(batch, options)
         except Exception as exc:
+            if options is self._nowal_or_none and "Write stall" in str(exc):
+                raise _WriteStalled from None
             raise self._failed(exc, "write") from exc
         unflushed = self._unflushed
         unflushed.update(dict.fromkeys(deletes))

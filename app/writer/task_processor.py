@@ -30,7 +30,7 @@ from typing import Any, TypeGuard
 from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.apply import OpApplier, raise_into
-from rlreplay.app.writer.checkpoints import Checkpointer
+from rlreplay.app.writer.checkpoints import Checkpointer, CheckpointStats
 from rlreplay.app.writer.ops import (
     AckOp,
     DeleteOp,
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 YIELD_EVERY = 64  # ops applied between yields to the event loop
 JOIN_ITEMS = 1024  # items past which no more queued pushes join one (bounds a step's time)
+BETWEEN_STEPS_S = 0.002  # how long the writer applies pushes between a checkpoint's steps
 
 
 class TaskProcessor:
@@ -66,7 +67,9 @@ class TaskProcessor:
         self, state: EngineState, *, urgent_probability: float, seed: int | None = None
     ) -> None:
         self._state = state
-        self._checkpointer = Checkpointer(state, oldest_queued_seq=self.oldest_queued_seq)
+        self._checkpointer = Checkpointer(
+            state, oldest_queued_seq=self.oldest_queued_seq, between_steps=self.apply_pushes
+        )
         self._applier = OpApplier(
             state, checkpointer=self._checkpointer, submit=self.submit, seed=seed
         )
@@ -77,7 +80,6 @@ class TaskProcessor:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._idle = False
-        self._checkpoint_bytes = int(state.settings.wal_checkpoint_mb * 2**20)
         self.failure: BaseException | None = None
         self.applied_ops = 0
         self.last_apply_lag_s = 0.0
@@ -110,6 +112,15 @@ class TaskProcessor:
     @horizon.setter
     def horizon(self, lsn: int) -> None:
         self._checkpointer.horizon = lsn
+
+    @property
+    def checkpoint_stats(self) -> CheckpointStats:
+        """What checkpoints cost and what the start took, for /metrics."""
+        return self._checkpointer.stats
+
+    def note_recovery(self, seconds: float, replayed_bytes: int, replay_s: float) -> None:
+        """What the start took (see :meth:`Checkpointer.note_recovery`)."""
+        self._checkpointer.note_recovery(seconds, replayed_bytes, replay_s)
 
     @property
     def background_failures(self) -> dict[str, int]:
@@ -268,13 +279,46 @@ class TaskProcessor:
                 if part.future is not None and not part.future.done():
                     part.future.set_result(None)
             self.applied_ops += len(queued_ops(op))
-            if wal is not None and wal.bytes_since_checkpoint > self._checkpoint_bytes:
+            if wal is not None and self._checkpointer.due(wal):
                 self._applier.queue_checkpoint_when_due()
             self._applier.queue_retries()
             since_yield += 1
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
                 await asyncio.sleep(0)
+
+    async def apply_pushes(self) -> None:
+        """Between a checkpoint's steps: apply the pushes at the head of the urgent queue
+        that are durable already (nothing left to refuse), for up to :data:`BETWEEN_STEPS_S`,
+        so ingest goes on while a checkpoint writes. Only pushes: they change no table's
+        set, and the checkpoint looks at each slot again when its step comes."""
+        wal = self._state.wal
+        urgent = self.urgent
+        outer = self._current
+        deadline = time.monotonic() + BETWEEN_STEPS_S
+        while urgent and time.monotonic() < deadline:
+            op = urgent[0]
+            if type(op) is not PutOp or op.refused:
+                return
+            if wal is not None and (op.seq > wal.durable_lsn or wal.refusal(op.seq) is not None):
+                return
+            urgent.popleft()
+            self._state.queued_items -= op.weight
+            self._state.queued_bytes -= op.nbytes
+            op = self._current = self.join_pushes(op)
+            try:
+                await self.apply(op)
+            except Exception as exc:
+                for part in queued_ops(op):
+                    if part.future is not None and not part.future.done():
+                        part.future.set_exception(exc)
+                raise
+            finally:
+                self._current = outer
+            for part in queued_ops(op):
+                if part.future is not None and not part.future.done():
+                    part.future.set_result(None)
+            self.applied_ops += len(queued_ops(op))
 
     def join_pushes(self, op: PutOp) -> PutOp:
         """``op`` and the pushes queued right behind it as one op, when they can be applied

@@ -1,0 +1,130 @@
+"""Checkpoints the event loop does not feel: RocksDB written in steps with the writer going
+on between them, a cadence that bounds recovery, and the figures /metrics shows of both."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgpack
+
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.metrics import Metrics
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
+from rlreplay.app.writer.checkpoints import Checkpointer
+from rlreplay.app.writer.loop_stalls import LoopStalls
+from tests.engine.conftest import crash, make_settings
+
+MB = 2**20
+
+
+def _series(text: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert found is not None, f"{name} is not in the scrape"
+    return float(found.group(1))
+
+
+def _values(prefix: str, n: int, size: int) -> list[NewItem]:
+    return [NewItem(f"{prefix}{i}", msgpack.packb(bytes(size)), 1.0) for i in range(n)]
+
+
+async def test_the_checkpoint_figures_appear_and_move(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, storage_mode="hybrid")
+    eng = Engine(settings)
+    metrics = Metrics()
+    metrics.watch_engine(eng, max_tables=None)
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        text = metrics.render().decode()
+        assert _series(text, "rlreplay_checkpoints_total") == 0
+        assert _series(text, "rlreplay_recovery_bound_seconds") == 30
+        assert _series(text, "rlreplay_recovery_replay_bytes_per_second") == 32 * MB
+        assert _series(text, "rlreplay_recovery_seconds") > 0
+        await eng.push("t", _values("a", 64, 16_384), wait=True)
+        await eng.flush()  # covers the pushes; writes what came before the last one: none
+        await eng.flush()  # writes the pushes
+        text = metrics.render().decode()
+        assert _series(text, "rlreplay_checkpoints_total") == 2
+        assert _series(text, "rlreplay_checkpoint_bytes_total") > 64 * 16_384
+        assert _series(text, "rlreplay_checkpoint_last_bytes") > 64 * 16_384
+        assert _series(text, "rlreplay_checkpoint_seconds_total") > 0
+        assert _series(text, "rlreplay_checkpoint_duration_max_seconds") > 0
+        assert _series(text, "rlreplay_checkpoint_loop_stall_max_seconds") >= 0
+        assert _series(text, "rlreplay_checkpoint_loop_stall_last_seconds") >= 0
+    finally:
+        await crash(eng)
+    again = Engine(settings)
+    metrics = Metrics()
+    metrics.watch_engine(again, max_tables=None)
+    await again.start()
+    try:
+        assert _series(metrics.render().decode(), "rlreplay_recovery_seconds") > 0
+        assert len(await again.sample("t", 64)) == 64
+    finally:
+        await again.stop()
+
+
+async def test_pushes_are_applied_between_the_steps_of_a_checkpoint(tmp_path: Path) -> None:
+    eng = Engine(make_settings(tmp_path, storage_mode="hybrid", cache_memory_limit_mb=512))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        for n in range(8):  # 64 MiB: 64 steps of 1 MiB
+            await eng.push("t", _values(f"b{n}/", 128, 65_536), wait=True)
+        await eng.flush()  # the next checkpoint writes them
+        checkpoint = asyncio.ensure_future(eng.flush())
+        await asyncio.sleep(0)  # the writer takes the checkpoint
+        await eng.push("t", _values("during", 1, 16), wait=True)  # applied, not only logged
+        assert not checkpoint.done(), "the push waited for the whole checkpoint"
+        await checkpoint
+        stats = eng.checkpoint_stats
+        assert stats is not None and stats.last_bytes > 64 * MB
+    finally:
+        await eng.stop()
+
+
+def _checkpointer(tmp_path: Path, **settings: object) -> Checkpointer:
+    state = SimpleNamespace(settings=make_settings(tmp_path, **settings))
+    return Checkpointer(state, oldest_queued_seq=lambda: None)  # type: ignore[arg-type]
+
+
+async def test_a_checkpoint_comes_due_at_the_cap_or_sooner_by_the_recovery_bound(
+    tmp_path: Path,
+) -> None:
+    log = SimpleNamespace(bytes_since_checkpoint=0)
+    capped = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=0)
+    log.bytes_since_checkpoint = 200 * MB
+    assert not capped.due(log)  # type: ignore[arg-type]
+    log.bytes_since_checkpoint = 257 * MB
+    assert capped.due(log)  # type: ignore[arg-type]
+
+    bounded = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
+    bounded.note_recovery(4.0, 400 * MB, 3.0)  # a start at 100 MiB/s: 200 MiB in the bound
+    log.bytes_since_checkpoint = 150 * MB
+    assert not bounded.due(log)  # type: ignore[arg-type]
+    log.bytes_since_checkpoint = 201 * MB
+    assert bounded.due(log)  # type: ignore[arg-type]
+    assert bounded.stats.replay_bytes == 201 * MB
+    assert bounded.stats.recovery_s == 4.0
+
+    # a slower replay calls for checkpoints sooner; the previous interval counts too
+    slow = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
+    slow.note_recovery(4.0, 100 * MB, 3.0)  # 25 MiB/s: 50 MiB in the bound
+    slow._new_interval(40 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 20 * MB
+    assert slow.due(log)  # type: ignore[arg-type]  # 40 + 20 past 50
+    log.bytes_since_checkpoint = 8 * MB
+    assert not slow.due(log)  # type: ignore[arg-type]  # under the least interval
+
+
+async def test_loop_stalls_measures_the_longest_wait_of_the_event_loop() -> None:
+    async with LoopStalls() as stalls:
+        await asyncio.sleep(0.01)
+        time.sleep(0.05)  # noqa: ASYNC251 - the loop blocked, as a GIL held through a write would
+        await asyncio.sleep(0.01)
+    assert stalls.longest_s >= 0.04
