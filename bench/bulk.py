@@ -25,7 +25,10 @@ views of them, ``clients/columns.py``), the client's one wake per long body
 path (``app/api/column_answers.py``, ``app/tables/stacking.py``: off, values joined and
 copied into a fresh buffer).
 
-Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms]``.
+With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
+masks) move with ``Content-Encoding: zstd`` on and off.
+
+Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms] [--zstd]``.
 """
 
 from __future__ import annotations
@@ -402,12 +405,82 @@ def arm_rows(
     return headers, rows
 
 
-def _server(workdir: Path, sock: Path, command: list[str] | None = None) -> Any:
+def _compressible(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """64 rows of 16 k int32 tokens from a 32 k vocabulary, Zipf-like, with a uint8 mask."""
+    ranks = np.minimum(rng.zipf(1.3, (64, 16 * 1024)), 32_000).astype(np.int32)
+    return {"tokens": ranks, "mask": (rng.random((64, 16 * 1024)) < 0.95).astype(np.uint8)}
+
+
+async def _zstd_rates(
+    url: str, columns: dict[str, np.ndarray], seconds: float, compression: str | None
+) -> dict[str, float]:
+    """Call -> bytes/s of columnar get_many, sample and push_columns of ``columns``."""
+    n = len(next(iter(columns.values())))
+    keys = [f"k{i}" for i in range(n)]
+    nbytes = sum(column.nbytes for column in columns.values())
+    async with ReplayClient(url, timeout_s=120, compression=compression) as rb:
+        await rb.create_table("zstd")
+        await rb.push_columns("zstd", keys, columns, wait=True)
+
+        async def get_many() -> int:
+            await rb.get_many("zstd", keys, layout="columns")
+            return nbytes
+
+        async def sample() -> int:
+            await rb.sample("zstd", n, layout="columns")
+            return nbytes
+
+        async def push_columns() -> int:
+            await rb.push_columns("zstd", keys, columns)
+            return nbytes
+
+        return {
+            "get_many": await _rate(get_many, seconds),
+            "sample": await _rate(sample, seconds),
+            "push_columns": await _rate(push_columns, seconds),
+        }
+
+
+def zstd_rows(root: Path, seconds: float, rounds: int) -> list[list[object]]:
+    """Compressible batches with ``Content-Encoding: zstd`` on and off (a server run with
+    ``--zstd``; the client's ``compression`` option), over TCP and the Unix socket."""
+    from rlreplay.wire.compression import compress
+
+    columns = _compressible(np.random.default_rng(3))
+    raw = b"".join(column.tobytes() for column in columns.values())
+    ratio = len(raw) / len(compress([raw]))
+    sock = root / "zstd.sock"
+    proc, url = _server(root / "zstd", sock, flags=("--zstd",))
+    urls = {"tcp": url, "unix": f"unix://{sock}"}
+    runs: dict[tuple[str, str | None], list[dict[str, float]]] = {}
+    try:
+        for r in range(rounds):
+            for family in ("tcp", "unix"):
+                for coding in ("zstd", None) if r % 2 == 0 else (None, "zstd"):
+                    got = asyncio.run(_zstd_rates(urls[family], columns, seconds, coding))
+                    runs.setdefault((family, coding), []).append(got)
+    finally:
+        stop_process(proc)
+    rows: list[list[object]] = []
+    for family in ("tcp", "unix"):
+        for call in ("get_many", "sample", "push_columns"):
+            on, off = (
+                statistics.median(run[call] for run in runs[family, coding]) / 1e9
+                for coding in ("zstd", None)
+            )
+            rows.append([call, family, f"{ratio:.1f}x", on, off, f"{on / off:.2f}x"])
+    return rows
+
+
+def _server(
+    workdir: Path, sock: Path, command: list[str] | None = None, flags: tuple[str, ...] = ()
+) -> Any:
     """``rlreplay serve`` (hybrid, ``wal``) on 127.0.0.1 and on ``sock``: (process, TCP URL)."""
     port = free_port()
     cmd = serve_command(
         port,
         workdir / "data",
+        *flags,
         "--uds",
         str(sock),
         "--max-request-mb",
@@ -450,6 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="0.25 s per figure")
     parser.add_argument("--arms", action="store_true", help="fast paths on and off")
+    parser.add_argument("--zstd", action="store_true", help="zstd on and off (with --arms too)")
     args = parser.parse_args(argv)
     seconds = 0.25 if args.quick else args.duration
     tune_malloc()
@@ -480,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             stop_process(proc)
         arms = arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
+        zstd = zstd_rows(root, seconds, args.rounds) if args.arms or args.zstd else None
     rows = []
     for name in shapes:
         for op in OPS:
@@ -507,6 +582,13 @@ def main(argv: list[str] | None = None) -> None:
         print_table(
             "Bulk: columnar reads, GB/s with every fast path on, then each off (on / off)",
             *arms,
+        )
+    if zstd is not None:
+        print_table(
+            "Bulk: 64 x 16 k tokens (32 k vocabulary) and masks, columns, GB/s of array "
+            "bytes with Content-Encoding: zstd on and off (a link this fast favours off)",
+            ["call", "socket", "zstd ratio", "zstd on", "zstd off", "on / off"],
+            zstd,
         )
 
 
