@@ -81,8 +81,15 @@ def copy_rows(torch: Any) -> list[list[object]]:
         pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         pageable = torch.empty(size, dtype=torch.uint8)
         device = torch.empty(size, dtype=torch.uint8, device="cuda")
-        on_pinned = _seconds(lambda p=pinned, d=device: d.copy_(p, non_blocking=True), sync, 9)
-        on_pageable = _seconds(lambda p=pageable, d=device: d.copy_(p), sync, 9)
+
+        def from_pinned(p: Any = pinned, d: Any = device) -> None:
+            d.copy_(p, non_blocking=True)
+
+        def from_pageable(p: Any = pageable, d: Any = device) -> None:
+            d.copy_(p)
+
+        on_pinned = _seconds(from_pinned, sync, 9)
+        on_pageable = _seconds(from_pageable, sync, 9)
         rows.append([f"{size // MIB} MiB", size / on_pinned / 1e9, size / on_pageable / 1e9])
         del pinned, pageable, device
     return rows
