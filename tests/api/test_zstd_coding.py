@@ -91,6 +91,7 @@ async def test_an_answer_is_compressed_for_a_client_that_asks() -> None:
         (BODY, [(b"content-encoding", b"zstd")], 400),
         (BODY, [(b"content-encoding", b"gzip")], 415),
     ],
+    ids=["too large decompressed", "not zstd", "another coding"],
 )
 async def test_bodies_it_cannot_take_are_refused(
     body: bytes, headers: list[tuple[bytes, bytes]], status: int
