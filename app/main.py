@@ -22,6 +22,7 @@ from rlreplay.app.api import (
     snapshots,
     tables,
 )
+from rlreplay.app.api.compression import ZstdCoding
 from rlreplay.app.api.docs import install_docs
 from rlreplay.app.api.errors import install_error_handlers
 from rlreplay.app.api.hot import HotRoutes, ReplayApp
@@ -213,8 +214,15 @@ def create_app(
         "metrics_require_key": settings.metrics_require_key,
         "access_log": access_log,
     }
+    coding: dict[str, Any] = {
+        "max_body_bytes": context["max_body_bytes"],
+        "offload": lambda fn, *args: the_engine.core.state.io.run(fn, *args),
+    }
+    if settings.zstd:  # inside the context middleware: its limit checks the bytes sent
+        app.add_middleware(ZstdCoding, **coding)
     app.add_middleware(RequestContextMiddleware, **context)
     if hot_routes:
         hot = HotRoutes(the_engine, metrics)
-        app.serve_hot_routes(hot, RequestContextMiddleware(hot, **context))
+        inner: Any = ZstdCoding(hot, **coding) if settings.zstd else hot
+        app.serve_hot_routes(hot, RequestContextMiddleware(inner, **context))
     return app

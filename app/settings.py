@@ -113,6 +113,13 @@ class Settings(BaseSettings):
         ),
     )
     max_request_mb: float = Field(64, gt=0, description="Largest request body accepted.")
+    zstd: bool = Field(
+        False,
+        description=(
+            "Content-Encoding: zstd: compress answers of 16 KiB and more for clients that "
+            "send Accept-Encoding: zstd, and read zstd request bodies (for slow links)."
+        ),
+    )
     max_response_mb: float = Field(
         256,
         gt=0,

@@ -16,14 +16,19 @@ alternating TCP and the Unix socket first):
 
 GB/s counts the arrays' bytes (not msgpack's framing); the ratio is to the socket baseline
 of the same transport. With ``--arms`` the columnar reads run again with each fast path
-off, in alternate rounds, against the same data: the client's (answers read into reused
-buffers, ``wire/buffer_pool.py``, and arrays decoded as views of them,
-``clients/columns.py``), the server's writev (large values' slices sent where they lie,
+off (:data:`ARMS`), in alternate rounds, against the same data: the client's receive
+buffers (answers read into reused buffers, ``wire/buffer_pool.py``, and arrays decoded as
+views of them, ``clients/columns.py``), the client's one wake per long body
+(``clients/connection.py``), the server's slices of values from 4 KiB (off: values under
+64 KiB joined, then gathered), the server's writev (values' slices sent where they lie,
 ``app/api/gathered_writes.py``: off, gathered into a reused buffer), and every server fast
-path (``app/api/column_answers.py``, ``app/tables/stacking.py``: off, large values joined
-and copied into a fresh buffer).
+path (``app/api/column_answers.py``, ``app/tables/stacking.py``: off, values joined and
+copied into a fresh buffer).
 
-Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms]``.
+With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
+masks) move with ``Content-Encoding: zstd`` on and off.
+
+Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms] [--zstd]``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -267,9 +272,12 @@ from rlreplay.wire.buffer_pool import BufferPool
 sys.argv = ["rlreplay"] + sys.argv[1:]
 runpy.run_module("rlreplay.app", run_name="__main__")
 """
-#: Large values' slices gathered into a reused buffer rather than sent where they lie.
+#: Values' slices gathered into a reused buffer rather than sent where they lie.
 _NO_WRITEV = "answers.SEND_AS_THEY_LIE = False"
-#: Every server fast path off: large values joined, then copied into a fresh buffer.
+#: Values under 64 KiB (the 4 KiB rows) joined, then gathered into a reused buffer, rather
+#: than sent as slices of each.
+_NO_SMALL_SLICES = "stacking.ROW_SLICES_BYTES = 64 << 10"
+#: Every server fast path off: values joined, then copied into a fresh buffer.
 _SERVER_OFF = (
     "answers.SEND_AS_THEY_LIE = False\n"
     "answers._ANSWERS = BufferPool(max_buffers=0)\n"
@@ -278,7 +286,8 @@ _SERVER_OFF = (
 
 
 class _ClientOff:
-    """The client's fast paths off while in use: a fresh buffer per answer, arrays copied."""
+    """The client's buffer fast paths off while in use: a fresh buffer per answer, arrays
+    copied."""
 
     def __enter__(self) -> None:
         import rlreplay.clients.requester as requester
@@ -295,6 +304,32 @@ class _ClientOff:
         import rlreplay.clients.transport as transport
 
         requester.decode_views, transport.BufferPool = self._saved  # type: ignore[assignment]
+
+
+class _WakeOnEveryRead:
+    """The client's reader woken on every read of a long body, not once when complete."""
+
+    def __enter__(self) -> None:
+        import rlreplay.clients.connection as connection
+
+        connection.WAKE_ON_BODY = False
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.connection as connection
+
+        connection.WAKE_ON_BODY = True
+
+
+#: The arms of ``--arms``: name -> (the server's fast paths turned off, or None; the
+#: client's, as a context manager class, or None).
+ARMS: dict[str, tuple[str | None, Any]] = {
+    "on": (None, None),
+    "client buffers off": (None, _ClientOff),
+    "one wake off": (None, _WakeOnEveryRead),
+    "small slices off": (_NO_SMALL_SLICES, None),
+    "writev off": (_NO_WRITEV, None),
+    "server off": (_SERVER_OFF, None),
+}
 
 
 async def _read_rates(
@@ -328,68 +363,124 @@ async def _read_rates(
 
 def arm_rows(
     root: Path, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float, rounds: int
-) -> list[list[object]]:
-    """Columnar reads with every fast path on, the client's off, the server's writev off,
-    every server fast path off."""
-    socks = {name: root / f"{name}.sock" for name in ("on", "nowritev", "off")}
-    procs = {}
-    urls = {}
-    for name, off in (("on", None), ("nowritev", _NO_WRITEV), ("off", _SERVER_OFF)):
+) -> tuple[list[str], list[list[object]]]:
+    """Columnar reads with every fast path on, then each arm of :data:`ARMS` (in alternate
+    orders, round by round): the table's headers and rows."""
+    servers = {off for off, _ in ARMS.values()}
+    procs, urls = {}, {}
+    for i, off in enumerate(servers):
         command = None if off is None else [sys.executable, "-c", _SERVER_WITH.format(off=off)]
-        procs[name], urls[name] = _server(root / f"arm-{name}", socks[name], command=command)
-    arms = {
-        "on": {"tcp": urls["on"], "unix": f"unix://{socks['on']}"},
-        "client off": {"tcp": urls["on"], "unix": f"unix://{socks['on']}"},
-        "writev off": {"tcp": urls["nowritev"], "unix": f"unix://{socks['nowritev']}"},
-        "server off": {"tcp": urls["off"], "unix": f"unix://{socks['off']}"},
-    }
+        sock = root / f"arm{i}.sock"
+        procs[off], tcp = _server(root / f"arm-{i}", sock, command=command)
+        urls[off] = {"tcp": tcp, "unix": f"unix://{sock}"}
     runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
     try:
         for r in range(rounds):
-            names = list(arms) if r % 2 == 0 else list(arms)[::-1]
+            names = list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]
             for family in ("tcp", "unix"):
                 for arm in names:
-                    url = arms[arm][family]
-                    if arm == "client off":
-                        with _ClientOff():
-                            got = asyncio.run(_read_rates(url, shapes, seconds))
-                    else:
+                    off, client = ARMS[arm]
+                    url = urls[off][family]
+                    with client() if client is not None else nullcontext():
                         got = asyncio.run(_read_rates(url, shapes, seconds))
                     runs.setdefault((arm, family), []).append(got)
     finally:
         for proc in procs.values():
             stop_process(proc)
+    headers = ["shape", "call", "socket", "on"]
+    for arm in list(ARMS)[1:]:
+        headers += [arm, "on / off"]
     rows: list[list[object]] = []
     for name in shapes:
         for op in ("get_many", "sample"):
             for family in ("tcp", "unix"):
                 gbps = {
                     arm: statistics.median(run[name, op] for run in runs[arm, family]) / 1e9
-                    for arm in arms
+                    for arm in ARMS
                 }
-                rows.append(
-                    [
-                        name,
-                        op,
-                        family,
-                        gbps["on"],
-                        gbps["client off"],
-                        f"{gbps['on'] / gbps['client off']:.2f}x",
-                        gbps["writev off"],
-                        f"{gbps['on'] / gbps['writev off']:.2f}x",
-                        gbps["server off"],
-                        f"{gbps['on'] / gbps['server off']:.2f}x",
-                    ]
-                )
+                row: list[object] = [name, op, family, gbps["on"]]
+                for arm in list(ARMS)[1:]:
+                    row += [gbps[arm], f"{gbps['on'] / gbps[arm]:.2f}x"]
+                rows.append(row)
+    return headers, rows
+
+
+def _compressible(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """64 rows of 16 k int32 tokens from a 32 k vocabulary, Zipf-like, with a uint8 mask."""
+    ranks = np.minimum(rng.zipf(1.3, (64, 16 * 1024)), 32_000).astype(np.int32)
+    return {"tokens": ranks, "mask": (rng.random((64, 16 * 1024)) < 0.95).astype(np.uint8)}
+
+
+async def _zstd_rates(
+    url: str, columns: dict[str, np.ndarray], seconds: float, compression: str | None
+) -> dict[str, float]:
+    """Call -> bytes/s of columnar get_many, sample and push_columns of ``columns``."""
+    n = len(next(iter(columns.values())))
+    keys = [f"k{i}" for i in range(n)]
+    nbytes = sum(column.nbytes for column in columns.values())
+    async with ReplayClient(url, timeout_s=120, compression=compression) as rb:
+        await rb.create_table("zstd")
+        await rb.push_columns("zstd", keys, columns, wait=True)
+
+        async def get_many() -> int:
+            await rb.get_many("zstd", keys, layout="columns")
+            return nbytes
+
+        async def sample() -> int:
+            await rb.sample("zstd", n, layout="columns")
+            return nbytes
+
+        async def push_columns() -> int:
+            await rb.push_columns("zstd", keys, columns)
+            return nbytes
+
+        return {
+            "get_many": await _rate(get_many, seconds),
+            "sample": await _rate(sample, seconds),
+            "push_columns": await _rate(push_columns, seconds),
+        }
+
+
+def zstd_rows(root: Path, seconds: float, rounds: int) -> list[list[object]]:
+    """Compressible batches with ``Content-Encoding: zstd`` on and off (a server run with
+    ``--zstd``; the client's ``compression`` option), over TCP and the Unix socket."""
+    from rlreplay.wire.compression import compress
+
+    columns = _compressible(np.random.default_rng(3))
+    raw = b"".join(column.tobytes() for column in columns.values())
+    ratio = len(raw) / len(compress([raw]))
+    sock = root / "zstd.sock"
+    proc, url = _server(root / "zstd", sock, flags=("--zstd",))
+    urls = {"tcp": url, "unix": f"unix://{sock}"}
+    runs: dict[tuple[str, str | None], list[dict[str, float]]] = {}
+    try:
+        for r in range(rounds):
+            for family in ("tcp", "unix"):
+                for coding in ("zstd", None) if r % 2 == 0 else (None, "zstd"):
+                    got = asyncio.run(_zstd_rates(urls[family], columns, seconds, coding))
+                    runs.setdefault((family, coding), []).append(got)
+    finally:
+        stop_process(proc)
+    rows: list[list[object]] = []
+    for family in ("tcp", "unix"):
+        for call in ("get_many", "sample", "push_columns"):
+            on, off = (
+                statistics.median(run[call] for run in runs[family, coding]) / 1e9
+                for coding in ("zstd", None)
+            )
+            rows.append([call, family, f"{ratio:.1f}x", on, off, f"{on / off:.2f}x"])
     return rows
 
 
-def _server(workdir: Path, sock: Path, command: list[str] | None = None) -> Any:
+def _server(
+    workdir: Path, sock: Path, command: list[str] | None = None, flags: tuple[str, ...] = ()
+) -> Any:
     """``rlreplay serve`` (hybrid, ``wal``) on 127.0.0.1 and on ``sock``: (process, TCP URL)."""
     port = free_port()
     cmd = serve_command(
         port,
         workdir / "data",
+        *flags,
         "--uds",
         str(sock),
         "--max-request-mb",
@@ -432,6 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="0.25 s per figure")
     parser.add_argument("--arms", action="store_true", help="fast paths on and off")
+    parser.add_argument("--zstd", action="store_true", help="zstd on and off (with --arms too)")
     args = parser.parse_args(argv)
     seconds = 0.25 if args.quick else args.duration
     tune_malloc()
@@ -461,7 +553,8 @@ def main(argv: list[str] | None = None) -> None:
                     runs[family].append(asyncio.run(rlreplay_rates(urls[family], shapes, seconds)))
         finally:
             stop_process(proc)
-        arms = arm_rows(root, shapes, seconds, args.rounds) if args.arms else []
+        arms = arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
+        zstd = zstd_rows(root, seconds, args.rounds) if args.arms or args.zstd else None
     rows = []
     for name in shapes:
         for op in OPS:
@@ -485,22 +578,17 @@ def main(argv: list[str] | None = None) -> None:
         rows,
     )
 
-    if arms:
+    if arms is not None:
         print_table(
-            "Bulk: columnar reads, GB/s with each fast path on and off (on / off)",
-            [
-                "shape",
-                "call",
-                "socket",
-                "on",
-                "client off",
-                "on / off",
-                "writev off",
-                "on / off",
-                "server off",
-                "on / off",
-            ],
-            arms,
+            "Bulk: columnar reads, GB/s with every fast path on, then each off (on / off)",
+            *arms,
+        )
+    if zstd is not None:
+        print_table(
+            "Bulk: 64 x 16 k tokens (32 k vocabulary) and masks, columns, GB/s of array "
+            "bytes with Content-Encoding: zstd on and off (a link this fast favours off)",
+            ["call", "socket", "zstd ratio", "zstd on", "zstd off", "on / off"],
+            zstd,
         )
 
 

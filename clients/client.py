@@ -91,6 +91,10 @@ class ReplayClient(RolloutCalls):
             and large answers cost the client far less CPU than on httpx's default
             transport (httpcore). False uses httpx's default transport, as ``https://`` URLs
             always do. Either way the errors, timeouts and retries are the same.
+        compression: ``"zstd"``: ask for answers compressed (``Accept-Encoding: zstd``)
+            and compress request bodies of 16 KiB and more, for compressible batches over
+            a slow link; the server must run with ``--zstd``. None (the default): no
+            compression, the fastest on a local or data-centre link.
     """
 
     # --- tables -----------------------------------------------------------------------------

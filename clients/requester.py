@@ -23,6 +23,7 @@ from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from rlreplay.clients.server_url import server_address
 from rlreplay.clients.transport import LeanTransport
 from rlreplay.wire.codec import from_jsonable, unpackb
+from rlreplay.wire.compression import MIN_BYTES, ZSTD, compress
 from rlreplay.wire.errors import Overloaded, ReplayError, Unavailable, error_from_body
 
 __all__ = ["MSGPACK", "Requester", "path_segment"]
@@ -65,7 +66,10 @@ class Requester:
         max_backoff_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
         lean_transport: bool = True,
+        compression: str | None = None,
     ) -> None:
+        if compression not in (None, ZSTD):
+            raise ValueError(f"compression ({compression!r}) must be None or {ZSTD!r}")
         if not isinstance(base_url, str):
             raise TypeError(
                 "ReplayClient takes one server URL; spread tables over several servers "
@@ -103,6 +107,9 @@ class Requester:
         # queue, whose bookkeeping costs O(connections x queued requests) per event.
         self._slots = asyncio.Semaphore(max_connections)
         headers = {"Accept": MSGPACK, "User-Agent": _USER_AGENT}
+        self._zstd = compression == ZSTD
+        # httpx would ask for every coding it can decode (zstd too, with zstandard installed)
+        headers["Accept-Encoding"] = ZSTD if self._zstd else "identity"
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(timeout_s)
@@ -184,13 +191,21 @@ class Requester:
         if asyncio.get_running_loop() is not self._loop:
             self._loop = bound_loop(self._loop, type(self).__name__)
         content = None if body is None else encode_body(body)
+        coded = self._zstd and content is not None and len(content) >= MIN_BYTES
+        if coded:
+            content = compress([content])
         attempt = 0
         while True:
             retry_after: float | None = None
             try:
                 async with self._slots:
                     response, answer = await self._exchange(
-                        method, path, content, idempotent=idempotent, read_s=read_timeout_s
+                        method,
+                        path,
+                        content,
+                        idempotent=idempotent,
+                        read_s=read_timeout_s,
+                        coded=coded,
                     )
             except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
                 raise  # a bad URL or request: retrying cannot help
@@ -227,6 +242,7 @@ class Requester:
         *,
         idempotent: bool,
         read_s: float | None,
+        coded: bool = False,
     ) -> tuple[httpx.Response, bytes | bytearray | memoryview]:
         """One request (no retries), with the client's headers and timeouts: the answer and its
         body (with LeanTransport, a long body in the buffer it was read into).
@@ -238,21 +254,24 @@ class Requester:
         """
         extensions: dict[str, Any] = dict(_IDEMPOTENT) if idempotent else {}
         timeout = self._timeout if read_s is None else httpx.Timeout(self._timeout_s, read=read_s)
+        body_headers = {"Content-Type": MSGPACK} if content is not None else None
+        if coded:
+            body_headers = {"Content-Type": MSGPACK, "Content-Encoding": ZSTD}
         if self._lean is None:
             response = await self._http.request(
                 method,
                 self._url(path),
                 content=content,
-                headers={"Content-Type": MSGPACK} if content is not None else None,
+                headers=body_headers,
                 timeout=timeout,
                 extensions=extensions,
             )
             return response, response.content
         extensions["timeout"] = timeout.as_dict()
         headers = self._http.headers
-        if content is not None:
+        if body_headers is not None:
             headers = headers.copy()
-            headers["Content-Type"] = MSGPACK
+            headers.update(body_headers)
         request = httpx.Request(
             method, self._url(path), headers=headers, content=content, extensions=extensions
         )

@@ -55,6 +55,7 @@ class Client(BlockingCalls[ReplayClient]):
         max_backoff_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
         lean_transport: bool = True,
+        compression: str | None = None,
     ) -> None:
         super().__init__(
             "rlreplay-client",
@@ -68,6 +69,7 @@ class Client(BlockingCalls[ReplayClient]):
                 max_backoff_s=max_backoff_s,
                 transport=transport,
                 lean_transport=lean_transport,
+                compression=compression,
             ),
         )
 

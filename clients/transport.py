@@ -79,6 +79,7 @@ from rlreplay.clients.http11 import (
     request_head,
 )
 from rlreplay.wire.buffer_pool import BufferPool
+from rlreplay.wire.compression import decompress_into, is_zstd
 
 __all__ = ["LeanTransport"]
 
@@ -132,11 +133,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if max_header_bytes < 64:
             raise ValueError(f"max_header_bytes ({max_header_bytes}) must be >= 64")
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
+        self._buffers = BufferPool(max_buffers=receive_buffers)
         self._pool = ConnectionPool(
             max_idle=max_keepalive_connections,
             expiry=keepalive_expiry,
             uds=uds,
-            buffers=BufferPool(max_buffers=receive_buffers),
+            buffers=self._buffers,
         )
         self._max_header = max_header_bytes
 
@@ -165,7 +167,18 @@ class LeanTransport(httpx.AsyncBaseTransport):
         ``bytes`` of a sampled batch was one more copy of MiBs per answer.
         """
         answer, body = await self._round_trip(request)
-        if any(name.lower() == b"content-encoding" for name, _ in answer.headers):
+        coding = [value for name, value in answer.headers if name.lower() == b"content-encoding"]
+        if coding and is_zstd(coding[0]) and len(coding) == 1:  # into a receive buffer
+            try:
+                body = decompress_into(body, self._buffers.take)
+            except ValueError as exc:
+                raise httpx.DecodingError(f"the zstd answer cannot be read: {exc}") from exc
+            answer.headers = [
+                (name, value)
+                for name, value in answer.headers
+                if name.lower() not in (b"content-encoding", b"content-length")
+            ]
+        elif coding:
             response = _response(request, answer, bytes(body))  # httpx decodes it (a proxy's)
             return response, response.content
         return _response(request, answer, b""), body

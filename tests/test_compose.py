@@ -32,6 +32,8 @@ from tests.deploy.files import (
 )
 
 COMPOSE_SPEC = Path(__file__).resolve().parent / "data/compose-spec.json"
+#: Where the replay service serves its Unix socket, on the volume it shares.
+SOCKET = "/run/rlreplay/rlreplay.sock"
 GRAFANA = REPO / "deploy/grafana"
 
 
@@ -147,7 +149,7 @@ def test_sidecar_reserves_a_gpu_and_follows_the_replay_service() -> None:
     command = sidecar["command"]
     assert command[:2] == ["rlreplay", "sidecar"]
     flags = dict(zip(command[2::2], command[3::2], strict=True))
-    assert flags["--server"] == "http://replay:8000"
+    assert flags["--server"] == f"unix://{SOCKET}"  # the replay service's Unix socket
     assert flags["--device"] == "cuda"
     assert flags["--port"] == "8100" and flags["--host"] == "0.0.0.0"
     assert interpolate(flags["--table"], {}) == "default"
@@ -257,8 +259,9 @@ def test_replay_and_sidecar_run_on_a_read_only_root_as_a_user() -> None:
     for name in ("replay", "sidecar"):
         assert services[name]["read_only"] is True, name
         assert services[name]["tmpfs"] == ["/tmp"], name
-    # /data is the replay service's volume: the only place it writes but /tmp.
-    assert services["replay"]["volumes"] == ["replay-data:/data"]
+    # /data is the replay service's volume, /run/rlreplay its socket's: the only places it
+    # writes but /tmp.
+    assert services["replay"]["volumes"] == ["replay-data:/data", "replay-socket:/run/rlreplay"]
     for dockerfile in (REPO / "docker/Dockerfile", SIDECAR_DOCKERFILE):
         text = dockerfile.read_text()
         assert re.search(r"^USER 10001:10001$", text, re.M), dockerfile
@@ -299,3 +302,31 @@ def test_the_stack_tests_override_swaps_minio_for_moto_and_nothing_else() -> Non
     _validate(
         merge_compose(merge_compose(base, load_compose(CPU_OVERRIDE)), {"services": override})
     )
+
+
+def test_the_replay_service_shares_its_unix_socket_on_a_volume() -> None:
+    """The server serves TCP and a Unix socket on the volume replay-socket; the sidecar mounts
+    the volume at the same place; both images make /run/rlreplay for uid 10001, which a new
+    volume takes, so that the non-root server can create the socket in it."""
+    compose = load_compose()
+    services = compose["services"]
+    assert "replay-socket" in compose["volumes"]
+    replay = services["replay"]
+    env = service_environment(replay, {})
+    assert env["RLREPLAY_UDS"] == SOCKET and env.get("RLREPLAY_TCP", "true") == "true"
+    assert "RLREPLAY_UDS" in SETTING_VARIABLES
+    folder = str(Path(SOCKET).parent)
+    for name in ("replay", "sidecar"):
+        assert f"replay-socket:{folder}" in services[name]["volumes"], name
+    merged = merge_compose(load_compose(), load_compose(CPU_OVERRIDE))["services"]["sidecar"]
+    assert merged["command"][merged["command"].index("--server") + 1] == f"unix://{SOCKET}"
+    assert merged["volumes"] == services["sidecar"]["volumes"]
+    for dockerfile in (REPO / "docker/Dockerfile", SIDECAR_DOCKERFILE):
+        runs = " ".join(
+            line
+            for line in dockerfile.read_text().replace("\\\n", " ").splitlines()
+            if line.startswith("RUN ")
+        )
+        assert re.search(rf"mkdir -p [^&]*{folder}\b", runs), dockerfile
+        assert re.search(rf"chown rlreplay:rlreplay [^&]*{folder}\b", runs), dockerfile
+        assert re.search(r"useradd [^&]*--uid 10001 ", runs), dockerfile

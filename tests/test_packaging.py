@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 from tests import lean_env
 from tests.live import free_port, running_server
 
-CLIENT = {"httpx", "msgpack", "msgspec", "numpy"}
+CLIENT = {"httpx", "msgpack", "msgspec", "numpy", "zstandard"}
 SERVICE = {
     "fastapi",
     "uvicorn",
@@ -35,9 +35,10 @@ SERVICE = {
     "fsspec",
     "fastapi-offline",
     "tqdm",
+    "zstandard",
 }
 #: What the client must never bring: the service's stack, torch, the test tools.
-NOT_THE_CLIENTS = SERVICE | {"starlette", "torch", "pytest", "pyarrow", "s3fs"}
+NOT_THE_CLIENTS = (SERVICE - CLIENT) | {"starlette", "torch", "pytest", "pyarrow", "s3fs"}
 
 
 @pytest.fixture(scope="module")

@@ -53,13 +53,20 @@ class FoundColumns:
         Raises:
             ValidationFailed: They do not stack (the message names the field).
         """
+        self.priorities: npt.NDArray[np.float64] = batch.priorities
+        self.times_sampled: npt.NDArray[np.int64] = batch.times_sampled
+        self.missing: list[str] = []
+        if None not in batch.values:  # every key found: no step per item
+            self.keys = list(batch.keys)
+            self.columns = stack_values(self.keys, batch.values)  # type: ignore[arg-type]
+            return
         found = [i for i, value in enumerate(batch.values) if value is not None]
         index = np.asarray(found, dtype=np.int64)
         self.keys = [batch.keys[i] for i in found]
         pairs = zip(batch.keys, batch.values, strict=True)
         self.missing = [key for key, value in pairs if value is None]
-        self.priorities: npt.NDArray[np.float64] = batch.priorities[index]
-        self.times_sampled: npt.NDArray[np.int64] = batch.times_sampled[index]
+        self.priorities = batch.priorities[index]
+        self.times_sampled = batch.times_sampled[index]
         values: list[bytes] = [batch.values[i] for i in found]  # type: ignore[misc]
         self.columns = stack_values(self.keys, values)
 

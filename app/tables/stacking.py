@@ -37,9 +37,10 @@ __all__ = ["CU_SEQLENS", "ROW_SLICES_BYTES", "Column", "RowSlices", "stack_value
 CU_SEQLENS: Final = ".cu_seqlens"
 
 
-#: Values this long or longer are stacked from slices of each value, never joined: a joined
-#: copy of many MiB costs its page faults, and the answer copies each slice once anyway.
-ROW_SLICES_BYTES: Final = 64 << 10
+#: Values this long or longer are stacked from slices of each value, never joined: the answer
+#: sends each slice where it lies (one ``writev``), where a joined copy would be copied again
+#: into the answer. Shorter values are joined once: a slice per value costs more than them.
+ROW_SLICES_BYTES: Final = 4 << 10
 
 
 class RowSlices:

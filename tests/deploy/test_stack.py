@@ -117,13 +117,14 @@ def test_stack_backs_up_to_s3_and_a_new_node_restores_after_a_kill(tmp_path: Pat
 
 def _sidecar_command(server_url: str, port: int) -> tuple[list[str], dict[str, str]]:
     """The ``sidecar`` service's command and environment with the CPU override, pointed at
-    ``server_url`` instead of ``http://replay:8000`` and bound to 127.0.0.1:``port``."""
+    ``server_url`` instead of the replay service's Unix socket and bound to
+    127.0.0.1:``port``."""
     compose = merge_compose(load_compose(), load_compose(CPU_OVERRIDE))
     service = compose["services"]["sidecar"]
     assert "deploy" not in service  # no GPU reservation on the CPU
     argv = [interpolate(str(arg), {}) for arg in service["command"]]
     assert argv[:2] == ["rlreplay", "sidecar"]
-    assert argv[argv.index("--server") + 1] == "http://replay:8000"
+    assert argv[argv.index("--server") + 1] == "unix:///run/rlreplay/rlreplay.sock"
     assert argv[argv.index("--device") + 1] == "cpu"
     argv[argv.index("--server") + 1] = server_url
     argv[argv.index("--host") + 1] = "127.0.0.1"
