@@ -86,6 +86,31 @@ class QueueLimiter(BaseModel):
     size: Count = Field(..., ge=1, le=MAX_COUNT)
 
 
+class EpisodesSpec(BaseModel):
+    """An episode table's settings: ``{"compression"?: "none" | "zstd", "frame_stack"?:
+    {field: k}}``. A table with them holds episodes of steps instead of items, and its
+    ``max_size`` counts steps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compression: Literal["none", "zstd"] = Field(
+        "none", description="How sealed chunks of steps are stored."
+    )
+    frame_stack: dict[Annotated[str, Field(min_length=1, max_length=128)], Count] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Fields sampled as the last k frames ending at each step; each frame "
+        "is stored once.",
+    )
+
+    @model_validator(mode="after")
+    def _stacks_positive(self) -> EpisodesSpec:
+        for name, k in self.frame_stack.items():
+            if not 1 <= k <= 1024:
+                raise ValueError(f"frame_stack[{name!r}] ({k}) must be 1 to 1024")
+        return self
+
+
 RateLimiterSpec = Annotated[
     MinSizeLimiter | SampleToInsertRatioLimiter | QueueLimiter, Field(discriminator="type")
 ]
@@ -113,6 +138,11 @@ class TableConfig(BaseModel):
         max_length=64,
         description="An item acknowledged by every one of these tasks is deleted.",
     )
+    episodes: EpisodesSpec | None = Field(
+        None,
+        description="Makes an episode table: steps appended per episode, windows sampled; "
+        "``max_size`` counts steps.",
+    )
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able form (what is stored and answered); the rollout settings only
@@ -124,8 +154,8 @@ class TableConfig(BaseModel):
         return wire
 
 
-#: Settings of rollout tables, left out of a config's wire form while unset.
-_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack")
+#: Settings of rollout and episode tables, left out of a config's wire form while unset.
+_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack", "episodes")
 
 
 def check_numbers(value: Any, where: str) -> None:
