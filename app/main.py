@@ -12,7 +12,16 @@ from typing import Any
 from fastapi import FastAPI
 
 from rlreplay.app import package_version
-from rlreplay.app.api import changes, health, items, rollouts, sampling, snapshots, tables
+from rlreplay.app.api import (
+    changes,
+    episodes,
+    health,
+    items,
+    rollouts,
+    sampling,
+    snapshots,
+    tables,
+)
 from rlreplay.app.api.docs import install_docs
 from rlreplay.app.api.errors import install_error_handlers
 from rlreplay.app.api.hot import HotRoutes, ReplayApp
@@ -58,6 +67,10 @@ _TAGS = [
         "name": "rollouts",
         "description": "Rollout tables: fields patched by many tasks, claims under leases, "
         "acknowledgements, policy versions.",
+    },
+    {
+        "name": "episodes",
+        "description": "Episode tables: steps appended per episode, read and deleted.",
     },
     {"name": "snapshots", "description": "Snapshots to the backup URL, and the list of them."},
     {"name": "followers", "description": "A table's change feed and index (the GPU sidecar)."},
@@ -187,6 +200,7 @@ def create_app(
         sampling.router,
         items.router,
         rollouts.router,
+        episodes.router,
         tables.router,
         snapshots.router,
         changes.router,

@@ -169,7 +169,7 @@ class Admission:
         request: list[Any] | None,
         columns: bytes | memoryview | None = None,
     ) -> int:
-        t = self._core.table(table)
+        t = self._core.item_table(table, "push")
         if t.config.max_staleness is not None:
             fresh = fresh_items(t, items)
             if len(fresh) < len(items):  # the log must not bring the stale ones back

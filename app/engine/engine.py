@@ -10,6 +10,8 @@ writer, the checks):
   the caller's task;
 - ``engine.claims`` (:class:`~rlreplay.app.engine.claims.Claims`): patches, claims, acks,
   releases and policy versions, with the lease expiry and field-learning tasks it owns;
+- ``engine.episodes`` (:class:`~rlreplay.app.engine.episodes.Episodes`): appends to,
+  deletes and reads of the episodes of episode tables;
 - ``engine.snapshots`` (:class:`~rlreplay.app.engine.snapshots.Snapshots`, once started).
 
 The engine itself owns the lifetime (``start``/``stop``) and the tables (create, drop,
@@ -29,6 +31,7 @@ from typing import Any
 from rlreplay.app.engine.admission import Admission, WriteAnswer
 from rlreplay.app.engine.claims import ClaimedItem, Claims
 from rlreplay.app.engine.core import EngineCore
+from rlreplay.app.engine.episodes import Episodes
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.engine.recovery import recover, release
 from rlreplay.app.engine.snapshots import SnapshotInfo, Snapshots, restore_on_start
@@ -85,6 +88,7 @@ class Engine:
         self.admission = Admission(self.core)
         self.reads = Reads(self.core)
         self.claims = Claims(self.core, self.reads, self.admission)
+        self.episodes = Episodes(self.core, self.admission)
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None
 

@@ -67,7 +67,7 @@ class ChunkCodec:
     def stored(sealed: Sealed) -> bytes | memoryview:
         """The bytes a checkpoint writes for a sealed chunk."""
         if isinstance(sealed, np.ndarray):
-            return memoryview(np.ascontiguousarray(sealed)).cast("B")
+            return np.ascontiguousarray(sealed).data.cast("B")
         return sealed
 
 

@@ -529,17 +529,15 @@ class EpisodeTable:
     def take_excess(
         self, max_size: int, remover: str, rng: np.random.Generator, *, keep: str | None = None
     ) -> list[str]:
-        """Remove whole episodes until at most ``max_size`` steps are held, chosen by
-        ``remover`` (``fifo``: oldest first, ``lifo``: newest first, ``uniform``: at random;
-        the heaps by their first step's priority); never ``keep`` nor an episode with
-        accepted ops not applied yet. Returns the names removed."""
+        """Remove whole episodes until at most ``max_size`` steps are held: ended ones
+        first, then open ones, each chosen by ``remover`` (``fifo``: oldest first,
+        ``lifo``: newest first, ``uniform``: at random, the heaps by their first step's
+        priority), never ``keep``. The choice depends on the applied state alone, so a
+        replay of the log makes the same. Returns the names removed."""
         removed: list[str] = []
         while self._steps > max_size:
-            candidates = [
-                ep
-                for ep in self._by_name.values()
-                if ep.name != keep and ep.name not in self._accepted
-            ]
+            held = [ep for ep in self._by_name.values() if ep.name != keep]
+            candidates = [ep for ep in held if ep.end is not None] or held
             if not candidates:
                 break
             if remover == "lifo":

@@ -68,6 +68,11 @@ def describe(t: Table) -> dict[str, Any]:
     # what a client spreading the table over servers splits a sample's batch by
     stats["selectable"] = len(t.sampler)
     stats["draw_mass"] = t.sampler.draw_mass()
+    e = t.episodes
+    if e is not None:  # an episode table: its size counts steps
+        stats.update(
+            size=e.accepted_steps, episodes=e.episodes, steps=e.steps, stored_bytes=e.stored_bytes
+        )
     return {"name": t.name, "config": t.config.to_wire(), "stats": stats}
 
 

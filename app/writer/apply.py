@@ -33,12 +33,20 @@ from rlreplay.app.storage.layout import (
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.checkpoints import Checkpointer
+from rlreplay.app.writer.episodes import (
+    apply_episode_append,
+    apply_episode_delete,
+    apply_episode_priorities,
+)
 from rlreplay.app.writer.ops import (
     AckOp,
     CheckpointOp,
     CreateTableOp,
     DeleteOp,
     DropTableOp,
+    EpisodeAppendOp,
+    EpisodeDeleteOp,
+    EpisodePriorityOp,
     EvictOp,
     Op,
     PatchOp,
@@ -213,6 +221,12 @@ class OpApplier:
             apply_ack(op)
         elif isinstance(op, VersionOp):
             apply_version(op)
+        elif isinstance(op, EpisodeAppendOp):
+            apply_episode_append(op, self._np_rng)
+        elif isinstance(op, EpisodeDeleteOp):
+            apply_episode_delete(op)
+        elif isinstance(op, EpisodePriorityOp):
+            apply_episode_priorities(op)
         elif isinstance(op, PopulateOp):
             self._populate(op)
         elif isinstance(op, EvictOp):

@@ -1,0 +1,89 @@
+"""Applying the ops of episode tables: appends, deletes, window priorities; what the
+writer does to an :class:`~rlreplay.app.episodes.episode_table.EpisodeTable`.
+
+:class:`~rlreplay.app.writer.apply.OpApplier` calls these, one op at a time, in log order
+(recovery too, replaying the log). A table's ``max_size`` counts steps: past it, whole
+episodes go, ended ones first (then open ones), in the order of the table's remover, never
+the episode just appended to. The choice depends only on what the writer applied, so a
+replay of the log removes the same episodes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from rlreplay.app.episodes.episode_table import EpisodeTable
+from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.ops import EpisodeAppendOp, EpisodeDeleteOp, EpisodePriorityOp
+
+__all__ = ["apply_episode_append", "apply_episode_delete", "apply_episode_priorities"]
+
+log = logging.getLogger("rlreplay.app.writer.task_processor")
+
+
+def _episodes(t: Table) -> EpisodeTable:
+    assert t.episodes is not None, f"table {t.name!r} is not an episode table"
+    return t.episodes
+
+
+def apply_episode_append(op: EpisodeAppendOp, rng: np.random.Generator) -> None:
+    """Append the op's steps (then trim the table to its ``max_size``)."""
+    t = op.table
+    if t.dropped:
+        return
+    e = _episodes(t)
+    applied = e.append(
+        op.episode,
+        op.start,
+        op.steps,
+        op.k,
+        priorities=op.priorities,
+        end=op.end,
+        final=op.final,
+        accepted=op.accepted,
+    )
+    if applied:
+        t.counters.inserts += op.k
+    elif op.k or op.end is not None:
+        log.info(
+            "table %r: an append to episode %r at step %d found it gone (removed meanwhile)",
+            t.name,
+            op.episode,
+            op.start,
+        )
+    trim_episodes(t, rng, keep=op.episode)
+    t.pending.applied(op.seq, op.weight)
+    if t.gate.limited:
+        t.gate.notify()
+
+
+def trim_episodes(t: Table, rng: np.random.Generator, *, keep: str | None = None) -> list[str]:
+    """Remove whole episodes until the table fits its ``max_size`` (see the module
+    docstring); returns their names."""
+    e = t.episodes
+    max_size = t.config.max_size
+    if e is None or max_size is None or e.steps <= max_size:
+        return []
+    removed = e.take_excess(max_size, t.config.remover.type, rng, keep=keep)
+    t.counters.deletes += len(removed)
+    return removed
+
+
+def apply_episode_delete(op: EpisodeDeleteOp) -> None:
+    """Delete the op's episode (a missing one is no change)."""
+    t = op.table
+    if not t.dropped and _episodes(t).delete(op.episode, accepted=op.accepted):
+        t.counters.deletes += 1
+    t.pending.applied(op.seq, op.weight)
+    if t.gate.limited:
+        t.gate.notify()
+
+
+def apply_episode_priorities(op: EpisodePriorityOp) -> None:
+    """Set the op's windows' priorities (windows no longer held are skipped)."""
+    t = op.table
+    if not t.dropped:
+        _episodes(t).set_window_priorities(op.windows)
+    t.pending.applied(op.seq, op.weight)
