@@ -39,6 +39,8 @@ __all__ = [
     "item_columns_msgpack",
     "sample_columns_json",
     "sample_columns_msgpack",
+    "window_columns_json",
+    "window_columns_msgpack",
 ]
 
 
@@ -265,3 +267,15 @@ def sample_columns_json(batch: SampleBatch) -> dict[str, Any]:
 def item_columns_json(found: FoundColumns) -> dict[str, Any]:
     """The JSON answer of a batchGet with ``layout: "columns"``, as a JSON-able dict."""
     return _json(_item_entries(found))
+
+
+def window_columns_msgpack(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
+    """The msgpack answer of an episode table's sample: ``entries`` are (name, value) with
+    a value a list of strings, an array, or a map of :class:`Column` (see
+    :mod:`rlreplay.app.api.window_answers`)."""
+    return _entries(entries)
+
+
+def window_columns_json(entries: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The JSON answer of an episode table's sample, as a JSON-able dict."""
+    return _json(entries)

@@ -34,6 +34,7 @@ from rlreplay.app.api.encoding import (
 )
 from rlreplay.app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.window_answers import window_priorities_reply
 from rlreplay.app.api.write_status import status_of
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
@@ -253,6 +254,8 @@ async def priorities_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
     """The work of :func:`update_priorities` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
+    if engine.windows.serves(table):
+        return await window_priorities_reply(engine, metrics, table, body, fmt, as_msgpack)
     priorities = parse_priorities(body, fmt).priorities
     updated, missing = await engine.admission.update_priorities(table, priorities)
     metrics.count_items("priorities", updated)

@@ -10,6 +10,7 @@ from rlreplay.app.api.deps import TableName, serve_body
 from rlreplay.app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json
 from rlreplay.app.api.envelopes import sample_json, sample_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.window_answers import window_sample_reply
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound
@@ -53,6 +54,8 @@ async def sample_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
     """The work of :func:`sample` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
+    if engine.windows.serves(table):
+        return await window_sample_reply(engine, metrics, table, body, fmt, as_msgpack)
     params = parse_sample(body, fmt)
     columns = params.layout == "columns"
     items = await engine.reads.sample_batch(

@@ -12,6 +12,8 @@ writer, the checks):
   releases and policy versions, with the lease expiry and field-learning tasks it owns;
 - ``engine.episodes`` (:class:`~rlreplay.app.engine.episodes.Episodes`): appends to,
   deletes and reads of the episodes of episode tables;
+- ``engine.windows`` (:class:`~rlreplay.app.engine.windows.Windows`): window samples and
+  window priorities of episode tables, in the caller's task;
 - ``engine.snapshots`` (:class:`~rlreplay.app.engine.snapshots.Snapshots`, once started).
 
 The engine itself owns the lifetime (``start``/``stop``) and the tables (create, drop,
@@ -35,6 +37,7 @@ from rlreplay.app.engine.episodes import Episodes
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.engine.recovery import recover, release
 from rlreplay.app.engine.snapshots import SnapshotInfo, Snapshots, restore_on_start
+from rlreplay.app.engine.windows import Windows
 from rlreplay.app.log import records
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
@@ -88,6 +91,7 @@ class Engine:
         self.admission = Admission(self.core)
         self.reads = Reads(self.core)
         self.claims = Claims(self.core, self.reads, self.admission)
+        self.windows = Windows(self.core, self.reads)
         self.episodes = Episodes(self.core, self.admission)
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from rlreplay.app.episodes.episode_table import OPEN, TERMINATED, TRUNCATED
+
 __all__ = ["OPEN", "TERMINATED", "TRUNCATED", "WindowShape", "eligible_starts"]
 
-#: How an episode ended (its ``end_kind``): not yet, ``terminated``, ``truncated``.
-OPEN, TERMINATED, TRUNCATED = 0, 1, 2
 
 Ints = npt.NDArray[np.int64]
 

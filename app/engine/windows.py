@@ -1,0 +1,256 @@
+"""The engine's windows part: sampling windows of an episode table, and their priorities.
+
+A window sample runs in the caller's task, as an item sample does: the rate limiter counts
+each window as a sample (each appended step counted as an insert when it was accepted);
+every append accepted before the sample is applied first; then the eligible window starts
+(:func:`~rlreplay.app.episodes.window_starts.eligible_starts`) are found, the table's
+sampler picks among them (:class:`~rlreplay.app.episodes.start_sampling.StartSampler`) and
+the windows are built (:func:`~rlreplay.app.episodes.windows.build_windows`).
+
+When no start is eligible (an empty table, or windows longer than every episode holds with
+``pad`` false) the sample waits, as a sample of an empty item table does, up to its timeout
+for appends that make one, then answers 504 ``deadline_exceeded`` saying so. A refused
+sample consumes nothing: its draws and its rate-limiter samples are taken back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rlreplay.app.engine.core import EngineCore
+from rlreplay.app.engine.reads import Reads
+from rlreplay.app.episodes.episode_table import EpisodeTable
+from rlreplay.app.episodes.start_sampling import StartDraw, StartSampler
+from rlreplay.app.episodes.window_starts import WindowShape, eligible_starts
+from rlreplay.app.episodes.windows import WindowBatch, WindowRequest, answer_bytes, build_windows
+from rlreplay.app.tables.table import Table
+from rlreplay.wire.errors import DeadlineExceeded, ValidationFailed
+from rlreplay.wire.window_schemas import WindowSampleRequest
+
+__all__ = ["WindowSample", "Windows", "window_priority"]
+
+#: How often a sample with no eligible start looks again (seconds, doubling up to the last).
+_RECHECK_S = (0.002, 0.05)
+
+
+@dataclass(slots=True)
+class WindowSample:
+    """The windows a sample drew, with each start's sampling figures."""
+
+    episodes: list[str]
+    starts: npt.NDArray[np.int64]
+    batch: WindowBatch
+    priorities: npt.NDArray[np.float64]
+    probabilities: npt.NDArray[np.float64]
+    weights: npt.NDArray[np.float64]
+    times_sampled: npt.NDArray[np.int64]
+
+
+class Windows:
+    """Window samples and window priorities (the ``windows`` part of the engine)."""
+
+    def __init__(self, core: EngineCore, reads: Reads) -> None:
+        self._core = core
+        self._reads = reads
+        #: Each table's sampler over window starts, by table (made on its first sample).
+        self._samplers: dict[int, tuple[Table, StartSampler]] = {}
+
+    def serves(self, table: str) -> bool:
+        """Whether ``table`` is an episode table (False when there is none: the item route
+        answers that as it always did)."""
+        state = self._core.current_state
+        t = None if state is None else state.tables.get(table)
+        return t is not None and t.episodes is not None
+
+    def sampler(self, t: Table) -> StartSampler:
+        """The table's sampler over window starts (ValidationFailed: one that does not apply)."""
+        held = self._samplers.get(id(t))
+        if held is not None and held[0] is t:
+            return held[1]
+        spec = t.config.sampler
+        try:
+            sampler = StartSampler(spec.type, spec.params)
+        except ValueError as exc:
+            raise ValidationFailed(str(exc)) from exc
+        self._samplers = {k: v for k, v in self._samplers.items() if not v[0].dropped}
+        self._samplers[id(t)] = (t, sampler)
+        return sampler
+
+    async def sample(self, table: str, params: WindowSampleRequest) -> WindowSample:
+        """``params.batch_size`` windows drawn from episode table ``table``.
+
+        Raises:
+            ValidationFailed: A bad window shape or field, an answer past
+                ``--max-response-mb``, a sampler that does not apply to episodes.
+            DeadlineExceeded: No eligible start (or the rate limiter) within the timeout.
+        """
+        t = self._core.table(table)
+        et = t.episodes
+        if et is None:
+            raise ValidationFailed(f"table {table!r} holds items, not episodes")
+        try:
+            shape = WindowShape(
+                length=params.length,
+                burn_in=params.burn_in,
+                start_every=params.start_every,
+                pad=params.pad,
+                n_step=params.n_step or 0,
+            )
+        except ValueError as exc:
+            raise ValidationFailed(str(exc)) from exc
+        sampler = self.sampler(t)
+        batch_size = params.batch_size
+        timeout = params.timeout_ms / 1000
+        deadline = time.monotonic() + timeout
+        if t.gate.limited:
+            await t.gate.acquire_sample(batch_size, timeout)
+        try:
+            eligible, request = await self._eligible(t, et, shape, params, deadline, timeout)
+            drawn = sampler.draw(
+                batch_size,
+                self._core.rng,
+                eligible=eligible,
+                priority=et.priority,
+                seq=et.seq,
+                times_sampled=et.times_sampled,
+                max_times_sampled=t.config.max_times_sampled,
+            )
+            et.record_draws(drawn.slots)
+            try:
+                sample = self._build(et, drawn, request)
+            except BaseException:
+                et.undo_draws(drawn.slots)
+                raise
+        except BaseException:
+            if t.gate.limited:
+                t.gate.refund_sample(batch_size)
+            raise
+        t.counters.samples += len(drawn.slots)
+        return sample
+
+    async def _eligible(
+        self,
+        t: Table,
+        et: EpisodeTable,
+        shape: WindowShape,
+        params: WindowSampleRequest,
+        deadline: float,
+        waited_s: float,
+    ) -> tuple[npt.NDArray[np.int64], WindowRequest]:
+        """The eligible starts once there is one (and the request checked against the
+        table's fields, which its first append sets)."""
+        pause = _RECHECK_S[0]
+        while True:
+            await self._reads.caught_up(t, deadline, waited_s)
+            specs = et.specs
+            if specs is not None:
+                request = self._request(et, shape, params, specs)
+                eligible = eligible_starts(
+                    shape,
+                    live=et.live,
+                    episode_of=et.episode_of,
+                    step_of=et.step_of,
+                    length=et.length,
+                    end_kind=et.end_kind,
+                    times_sampled=et.times_sampled,
+                    max_times_sampled=t.config.max_times_sampled,
+                )
+                if len(eligible):
+                    return eligible, request
+            left = deadline - time.monotonic()
+            if left <= 0:
+                longest = int(et.length.max()) if len(et.length) else 0
+                raise DeadlineExceeded(
+                    f"table {t.name!r} had no window of {shape.steps} steps to sample within "
+                    f"{waited_s:g} s (its longest episode holds {longest}"
+                    + ("" if shape.pad else "; pad: true allows shorter windows")
+                    + ")"
+                )
+            await asyncio.sleep(min(pause, left))
+            pause = min(2 * pause, _RECHECK_S[1])
+
+    def _request(
+        self, et: EpisodeTable, shape: WindowShape, params: WindowSampleRequest, specs: Any
+    ) -> WindowRequest:
+        """The request checked against the table's fields, and its answer's size."""
+        names = tuple(params.fields) if isinstance(params.fields, list) else tuple(specs)
+        request = WindowRequest(
+            shape,
+            names,
+            et.frame_stack,
+            params.gamma,
+            params.reward_field,
+            tuple(params.next_fields),
+        )
+        request.check(specs)
+        one = answer_bytes(1, request, specs)
+        limit = self._core.max_answer_bytes
+        if one > limit:
+            raise ValidationFailed(
+                f"one window of {shape.steps} steps (length {shape.length} + burn_in "
+                f"{shape.burn_in}) would answer {one / 2**20:.1f} MB, past the server's "
+                f"--max-response-mb ({self._core.settings.max_response_mb:g})"
+            )
+        total = answer_bytes(params.batch_size, request, specs)
+        if total > limit:
+            raise self._core.too_big(total, f"a sample of {params.batch_size} windows")
+        return request
+
+    def _build(self, et: EpisodeTable, drawn: StartDraw, request: WindowRequest) -> WindowSample:
+        """The windows of the drawn starts."""
+        slots = drawn.slots
+        indices = et.episode_of[slots]
+        episodes = [et.episode_at(int(i)) for i in indices.tolist()]
+        names = [ep.name if ep is not None else "" for ep in episodes]
+        by_index = dict(zip(indices.tolist(), names, strict=True))
+
+        def read(index: int, start: int, stop: int, fields: Sequence[str]) -> Mapping[str, Any]:
+            return et.read(by_index[index], start, stop, fields)
+
+        starts = et.step_of[slots].copy()
+        batch = build_windows(
+            episodes=indices,
+            starts=starts,
+            lengths=et.length[indices],
+            end_kinds=et.end_kind[indices],
+            finals=[ep.final if ep is not None else None for ep in episodes],
+            request=request,
+            schema=et.specs or {},
+            read_steps=read,
+        )
+        return WindowSample(
+            names,
+            starts,
+            batch,
+            et.priority[slots].copy(),
+            drawn.probabilities,
+            drawn.weights,
+            et.times_sampled[slots].copy(),
+        )
+
+
+def window_priority(priority: float | None, td: Sequence[float] | None, eta: float) -> float:
+    """A window start's priority: ``priority`` as given, or R2D2's mix of the window's TD
+    errors, ``eta * max|td| + (1 - eta) * mean|td|``.
+
+    Raises:
+        ValidationFailed: Both or neither given, or a value that is not finite.
+    """
+    if (priority is None) == (td is None):
+        raise ValidationFailed("a window takes either priority or td")
+    if td is not None:
+        errors = np.abs(np.asarray(td, dtype=np.float64))
+        value = float(eta * errors.max() + (1.0 - eta) * errors.mean())
+    else:
+        assert priority is not None
+        value = float(priority)
+    if not (np.isfinite(value) and value >= 0):
+        raise ValidationFailed(f"window priority ({value}) must be finite and >= 0")
+    return value
