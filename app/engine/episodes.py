@@ -170,13 +170,15 @@ class Episodes:
     ) -> None:
         core = self._core
         writer = core.writer()
-        length, ended = e.accepted_length(episode)
+        length, ended = e.accepted.view(episode)
         if start != length or ended:
-            if e.admit_append(episode, start, k, end):  # pragma: no cover - start == length
+            if e.accepted.admit_append(
+                episode, start, k, end
+            ):  # pragma: no cover - start == length
                 raise AssertionError("admitted an append at the wrong start")
             await t.pending.caught_up()  # the steps it may repeat are applied
             if not e.is_retry(episode, start, steps, k, end):
-                length, ended = e.accepted_length(episode)
+                length, ended = e.accepted.view(episode)
                 state = "has ended" if ended else "is open"
                 raise StepConflict(
                     f"episode {episode!r} holds {length} steps and {state}: the append at "
@@ -198,8 +200,8 @@ class Episodes:
             await t.gate.acquire_insert(k, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         try:
             core.table(t.name)
-            if not e.admit_append(episode, start, k, end):  # another append came first
-                length, _ = e.accepted_length(episode)
+            if not e.accepted.admit_append(episode, start, k, end):  # another append came first
+                length, _ = e.accepted.view(episode)
                 raise StepConflict(
                     f"episode {episode!r} holds {length} steps: an append must start at "
                     f"{length}, not {start}"
@@ -265,7 +267,7 @@ class Episodes:
             core.reserve(1, 0)
             record = records.episode_delete(t.name, episode, request)
             seq = core.admit(record if core.state.wal is not None else None)
-            e.admit_delete(episode)
+            e.accepted.admit_delete(episode)
             fut = asyncio.get_running_loop().create_future() if wait else None
             t.pending.accept(seq, 1)
             writer.submit(EpisodeDeleteOp(seq, future=fut, weight=1, table=t, episode=episode))

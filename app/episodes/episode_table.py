@@ -16,9 +16,9 @@ out read-only views, valid until the next change of the table.
 Who calls what (everything runs on the event loop's thread):
 
 * Admission, in the caller's task: :meth:`check_steps` (learns the fields from the table's
-  first append), :meth:`admit_append`, :meth:`admit_delete`, :meth:`is_retry` (after the
-  table's accepted ops are applied), :meth:`rebuild_accepted` (when a failed log flush
-  refused queued ops).
+  first append), :attr:`accepted` (the ops accepted and not applied yet:
+  :class:`~rlreplay.app.episodes.accepted.AcceptedOps`), :meth:`is_retry` (after the
+  table's accepted ops are applied).
 * The writer, in log order: :meth:`append`, :meth:`delete`, :meth:`take_excess`,
   :meth:`set_priorities`, :meth:`load_state_dict`, :meth:`load_episode`.
 * A sample, once every op accepted before it is applied: :meth:`record_draws`.
@@ -28,12 +28,23 @@ Who calls what (everything runs on the event loop's thread):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from rlreplay.app.episodes.accepted import AcceptedOps
 from rlreplay.app.episodes.chunk_cache import ChunkCache
+from rlreplay.app.episodes.episode import (
+    END_KINDS,
+    MIN_CHUNK_STEPS,
+    OPEN,
+    TERMINATED,
+    TRUNCATED,
+    Episode,
+    chunk_steps_for,
+    end_name,
+)
+from rlreplay.app.episodes.episode import grown as _grown
 from rlreplay.app.episodes.episode_steps import ChunkCodec, EpisodeSteps
 from rlreplay.app.episodes.fields import (
     FieldSpec,
@@ -43,46 +54,18 @@ from rlreplay.app.episodes.fields import (
     specs_from_state,
     specs_state,
 )
-from rlreplay.wire.errors import StepConflict, ValidationFailed
+from rlreplay.wire.errors import ValidationFailed
 
-__all__ = ["END_KINDS", "OPEN", "TERMINATED", "TRUNCATED", "Episode", "EpisodeTable"]
-
-OPEN, TERMINATED, TRUNCATED = 0, 1, 2
-#: An end's reason → its ``end_kind``.
-END_KINDS = {"terminated": TERMINATED, "truncated": TRUNCATED}
-_END_NAMES = {TERMINATED: "terminated", TRUNCATED: "truncated"}
-
-#: A chunk holds about this many bytes of a step's fields (its length a power of two).
-CHUNK_TARGET_BYTES = 256 * 2**10
-MIN_CHUNK_STEPS, MAX_CHUNK_STEPS = 8, 256
-
-
-def chunk_steps_for(step_bytes: int) -> int:
-    """The chunk length for steps of ``step_bytes`` bytes: a power of two of steps that
-    holds about :data:`CHUNK_TARGET_BYTES`, within 8 and 256."""
-    steps = max(1, CHUNK_TARGET_BYTES // max(1, step_bytes))
-    return int(min(MAX_CHUNK_STEPS, max(MIN_CHUNK_STEPS, 1 << (steps.bit_length() - 1))))
-
-
-@dataclass(slots=True, eq=False)
-class Episode:
-    """One episode: its name, index, steps, slots, and how it ended."""
-
-    name: str
-    index: int
-    steps: EpisodeSteps
-    #: Step number → slot (the first ``length`` entries are valid).
-    slots: np.ndarray
-    #: When it was created, in the table's order (oldest first out of a full table).
-    created: int
-    end: str | None = None
-    final: dict[str, np.ndarray] | None = None
-    #: Bytes of ``final``.
-    final_bytes: int = field(default=0)
-
-    @property
-    def length(self) -> int:
-        return self.steps.length
+__all__ = [
+    "END_KINDS",
+    "OPEN",
+    "TERMINATED",
+    "TRUNCATED",
+    "Episode",
+    "EpisodeTable",
+    "chunk_steps_for",
+    "end_name",
+]
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -133,9 +116,10 @@ class EpisodeTable:
         self._length = np.zeros(cap, dtype=np.int64)
         self._end_kind = np.zeros(cap, dtype=np.int8)
         self._max_priority: float | None = None  # None: to be found again
-        #: Accepted appends and deletes not applied yet: name → [length, ended, in flight].
-        self._accepted: dict[str, list[int]] = {}
-        self._accepted_steps = 0
+        #: The appends and deletes accepted and not applied yet (admission's).
+        self.accepted = AcceptedOps(self._applied_view)
+        #: Deleted episodes RocksDB holds: (name, chunks per field it holds).
+        self._gone: list[tuple[str, int]] = []
 
     # -- columns, read-only ------------------------------------------------------------------
 
@@ -210,7 +194,7 @@ class EpisodeTable:
     def accepted_steps(self) -> int:
         """Steps held once every accepted append and delete is applied (what rate limiters
         and readers count)."""
-        return self._steps + self._accepted_steps
+        return self._steps + self.accepted.steps
 
     @property
     def stored_bytes(self) -> int:
@@ -307,53 +291,9 @@ class EpisodeTable:
         self._specs = specs
         self._chunk_steps = chunk_steps_for(sum(s.step_bytes for s in specs.values()))
 
-    def _accepted_view(self, name: str) -> tuple[int, bool]:
-        entry = self._accepted.get(name)
-        if entry is not None:
-            return entry[0], bool(entry[1])
+    def _applied_view(self, name: str) -> tuple[int, bool]:
         ep = self._by_name.get(name)
         return (0, False) if ep is None else (ep.length, ep.end is not None)
-
-    def accepted_length(self, name: str) -> tuple[int, bool]:
-        """(steps, ended) of episode ``name`` once every accepted op is applied."""
-        return self._accepted_view(name)
-
-    def admit_append(self, name: str, start: int, k: int, end: str | None) -> bool:
-        """Admit an append of ``k`` steps at ``start`` (ending the episode with ``end``):
-        True when it is new (and now counted as accepted); False when it may be a retry of
-        steps already accepted (see :meth:`is_retry`, once they are applied).
-
-        Raises:
-            StepConflict: ``start`` is neither the episode's length nor a retry's, or the
-                episode has ended.
-        """
-        length, ended = self._accepted_view(name)
-        if start == length and not ended:
-            entry = self._accepted.setdefault(name, [length, 0, 0])
-            entry[0] += k
-            entry[1] = int(end is not None)
-            entry[2] += 1
-            self._accepted_steps += k
-            return True
-        if start + k <= length and (start < length or end is not None):
-            return False
-        state = "has ended" if ended else "is open"
-        raise StepConflict(
-            f"episode {name!r} holds {length} steps and {state}: "
-            + (
-                "nothing can be appended to it"
-                if ended
-                else f"an append must start at {length}, not {start}"
-            )
-        )
-
-    def admit_delete(self, name: str) -> None:
-        """Admit a delete of episode ``name``: appends after it start a new one at 0."""
-        length, _ = self._accepted_view(name)
-        entry = self._accepted.setdefault(name, [length, 0, 0])
-        self._accepted_steps -= entry[0]
-        entry[0], entry[1] = 0, 0
-        entry[2] += 1
 
     def is_retry(
         self, name: str, start: int, steps: Mapping[str, np.ndarray], k: int, end: str | None
@@ -369,29 +309,6 @@ class EpisodeTable:
             if mine.tobytes() != np.ascontiguousarray(array).tobytes():
                 return False
         return True
-
-    def rebuild_accepted(self, ops: Iterable[tuple[str, int, int, str | None, bool]]) -> None:
-        """Count again, from the applied state, the accepted ops still queued: ``(name,
-        start, k, end, is_delete)`` each, in order (after a failed log flush refused some)."""
-        self._accepted.clear()
-        self._accepted_steps = 0
-        for name, start, k, end, is_delete in ops:
-            if is_delete:
-                self.admit_delete(name)
-            else:
-                length, ended = self._accepted_view(name)
-                if start == length and not ended:
-                    self.admit_append(name, start, k, end)
-
-    def _settle(self, name: str, k: int) -> None:
-        """An accepted op of ``name`` (``k`` steps) was applied (or found void)."""
-        entry = self._accepted.get(name)
-        if entry is None:
-            return
-        self._accepted_steps -= k
-        entry[2] -= 1
-        if entry[2] <= 0:
-            del self._accepted[name]
 
     # -- the writer's ------------------------------------------------------------------------
 
@@ -410,9 +327,9 @@ class EpisodeTable:
         """Append ``k`` steps at ``start`` (checked by :meth:`check_steps`), ending the
         episode with ``end``; False when the episode is no longer at ``start`` (deleted or
         trimmed meanwhile) and nothing changed. ``accepted``: it was counted by
-        :meth:`admit_append` (False when the log is replayed)."""
+        :attr:`accepted` (False when the log is replayed)."""
         if accepted:
-            self._settle(name, k)
+            self.accepted.settle(name, k)
         ep = self._by_name.get(name)
         length = 0 if ep is None else ep.length
         if start != length or (ep is not None and ep.end is not None):
@@ -508,12 +425,14 @@ class EpisodeTable:
 
     def delete(self, name: str, *, accepted: bool = True) -> bool:
         """Remove episode ``name`` and its steps; False when it was not there.
-        ``accepted``: it was counted by :meth:`admit_delete`."""
+        ``accepted``: it was counted by :attr:`accepted`."""
         if accepted:
-            self._settle(name, 0)
+            self.accepted.settle(name, 0)
         ep = self._by_name.pop(name, None)
         if ep is None:
             return False
+        if ep.persisted >= 0:
+            self._gone.append((ep.name, ep.persisted))
         slots = ep.slots[: ep.length]
         self._live[slots] = False
         self._free_slots.extend(slots.tolist())
@@ -588,6 +507,16 @@ class EpisodeTable:
 
     # -- persistence ---------------------------------------------------------------------
 
+    def take_gone(self) -> list[tuple[str, int]]:
+        """The deleted episodes RocksDB holds, handed over to a checkpoint (which keeps
+        their deletes for the next one if it fails)."""
+        gone, self._gone = self._gone, []
+        return gone
+
+    def episodes_held(self) -> list[Episode]:
+        """The episodes, oldest first."""
+        return sorted(self._by_name.values(), key=lambda ep: ep.created)
+
     def state_dict(self) -> dict[str, Any]:
         """The table's own state beyond its episodes."""
         return {
@@ -654,14 +583,3 @@ class EpisodeTable:
         self._episode_bytes[ep.index] = ep.steps.stored_bytes
         self._stored_bytes += ep.steps.stored_bytes + ep.final_bytes
         self._max_priority = None
-
-
-def end_name(kind: int) -> str | None:
-    """The end's reason of an ``end_kind`` (None: open)."""
-    return _END_NAMES.get(kind)
-
-
-def _grown(array: np.ndarray, cap: int) -> np.ndarray:
-    out = np.zeros(cap, dtype=array.dtype)
-    out[: len(array)] = array
-    return out

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
+from rlreplay.app.episodes.persistence import load_blob, load_rocks, rocks_writes
 from rlreplay.app.storage import layout
 from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
@@ -135,7 +136,11 @@ class MemoryStorage(Storage):
             if header is None:
                 return None, []
             by_tid: dict[int, list[tuple[Any, ...]]] = {}
+            episode_blobs: dict[int, list[bytes]] = {}
             for tid, key, value, prio, ts, sampled, order, *meta in rows:
+                if key is None:  # an episode table's state or one of its episodes
+                    episode_blobs.setdefault(tid, []).append(value)
+                    continue
                 by_tid.setdefault(tid, []).append(
                     (key, value, prio, ts, sampled, len(value) + len(key), order, *meta)
                 )
@@ -149,6 +154,9 @@ class MemoryStorage(Storage):
                     else []
                 )
                 restore_rows(state, table, mine, on_disk=False, fields=fields)
+                if table.episodes is not None:
+                    for blob in episode_blobs.get(table.tid, []):
+                        load_blob(table.episodes, blob)
                 tables.append(table)
             return header, tables
 
@@ -244,6 +252,8 @@ class RocksStorage(Storage):
                     if table.index_fields:
                         fields.append(indexed)
                 restore_rows(state, table, rows, on_disk=True, fields=fields)
+                if table.episodes is not None:
+                    load_rocks(table.episodes, table.prefix, store.scan)
                 tables.append(table)
             ids = store.get(layout.REQUEST_IDS_KEY)
             state.request_ids.load(msgpack.unpackb(ids, raw=False) if ids else [])
@@ -300,6 +310,13 @@ class RocksStorage(Storage):
                 t.mark_checkpointed(slot, wrote=wrote)
         # each table's own state (rate limiter counts, counters) as of this checkpoint
         puts.extend((table_key(t.name), table_record(t)) for t in state.tables.values())
+        # episode tables: their episodes' records and the chunks sealed since
+        episode_writes = [
+            rocks_writes(t.episodes, t.prefix) for t in state.tables.values() if t.episodes
+        ]
+        for e_puts, e_deletes, _ in episode_writes:
+            puts.extend(e_puts)
+            self.deletes.extend(e_deletes)
         ids = await state.io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
         puts.append((REQUEST_IDS_KEY, ids))
         puts.append((LSN_KEY, pack_count(upto)))
@@ -309,13 +326,15 @@ class RocksStorage(Storage):
                 await state.io.run(store.recover)
             await state.io.run(store.write, puts, deletes, ranges)
         except OSError:  # nothing of the batch was written: the next checkpoint writes it
-            self.give_back_deletes(deletes)
+            self.give_back_deletes(deletes)  # episodes' deletes among them
             for t, slot, wrote, on_disk, disk_size in cleared:
                 if t.keys[slot] is None:
                     continue
                 t.unmark_checkpointed(slot, wrote=wrote, on_disk=on_disk, disk_size=disk_size)
             raise
         self.deferred_puts, self.deferred_ranges = [], []
+        for _, _, written in episode_writes:
+            written()
         await state.io.run(store.flush)  # if it fails, the log is not cut: it still covers all
 
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
