@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from rlreplay.app.episodes.start_sampling import SUPPORTED as EPISODE_SAMPLERS
 from rlreplay.app.selection.rate_limiters import RateLimiter
 
 #: The largest count a config takes: the engine keeps counts in 64-bit signed integers.
@@ -143,6 +144,16 @@ class TableConfig(BaseModel):
         description="Makes an episode table: steps appended per episode, windows sampled; "
         "``max_size`` counts steps.",
     )
+
+    @model_validator(mode="after")
+    def _episodes_sampler(self) -> TableConfig:
+        """An episode table's sampler picks window starts: only the types that apply."""
+        if self.episodes is not None and self.sampler.type not in EPISODE_SAMPLERS:
+            raise ValueError(
+                f"sampler {self.sampler.type!r} does not apply to episode tables "
+                f"(they take: {', '.join(EPISODE_SAMPLERS)})"
+            )
+        return self
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able form (what is stored and answered); the rollout settings only

@@ -127,13 +127,10 @@ async def test_refusals_change_nothing(app: FastAPI, client: httpx.AsyncClient) 
     assert et.times_sampled.sum() == 0
 
 
-async def test_a_sampler_that_does_not_apply_is_refused(
-    app: FastAPI, client: httpx.AsyncClient
-) -> None:
-    await make_table(client, "p", sampler={"type": "ptime"})
-    await append(app, "p", "a", 0, 2)
-    status, got = await post(client, "/v1/tables/p/sample", {"batch_size": 1})
-    assert status == 422 and "ptime" in got["error"]["message"]
+async def test_a_sampler_that_does_not_apply_is_refused(client: httpx.AsyncClient) -> None:
+    body = {"episodes": {}, "sampler": {"type": "ptime"}}
+    r = await client.put("/v1/tables/p", json=body)
+    assert r.status_code == 422 and "ptime" in r.json()["error"]["message"]
 
 
 async def test_window_priorities_set_and_mix_td(app: FastAPI, client: httpx.AsyncClient) -> None:
