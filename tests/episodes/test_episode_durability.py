@@ -13,9 +13,12 @@ import httpx
 import numpy as np
 import pytest
 
+from rlreplay.app.engine.engine import Engine
 from rlreplay.app.main import create_app
 from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
 from rlreplay.wire.codec import packb, unpackb
+from rlreplay.wire.errors import ItemNotFound
 from tests.live import start_server, stop_server
 
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
@@ -145,3 +148,36 @@ async def test_restart_after_checkpoints_and_deletes(tmp_path: Path, mode: str) 
 
     await _run(settings, write)
     await _run(settings, check)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "disk", "memory"])
+async def test_a_snapshot_restores_every_episode(tmp_path: Path, mode: str) -> None:
+    url = f"file://{tmp_path / 'backups'}"
+    rng = np.random.default_rng(11)
+    data = {f"s{n}": rng.random((n * 50 + 3, 5)).astype(np.float32) for n in range(6)}
+    common = {"storage_mode": mode, "backup_url": url, "backup_interval_s": 0}
+    engine = Engine(Settings(data_dir=tmp_path / "a", **common))
+    await engine.start()
+    try:
+        await engine.create_table("eps", TableConfig.model_validate({"episodes": {}}))
+        for name, obs in data.items():
+            end = "truncated" if name != "s5" else None
+            await engine.episodes.append("eps", name, start=0, steps={"obs": obs}, end=end)
+        await engine.take_snapshot()
+        # after the snapshot: not in it
+        await engine.episodes.append("eps", "late", start=0, steps={"obs": data["s1"]})
+    finally:
+        await engine.stop()
+    restored = Engine(
+        Settings(data_dir=tmp_path / "b", restore="latest", default_table=False, **common)
+    )
+    await restored.start()
+    try:
+        for name, obs in data.items():
+            got = await restored.episodes.read("eps", name)
+            np.testing.assert_array_equal(got.steps["obs"], obs)
+            assert got.end == ("truncated" if name != "s5" else None)
+        with pytest.raises(ItemNotFound):
+            await restored.episodes.read("eps", "late")
+    finally:
+        await restored.stop()
