@@ -164,3 +164,21 @@ async def test_window_priorities_set_and_mix_td(app: FastAPI, client: httpx.Asyn
         status, got = await post(client, "/v1/tables/pr/priorities", {"windows": [bad]})
         assert status == 422, got
     assert et.priority[slots][0] == 1.0
+
+
+async def test_rate_limiters_count_steps_in_and_windows_out(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    await make_table(client, "lim", rate_limiter={"type": "min_size", "min_size": 5})
+    await append(app, "lim", "a", 0, 4)
+    body = {"batch_size": 7, "timeout_ms": 50}
+    status, got = await post(client, "/v1/tables/lim/sample", body)
+    assert status == 504, got  # 4 steps: below min_size
+    await append(app, "lim", "b", 0, 1)
+    status, got = await post(client, "/v1/tables/lim/sample", body)
+    assert status == 200 and len(got["episodes"]) == 7
+    limiter = app.state.engine.core.table("lim").gate.limiter
+    assert (limiter.inserts, limiter.samples) == (5, 7)
+    # a refused sample takes its windows back
+    status, got = await post(client, "/v1/tables/lim/sample", {**body, "fields": ["nope"]})
+    assert status == 422 and limiter.samples == 7
