@@ -172,7 +172,7 @@ class EpisodeCalls(RolloutCalls):
             end=answer.get("end"),
             steps=dict(answer.get("steps") or {}),
             final=None if final is None else dict(final),
-            start=int(start or 0),
+            start=int(answer.get("start", start or 0)),
         )
 
     async def delete_episode(self, table: str, episode: str) -> None:

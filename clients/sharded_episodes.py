@@ -31,7 +31,7 @@ from rlreplay.clients.episode_bodies import EndReason, WindowStart
 from rlreplay.clients.episode_writer import EpisodeWriter
 from rlreplay.clients.episodes import Episode
 from rlreplay.clients.shard_fan_out import ShardFanOut
-from rlreplay.clients.shard_merge import prioritized_weights, shard_masses
+from rlreplay.clients.shard_merge import prioritized_weights
 from rlreplay.clients.sharded_sampling import ShardedDraw
 from rlreplay.clients.surface import WindowOptions
 from rlreplay.clients.windows import WindowBatch
@@ -42,17 +42,14 @@ __all__ = ["ShardedEpisodes", "window_masses"]
 
 
 def window_masses(stats: Sequence[Mapping[str, Any]]) -> npt.NDArray[np.float64]:
-    """Each shard's share of a window sample: its ``draw_mass`` over the steps that may
-    start windows (:func:`~rlreplay.clients.shard_merge.shard_masses`), or, from a
-    server that does not report it for episode tables, its ``steps``."""
-    if all("draw_mass" in s and "selectable" in s for s in stats):
-        return shard_masses(stats)
-    try:
-        return np.array([float(s["steps"]) for s in stats], dtype=np.float64)
-    except KeyError:
-        raise ValidationFailed(
-            "a shard's table stats have neither draw_mass nor steps: is it an episode table?"
-        ) from None
+    """Each shard's share of a window sample: its ``draw_mass`` (the mass of the steps that
+    may start windows), else its ``selectable`` count, else, from a server that reports
+    neither for episode tables, its ``steps``."""
+    for name in ("draw_mass", "selectable", "steps"):
+        mass = np.array([float(s.get(name) or 0.0) for s in stats], dtype=np.float64)
+        if mass.sum() > 0:
+            return mass
+    return mass
 
 
 class ShardedEpisodes:
