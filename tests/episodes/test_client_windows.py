@@ -12,6 +12,7 @@ from rlreplay.clients.episode_bodies import priorities_body, window_request, win
 from rlreplay.clients.windows import WindowBatch
 from rlreplay.wire.errors import ReplayError, ValidationFailed
 
+
 def answer(b: int = 3, w: int = 4, n_step: bool = True, offset: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(offset)
     out: dict[str, Any] = {
@@ -102,7 +103,8 @@ def test_window_options_make_a_window_request() -> None:
 
 def test_priorities_take_values_or_td_errors() -> None:
     body = priorities_body([("a", 0, 2.0), ("b", 4, np.float32(0.5))], None)
-    assert [(w.episode, w.start, w.priority) for w in body.windows] == [("a", 0, 2.0), ("b", 4, 0.5)]
+    entries = [(w.episode, w.start, w.priority) for w in body.windows]
+    assert entries == [("a", 0, 2.0), ("b", 4, 0.5)]
     body = priorities_body([("a", 2, np.array([0.5, -1.0]))], 0.9)
     assert body.eta == 0.9 and body.windows[0].td == [0.5, 1.0]
     with pytest.raises(ValidationFailed, match="windows\\[0\\]"):
