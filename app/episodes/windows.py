@@ -213,8 +213,7 @@ def _gathered(
     if not k:
         picked: npt.NDArray[np.generic] = values[steps - lo]
         return picked
-    frames = steps[:, None] - (k - 1) + np.arange(k)[None, :]
-    stacked: npt.NDArray[np.generic] = values[np.maximum(frames, 0) - lo]
+    stacked: npt.NDArray[np.generic] = values[np.maximum(_frames(steps, k), 0) - lo]
     return stacked
 
 
@@ -228,10 +227,29 @@ def _gather(
     where: npt.NDArray[np.bool_] | None = None,
 ) -> None:
     """Writes :func:`_gathered` into ``out`` (a view of the batch), at the positions
-    ``where`` is true (all by default)."""
+    ``where`` is true (all by default), copying each value once: a run of consecutive
+    steps as one slice, anything else with ``np.take`` straight into ``out``."""
     if where is not None:
         at = np.flatnonzero(where)
         if len(at):
             out[at] = _gathered(values, steps[at], lo, k)
-    elif len(steps):
+        return
+    n = len(steps)
+    if not n:
+        return
+    if not k and int(steps[-1]) - int(steps[0]) == n - 1:
+        first = int(steps[0]) - lo
+        out[...] = values[first : first + n]
+        return
+    if not out.flags.c_contiguous:
         out[...] = _gathered(values, steps, lo, k)
+        return
+    index = steps - lo if not k else np.maximum(_frames(steps, k), 0) - lo
+    flat = out.reshape(-1, *values.shape[1:])  # a view: ``out`` is contiguous
+    np.take(values, index.reshape(-1), axis=0, out=flat, mode="clip")
+
+
+def _frames(steps: Ints, k: int) -> Ints:
+    """The ``k`` steps ending at each of ``steps``: ``[len(steps), k]``."""
+    frames: Ints = steps[:, None] - (k - 1) + np.arange(k)[None, :]
+    return frames
