@@ -196,7 +196,7 @@ async def get_episode(
         int | None, Query(ge=0, description="Past the last step (default all).")
     ] = None,
 ) -> Response:
-    """Read an episode's steps [start, stop) (clamped to those it holds).
+    """Read an episode's steps from start up to stop, clamped to those it holds.
 
     Answers `{"episode", "length", "end", "steps": {field: array}, "final"?}`; 404
     `item_not_found` when the table holds no such episode.
