@@ -82,13 +82,22 @@ class AcceptedOps:
         if entry[2] <= 0:
             del self._entries[name]
 
-    def rebuild(self, ops: Iterable[tuple[str, int, int, str | None, bool]]) -> None:
+    def rebuild(self, ops: Iterable[tuple[str, int, int, str | None, bool]]) -> list[bool]:
         """Count again, over the applied state, the accepted ops still queued: ``(name,
-        start, k, end, is_delete)`` each, in order (after a failed log flush refused some)."""
+        start, k, end, is_delete)`` each, in order (after a failed log flush refused some).
+        Returns, for each, whether it is counted: an append whose ``start`` a refused op was
+        to reach is not (applied, it finds its episode elsewhere and changes nothing), and
+        must not be settled when applied."""
         self._entries.clear()
         self.steps = 0
+        counted = []
         for name, start, k, end, is_delete in ops:
             if is_delete:
                 self.admit_delete(name)
+                counted.append(True)
             elif self.view(name) == (start, False):
                 self.admit_append(name, start, k, end)
+                counted.append(True)
+            else:
+                counted.append(False)
+        return counted

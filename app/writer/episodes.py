@@ -11,14 +11,20 @@ replay of the log removes the same episodes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import numpy as np
 
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.tables.table import Table
-from rlreplay.app.writer.ops import EpisodeAppendOp, EpisodeDeleteOp, EpisodePriorityOp
+from rlreplay.app.writer.ops import EpisodeAppendOp, EpisodeDeleteOp, EpisodePriorityOp, Op
 
-__all__ = ["apply_episode_append", "apply_episode_delete", "apply_episode_priorities"]
+__all__ = [
+    "apply_episode_append",
+    "apply_episode_delete",
+    "apply_episode_priorities",
+    "rebuild_accepted",
+]
 
 log = logging.getLogger("rlreplay.app.writer.task_processor")
 
@@ -87,3 +93,24 @@ def apply_episode_priorities(op: EpisodePriorityOp) -> None:
     if not t.dropped:
         _episodes(t).set_window_priorities(op.windows)
     t.pending.applied(op.seq, op.weight)
+
+
+def rebuild_accepted(t: Table, queued: Iterable[Op]) -> None:
+    """A failed log flush refused some of ``t``'s ops: count again, in order, the appends
+    and deletes still ``queued`` (see :meth:`~rlreplay.app.episodes.accepted.AcceptedOps.
+    rebuild`). An append that is no longer counted (it followed a refused one) is applied as
+    not accepted: it finds its episode elsewhere and changes nothing."""
+    e = _episodes(t)
+    ops = [
+        op
+        for op in queued
+        if isinstance(op, EpisodeAppendOp | EpisodeDeleteOp) and op.table is t and op.accepted
+    ]
+    counted = e.accepted.rebuild(
+        (op.episode, op.start, op.k, op.end, False)
+        if isinstance(op, EpisodeAppendOp)
+        else (op.episode, 0, 0, None, True)
+        for op in ops
+    )
+    for op, kept in zip(ops, counted, strict=True):
+        op.accepted = kept
