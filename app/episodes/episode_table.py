@@ -451,11 +451,14 @@ class EpisodeTable:
         """Remove whole episodes until at most ``max_size`` steps are held: ended ones
         first, then open ones, each chosen by ``remover`` (``fifo``: oldest first,
         ``lifo``: newest first, ``uniform``: at random, the heaps by their first step's
-        priority), never ``keep``. The choice depends on the applied state alone, so a
-        replay of the log makes the same. Returns the names removed."""
+        priority), never ``keep``. The choice depends on the applied state and on ``rng``
+        alone (the writer seeds it from the log position), so a replay of the log makes the
+        same. Returns the names removed."""
         removed: list[str] = []
         while self._steps > max_size:
-            held = [ep for ep in self._by_name.values() if ep.name != keep]
+            held = sorted(
+                (ep for ep in self._by_name.values() if ep.name != keep), key=lambda ep: ep.created
+            )
             candidates = [ep for ep in held if ep.end is not None] or held
             if not candidates:
                 break

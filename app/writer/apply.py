@@ -222,7 +222,7 @@ class OpApplier:
         elif isinstance(op, VersionOp):
             apply_version(op)
         elif isinstance(op, EpisodeAppendOp):
-            apply_episode_append(op, self._np_rng)
+            apply_episode_append(op)
         elif isinstance(op, EpisodeDeleteOp):
             apply_episode_delete(op)
         elif isinstance(op, EpisodePriorityOp):

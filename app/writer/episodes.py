@@ -4,8 +4,9 @@ writer does to an :class:`~rlreplay.app.episodes.episode_table.EpisodeTable`.
 :class:`~rlreplay.app.writer.apply.OpApplier` calls these, one op at a time, in log order
 (recovery too, replaying the log). A table's ``max_size`` counts steps: past it, whole
 episodes go, ended ones first (then open ones), in the order of the table's remover, never
-the episode just appended to. The choice depends only on what the writer applied, so a
-replay of the log removes the same episodes.
+the episode just appended to. The choice depends only on what the writer applied and on
+the append's log position (which seeds the ``uniform`` remover's draw), so a replay of the
+log removes the same episodes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _episodes(t: Table) -> EpisodeTable:
     return t.episodes
 
 
-def apply_episode_append(op: EpisodeAppendOp, rng: np.random.Generator) -> None:
+def apply_episode_append(op: EpisodeAppendOp) -> None:
     """Append the op's steps (then trim the table to its ``max_size``)."""
     t = op.table
     if t.dropped:
@@ -59,19 +60,22 @@ def apply_episode_append(op: EpisodeAppendOp, rng: np.random.Generator) -> None:
             op.episode,
             op.start,
         )
-    trim_episodes(t, rng, keep=op.episode)
+    trim_episodes(t, op.seq, keep=op.episode)
     t.pending.applied(op.seq, op.weight)
     if t.gate.limited:
         t.gate.notify()
 
 
-def trim_episodes(t: Table, rng: np.random.Generator, *, keep: str | None = None) -> list[str]:
+def trim_episodes(t: Table, seq: int, *, keep: str | None = None) -> list[str]:
     """Remove whole episodes until the table fits its ``max_size`` (see the module
-    docstring); returns their names."""
+    docstring), after the op of log position ``seq``; returns their names."""
     e = t.episodes
     max_size = t.config.max_size
     if e is None or max_size is None or e.steps <= max_size:
         return []
+    # seeded by the table and the log position, not the writer's generator: a replay of
+    # the log (from a checkpoint, with a fresh generator) draws the same episodes
+    rng = np.random.default_rng((t.tid, seq))
     removed = e.take_excess(max_size, t.config.remover.type, rng, keep=keep)
     t.counters.deletes += len(removed)
     return removed

@@ -62,3 +62,42 @@ async def test_an_append_whose_flush_fails_leaves_nothing_and_a_retry_works(
         np.testing.assert_array_equal(b.steps["obs"], steps(0, 4)["obs"])
     finally:
         await eng.stop()
+
+
+async def crash(eng: Engine) -> None:
+    """Stop ``eng`` as kill -9 leaves it: no final checkpoint, the log replayed at start."""
+    assert eng._processor is not None
+    await eng._processor.stop()
+    await eng.stop()
+
+
+async def test_uniform_trimming_is_replayed_identically(tmp_path: Path) -> None:
+    """Episodes removed at random by a full table are the same after the log is replayed
+    from a checkpoint (with a fresh writer and its own random generator)."""
+    settings = Settings(data_dir=tmp_path / "data", io_threads=2, wal_writer="thread")
+    config = TableConfig(episodes={}, max_size=24, remover={"type": "uniform"})
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        await eng.create_table("eps", config)
+        for n in range(60):
+            end = "terminated" if n % 3 else None  # a third stay open
+            await eng.episodes.append("eps", f"e{n}", start=0, steps=steps(0, 3), end=end)
+            if n == 20:
+                await eng.flush()  # the replay starts here, past some trims
+        await eng.episodes.read("eps", "e59")  # every append applied
+        e = eng.core.table("eps").episodes
+        assert e is not None
+        before = sorted(e.names)
+        assert e.steps <= 24
+    finally:
+        await crash(eng)
+    for _ in range(2):  # twice: the second start replays what the first did not cut
+        eng = Engine(settings)
+        await eng.start()
+        try:
+            e = eng.core.table("eps").episodes
+            assert e is not None
+            assert sorted(e.names) == before
+        finally:
+            await crash(eng)
