@@ -8,7 +8,8 @@ synchronous Client next to the async ReplayClient),
 sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
 sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
 + ack next to sample, patch next to push), bulk (big batches over TCP and a Unix socket
-next to the sockets' own bandwidth).
+next to the sockets' own bandwidth), episodes (windows and n-step transitions of Atari-sized
+frames next to Reverb and TorchRL).
 With no section named, all run.
 """
 
@@ -33,6 +34,7 @@ SECTIONS = (
     "sidecar",
     "rollouts",
     "bulk",
+    "episodes",
 )
 
 
