@@ -5,7 +5,12 @@ each window as a sample (each appended step counted as an insert when it was acc
 every append accepted before the sample is applied first; then the eligible window starts
 (:func:`~rlreplay.app.episodes.window_starts.eligible_starts`) are found, the table's
 sampler picks among them (:class:`~rlreplay.app.episodes.start_sampling.StartSampler`) and
-the windows are built (:func:`~rlreplay.app.episodes.windows.build_windows`).
+the windows are built (:class:`~rlreplay.app.episodes.windows.WindowBuild`): their steps
+read on the loop, one read per chunk a window touches (views of the chunks, decompressed
+through the table's chunk cache), then copied into arrays over reused buffers
+(:class:`~rlreplay.app.episodes.window_buffers.WindowBuffers`), in an I/O thread when the
+batch is large. The copy may run there because it touches nothing of the table: a sealed
+chunk never changes, and an episode's open tail is only written past the steps it holds.
 
 When no start is eligible (an empty table, or windows longer than every episode holds with
 ``pad`` false) the sample waits, as a sample of an empty item table does, up to its timeout
@@ -19,17 +24,19 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.engine.reads import Reads
+from rlreplay.app.episodes.chunk_reads import ChunkReads
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.start_sampling import StartDraw, StartSampler
+from rlreplay.app.episodes.window_buffers import WindowBuffers
 from rlreplay.app.episodes.window_starts import WindowShape, eligible_starts
-from rlreplay.app.episodes.windows import WindowBatch, WindowRequest, answer_bytes, build_windows
+from rlreplay.app.episodes.windows import WindowBatch, WindowBuild, WindowRequest, answer_bytes
 from rlreplay.app.tables.table import Table
 from rlreplay.wire.errors import DeadlineExceeded, ValidationFailed
 from rlreplay.wire.window_schemas import WindowSampleRequest
@@ -38,6 +45,16 @@ __all__ = ["WindowSample", "Windows", "window_priority"]
 
 #: How often a sample with no eligible start looks again (seconds, doubling up to the last).
 _RECHECK_S = (0.002, 0.05)
+
+# The fast paths of a window build, each with its arm off for ``bench`` to compare:
+#: Read a window chunk by chunk, views where the chunks lie (off: one read per window, its
+#: chunks joined into a fresh array first).
+READ_BY_CHUNK = True
+#: Build into buffers reused across samples (off: fresh arrays, faulted in as written).
+REUSE_BUFFERS = True
+#: Batches of at least this many bytes are copied in an I/O thread, leaving the loop free
+#: (a huge value keeps every copy on the loop).
+FILL_OFF_LOOP_BYTES: Final = 4 << 20
 
 
 @dataclass(slots=True)
@@ -61,6 +78,9 @@ class Windows:
         self._reads = reads
         #: Each table's sampler over window starts, by table (made on its first sample).
         self._samplers: dict[int, tuple[Table, StartSampler]] = {}
+        self._buffers = WindowBuffers()
+        #: Batches of at least this many bytes are copied off the loop.
+        self.fill_off_loop_bytes = FILL_OFF_LOOP_BYTES
 
     def serves(self, table: str) -> bool:
         """Whether ``table`` is an episode table (False when there is none: the item route
@@ -124,7 +144,7 @@ class Windows:
             )
             et.record_draws(drawn.slots)
             try:
-                sample = self._build(et, drawn, request)
+                sample = await self._build(et, drawn, request)
             except BaseException:
                 et.undo_draws(drawn.slots)
                 raise
@@ -203,7 +223,9 @@ class Windows:
             raise self._core.too_big(total, f"a sample of {params.batch_size} windows")
         return request
 
-    def _build(self, et: EpisodeTable, drawn: StartDraw, request: WindowRequest) -> WindowSample:
+    async def _build(
+        self, et: EpisodeTable, drawn: StartDraw, request: WindowRequest
+    ) -> WindowSample:
         """The windows of the drawn starts."""
         slots = drawn.slots
         indices = et.episode_of[slots]
@@ -215,25 +237,42 @@ class Windows:
             return et.read(by_index[index], start, stop, fields)
 
         starts = et.step_of[slots].copy()
-        batch = build_windows(
+        schema = et.specs or {}
+        build = WindowBuild(
             episodes=indices,
             starts=starts,
             lengths=et.length[indices],
             end_kinds=et.end_kind[indices],
             finals=[ep.final if ep is not None else None for ep in episodes],
             request=request,
-            schema=et.specs or {},
-            read_steps=read,
+            schema=schema,
+            alloc=self._buffers if REUSE_BUFFERS else _zeros,
         )
-        return WindowSample(
+        reads = ChunkReads(et, by_index) if READ_BY_CHUNK else None
+        if reads is not None:
+            build.read(reads.read, et.chunk_steps)
+        else:
+            build.read(read)
+        sample = WindowSample(
             names,
             starts,
-            batch,
+            WindowBatch({}, build.mask),
             et.priority[slots].copy(),
             drawn.probabilities,
             drawn.weights,
             et.times_sampled[slots].copy(),
         )
+        if answer_bytes(len(slots), request, schema) >= self.fill_off_loop_bytes:
+            sample.batch = await self._core.state.io.run(build.fill)
+        else:
+            sample.batch = build.fill()
+        if reads is not None:
+            reads.keep()
+        return sample
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    return np.zeros(shape, dtype=dtype)
 
 
 def window_priority(priority: float | None, td: Sequence[float] | None, eta: float) -> float:

@@ -1,9 +1,10 @@
 """Building a batch of windows ``[B, W, ...]`` from the steps an episode table stores.
 
-Each window is read with one call of the table's step reader, over the range of steps it
-needs: from ``k - 1`` steps before its start (the longest frame stack asked for) to ``n``
-steps past its end (n-step returns and their ``next`` values), clipped to the episode. The
-fields are then gathered from that range with array indexing:
+Each window reads the range of steps it needs: from ``k - 1`` steps before its start (the
+longest frame stack asked for) to ``n`` steps past its end (n-step returns and their
+``next`` values), clipped to the episode, one read per chunk of the range (each a view of
+the chunk where it lies, nothing joined). The values are then copied straight into the
+batch's arrays, each a slice copy per chunk (and per frame of a stack):
 
 - a plain field ``f``: ``columns[f][b, i] = f[s + i]``;
 - a frame-stacked field (``frame_stack: {f: k}``): ``columns[f][b, i, j] = f[max(0, s + i -
@@ -20,8 +21,10 @@ range.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,8 +35,10 @@ from rlreplay.app.episodes.window_starts import WindowShape
 from rlreplay.wire.errors import ValidationFailed
 
 __all__ = [
+    "Alloc",
     "ReadSteps",
     "WindowBatch",
+    "WindowBuild",
     "WindowRequest",
     "answer_bytes",
     "build_windows",
@@ -43,6 +48,10 @@ Ints = npt.NDArray[np.int64]
 #: ``read(episode, start, stop, fields)`` -> ``{field: values of steps [start, stop)}``, each
 #: with first axis ``stop - start``.
 ReadSteps = Callable[[int, int, int, Sequence[str]], Mapping[str, npt.NDArray[np.generic]]]
+#: ``alloc(shape, dtype)``: an array for the batch, contents undefined.
+Alloc = Callable[[tuple[int, ...], "np.dtype[Any]"], npt.NDArray[Any]]
+#: Steps ``[start, stop)`` of a window's episode as read: ``(start, stop, {field: values})``.
+Piece = tuple[int, int, Mapping[str, npt.NDArray[Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +135,126 @@ def answer_bytes(batch_size: int, request: WindowRequest, schema: Mapping[str, F
     return batch_size * (w * per_step + 32)  # episode name aside: start, priority, p, weight...
 
 
+def _fresh(shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    return np.empty(shape, dtype=dtype)
+
+
+class WindowBuild:
+    """One batch of windows, built in two steps so that the copying may run off the loop.
+
+    :meth:`read` (where the table is read: the event loop) takes each window's steps from
+    the table, as read-only views of its chunks where they lie in one chunk (one read per
+    chunk a window touches, or per window when ``chunk_steps`` is 0); :meth:`fill` then
+    copies them into the batch's arrays, touching nothing of the table, so any thread may run
+    it. :func:`build_windows` does both.
+
+    Args:
+        episodes: ``[B]`` the episode (as ``read_steps`` names it) of each window.
+        starts: ``[B]`` each window's first step.
+        lengths: ``[B]`` the steps each episode holds (as the draw saw them).
+        end_kinds: ``[B]`` how each episode ended.
+        finals: each episode's ``final`` values, or None.
+        request: What to return.
+        schema: The table's step fields.
+        alloc: Makes the batch's large arrays (contents undefined: every element is written).
+    """
+
+    def __init__(
+        self,
+        *,
+        episodes: Ints,
+        starts: Ints,
+        lengths: Ints,
+        end_kinds: npt.NDArray[np.integer],
+        finals: Sequence[Mapping[str, npt.NDArray[np.generic]] | None],
+        request: WindowRequest,
+        schema: Mapping[str, FieldSpec],
+        alloc: Alloc = _fresh,
+    ) -> None:
+        self._episodes, self._starts, self._lengths = episodes, starts, lengths
+        self._end_kinds, self._finals = end_kinds, finals
+        self._request, self._schema = request, schema
+        b, w = len(starts), request.window.steps
+        self.mask = (starts[:, None] + np.arange(w)[None, :]) < lengths[:, None]
+        self.columns = {f: self._array(alloc, f, b, w) for f in request.fields}
+        self.next = {f: self._array(alloc, f, b, w) for f in request.next_fields}
+        self._pieces: list[list[Piece]] = []
+
+    def _array(self, alloc: Alloc, name: str, b: int, w: int) -> npt.NDArray[Any]:
+        spec, k = self._schema[name], self._request.stack(name)
+        return alloc((b, w, *((k,) if k else ()), *spec.shape), spec.np_dtype)
+
+    def read(self, read_steps: ReadSteps, chunk_steps: int = 0) -> None:
+        """Reads each window's steps: from ``k - 1`` before its start (the longest frame
+        stack) to ``n`` past its end, clipped to its episode, split where a chunk of
+        ``chunk_steps`` steps ends (0: one read per window)."""
+        request = self._request
+        w, n = request.window.steps, request.window.n_step
+        reads = request.reads()
+        before = max([request.stack(f) for f in reads] + [1]) - 1
+        for e, s, length in zip(
+            self._episodes.tolist(), self._starts.tolist(), self._lengths.tolist(), strict=True
+        ):
+            lo, hi = max(0, s - before), min(length, s + w + n)
+            cuts = [lo, hi]
+            if chunk_steps:
+                first = (lo // chunk_steps + 1) * chunk_steps
+                cuts[1:1] = range(first, hi, chunk_steps)
+            self._pieces.append(
+                [(a, z, read_steps(e, a, z, reads)) for a, z in itertools.pairwise(cuts)]
+            )
+
+    def fill(self) -> WindowBatch:
+        """The batch: every array written from the steps :meth:`read` took."""
+        request = self._request
+        w, n = request.window.steps, request.window.n_step
+        rewards = np.zeros((len(self._starts), w + max(n - 1, 0)), dtype=np.float64)
+        for b, pieces in enumerate(self._pieces):
+            s, length = int(self._starts[b]), int(self._lengths[b])
+            valid = min(w, length - s)
+            for name, out in self.columns.items():
+                _copy_run(out[b], pieces, name, s, valid, request.stack(name))
+            if n:
+                got = min(w + n - 1, length - s)
+                _copy_run(rewards[b], pieces, request.reward_field, s, got, 0)
+        if not n:
+            return WindowBatch(self.columns, self.mask)
+        targets = nstep_targets(
+            starts=self._starts,
+            lengths=self._lengths,
+            end_kinds=self._end_kinds,
+            rewards=rewards,
+            steps=w,
+            n=n,
+            gamma=request.gamma,
+        )
+        for b, pieces in enumerate(self._pieces):
+            self._fill_next(b, pieces, targets.next_steps[b])
+        return WindowBatch(self.columns, self.mask, targets, self.next)
+
+    def _fill_next(self, b: int, pieces: list[Piece], next_steps: Ints) -> None:
+        """``next`` of window ``b``: steps ``t + n`` for as long as they are stored (one
+        run), then the episode's ``final`` (the same stack for every step after)."""
+        s, length = int(self._starts[b]), int(self._lengths[b])
+        valid = min(self._request.window.steps, length - s)
+        run = int(np.count_nonzero(next_steps[:valid] < length))
+        final = self._finals[b]
+        for name, out in self.next.items():
+            k = self._request.stack(name)
+            _copy_run(out[b], pieces, name, s + self._request.window.n_step, run, k)
+            last = None if final is None else final.get(name)
+            if run == valid or last is None:  # no final: zeros, the whole stack too
+                continue
+            if k:  # the stack ending at L: the one ending at L - 1, moved by a frame
+                row = out[b, run]
+                _copy_run(out[b, run : run + 1], pieces, name, length - 1, 1, k)
+                row[:-1] = row[1:].copy()
+                row[-1] = last
+                out[b, run + 1 : valid] = row
+            else:
+                out[b, run:valid] = last
+
+
 def build_windows(
     *,
     episodes: Ints,
@@ -136,120 +265,48 @@ def build_windows(
     request: WindowRequest,
     schema: Mapping[str, FieldSpec],
     read_steps: ReadSteps,
+    chunk_steps: int = 0,
+    alloc: Alloc = _fresh,
 ) -> WindowBatch:
-    """The batch of windows starting at ``starts`` of ``episodes``.
-
-    Args:
-        episodes: ``[B]`` the episode (as ``read_steps`` names it) of each window.
-        starts: ``[B]`` each window's first step.
-        lengths: ``[B]`` the steps each episode holds (as the draw saw them).
-        end_kinds: ``[B]`` how each episode ended.
-        finals: each episode's ``final`` values, or None.
-        request: What to return.
-        schema: The table's step fields.
-        read_steps: Reads a range of an episode's steps.
-
-    Returns:
-        The arrays of the batch.
-    """
-    b_size = len(starts)
-    w = request.window.steps
-    n = request.window.n_step
-    mask = (starts[:, None] + np.arange(w)[None, :]) < lengths[:, None]
-    columns = {f: _zeros(schema[f], b_size, w, request.stack(f)) for f in request.fields}
-    nexts = {f: _zeros(schema[f], b_size, w, request.stack(f)) for f in request.next_fields}
-    rewards = np.zeros((b_size, w + max(n - 1, 0)), dtype=np.float64)
-    reads = request.reads()
-    before = max([request.stack(f) for f in reads] + [1]) - 1
-    ranges: list[tuple[int, Mapping[str, npt.NDArray[np.generic]]]] = []
-    for b in range(b_size):
-        s, length = int(starts[b]), int(lengths[b])
-        lo, hi = max(0, s - before), min(length, s + w + n)
-        chunk = read_steps(int(episodes[b]), lo, hi, reads)
-        ranges.append((lo, chunk))
-        valid = min(w, length - s)
-        for name, out in columns.items():
-            _gather(out[b, :valid], chunk[name], s + np.arange(valid), lo, request.stack(name))
-        if n:
-            got = min(w + n - 1, length - s)
-            rewards[b, :got] = chunk[request.reward_field][s - lo : s - lo + got]
-    if not n:
-        return WindowBatch(columns, mask)
-    targets = nstep_targets(
+    """The batch of windows starting at ``starts`` of ``episodes`` (:class:`WindowBuild`'s
+    :meth:`~WindowBuild.read` then :meth:`~WindowBuild.fill`, where the caller is)."""
+    build = WindowBuild(
+        episodes=episodes,
         starts=starts,
         lengths=lengths,
         end_kinds=end_kinds,
-        rewards=rewards,
-        steps=w,
-        n=n,
-        gamma=request.gamma,
+        finals=finals,
+        request=request,
+        schema=schema,
+        alloc=alloc,
     )
-    for b, (lo, chunk) in enumerate(ranges):
-        length = int(lengths[b])
-        steps = targets.next_steps[b][mask[b]]
-        inside = steps < length  # the others are t + n' = L: the episode's final
-        at_final = np.flatnonzero(~inside)
-        final = finals[b]
-        for name, out in nexts.items():
-            k = request.stack(name)
-            _gather(out[b, : len(steps)], chunk[name], steps, lo, k, where=inside)
-            last = None if final is None else final.get(name)
-            if last is not None and len(at_final):
-                with_final = np.concatenate([chunk[name], np.asarray(last)[None]])
-                out[b, at_final] = _gathered(with_final, steps[at_final], lo, k)
-    return WindowBatch(columns, mask, targets, nexts)
+    build.read(read_steps, chunk_steps)
+    return build.fill()
 
 
-def _zeros(spec: FieldSpec, b: int, w: int, k: int) -> npt.NDArray[np.generic]:
-    """A zero batch of a field: ``[B, W, ...]``, or ``[B, W, k, ...]`` when stacked."""
-    return np.zeros((b, w, *((k,) if k else ()), *spec.shape), dtype=spec.np_dtype)
-
-
-def _gathered(
-    values: npt.NDArray[np.generic], steps: Ints, lo: int, k: int
-) -> npt.NDArray[np.generic]:
-    """The values at ``steps`` of a range read from step ``lo``: each step's value, or
-    (``k`` > 0) the ``k`` frames ending at it, the first frame repeated before step 0."""
-    if not k:
-        picked: npt.NDArray[np.generic] = values[steps - lo]
-        return picked
-    stacked: npt.NDArray[np.generic] = values[np.maximum(_frames(steps, k), 0) - lo]
-    return stacked
-
-
-def _gather(
-    out: npt.NDArray[np.generic],
-    values: npt.NDArray[np.generic],
-    steps: Ints,
-    lo: int,
+def _copy_run(
+    out: npt.NDArray[Any],
+    pieces: Sequence[Piece],
+    name: str,
+    first: int,
+    count: int,
     k: int,
-    *,
-    where: npt.NDArray[np.bool_] | None = None,
 ) -> None:
-    """Writes :func:`_gathered` into ``out`` (a view of the batch), at the positions
-    ``where`` is true (all by default), copying each value once: a run of consecutive
-    steps as one slice, anything else with ``np.take`` straight into ``out``."""
-    if where is not None:
-        at = np.flatnonzero(where)
-        if len(at):
-            out[at] = _gathered(values, steps[at], lo, k)
+    """Writes ``out[i] = f[first + i]`` for ``i < count`` (``k`` > 0: ``out[i, j] =
+    f[first + i - k + 1 + j]``, the first frame repeated before step 0) from the ``pieces``
+    read, and zeros past ``count``. Each ``j`` is a slice copy per piece (a frame is copied
+    once per stack it is in, straight into the batch)."""
+    out[count:] = 0
+    if count <= 0:
         return
-    n = len(steps)
-    if not n:
-        return
-    if not k and int(steps[-1]) - int(steps[0]) == n - 1:
-        first = int(steps[0]) - lo
-        out[...] = values[first : first + n]
-        return
-    if not out.flags.c_contiguous:
-        out[...] = _gathered(values, steps, lo, k)
-        return
-    index = steps - lo if not k else np.maximum(_frames(steps, k), 0) - lo
-    flat = out.reshape(-1, *values.shape[1:])  # a view: ``out`` is contiguous
-    np.take(values, index.reshape(-1), axis=0, out=flat, mode="clip")
-
-
-def _frames(steps: Ints, k: int) -> Ints:
-    """The ``k`` steps ending at each of ``steps``: ``[len(steps), k]``."""
-    frames: Ints = steps[:, None] - (k - 1) + np.arange(k)[None, :]
-    return frames
+    o = out if k else out[:, None]
+    depth = max(k, 1)
+    for j in range(depth):
+        base = first - (depth - 1) + j  # the step at row 0 for this frame of the stack
+        below = min(count, max(0, -base))  # rows before step 0: the first frame
+        if below:
+            o[:below, j] = pieces[0][2][name][0]
+        for p0, p1, values in pieces:
+            i0, i1 = max(below, p0 - base), min(count, p1 - base)
+            if i1 > i0:
+                o[i0:i1, j] = values[name][base + i0 - p0 : base + i1 - p0]

@@ -10,14 +10,16 @@ from rlreplay.app.episodes.nstep import nstep_targets
 from rlreplay.app.episodes.window_starts import OPEN, TERMINATED, TRUNCATED, WindowShape
 from rlreplay.app.episodes.windows import WindowRequest, build_windows
 
-from .window_model import SCHEMA, Store, make_episode, reference_window
+from .window_model import SCHEMA, Store, chunk_reads_ok, garbage, make_episode, reference_window
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("end_kind", [TERMINATED, TRUNCATED, OPEN])
 @pytest.mark.parametrize("final", [True, False])
-@pytest.mark.parametrize("w", [1, 4])
-def test_nstep_targets_equal_the_reference(n: int, end_kind: int, final: bool, w: int) -> None:
+@pytest.mark.parametrize(("w", "chunk_steps"), [(1, 0), (4, 0), (1, 2), (4, 3)])
+def test_nstep_targets_equal_the_reference(
+    n: int, end_kind: int, final: bool, w: int, chunk_steps: int
+) -> None:
     rng = np.random.default_rng(n * 100 + end_kind * 10 + w)
     store = Store(
         [make_episode(rng, i, length, end_kind, final) for i, length in enumerate([1, 3, 8, 13])]
@@ -47,6 +49,8 @@ def test_nstep_targets_equal_the_reference(n: int, end_kind: int, final: bool, w
         request=request,
         schema=SCHEMA,
         read_steps=store.read,
+        chunk_steps=chunk_steps,
+        alloc=garbage,
     )
     assert got.targets is not None and got.next is not None
     for b, (e, s) in enumerate(pairs):
@@ -56,7 +60,9 @@ def test_nstep_targets_equal_the_reference(n: int, end_kind: int, final: bool, w
         np.testing.assert_array_equal(got.targets.discounts[b], want["discount"])
         for name in next_fields:
             np.testing.assert_array_equal(got.next[name][b], want["next"][name], err_msg=name)
-    assert len(store.reads) == len(pairs)  # one read per window, next values included
+    chunk_reads_ok(store, chunk_steps)
+    if not chunk_steps:
+        assert len(store.reads) == len(pairs)  # one read per window, next values included
 
 
 def test_terminal_and_truncated_ends_by_hand() -> None:

@@ -9,7 +9,14 @@ from rlreplay.app.episodes.window_starts import OPEN, TERMINATED, TRUNCATED, Win
 from rlreplay.app.episodes.windows import WindowRequest, answer_bytes, build_windows
 from rlreplay.wire.errors import ValidationFailed
 
-from .window_model import SCHEMA, Store, make_episode, reference_window
+from .window_model import (
+    SCHEMA,
+    Store,
+    chunk_reads_ok,
+    garbage,
+    make_episode,
+    reference_window,
+)
 
 
 def store_of(seed: int, lengths: list[int]) -> Store:
@@ -23,7 +30,7 @@ def store_of(seed: int, lengths: list[int]) -> Store:
     )
 
 
-def build(store: Store, pairs: list[tuple[int, int]], request: WindowRequest):  # type: ignore[no-untyped-def]
+def build(store: Store, pairs: list[tuple[int, int]], request: WindowRequest, chunk_steps: int = 0):  # type: ignore[no-untyped-def]
     episodes = np.asarray([e for e, _ in pairs], dtype=np.int64)
     eps = [store.episodes[e] for e, _ in pairs]
     return build_windows(
@@ -35,17 +42,22 @@ def build(store: Store, pairs: list[tuple[int, int]], request: WindowRequest):  
         request=request,
         schema=SCHEMA,
         read_steps=store.read,
+        chunk_steps=chunk_steps,
+        alloc=garbage,
     )
 
 
 @pytest.mark.parametrize("w", [1, 3, 7])
 @pytest.mark.parametrize("stack", [{}, {"frame": 1}, {"frame": 4, "obs": 2}])
-def test_windows_equal_the_steps_with_masks_and_stacks(w: int, stack: dict[str, int]) -> None:
+@pytest.mark.parametrize("chunk_steps", [0, 2, 3])
+def test_windows_equal_the_steps_with_masks_and_stacks(
+    w: int, stack: dict[str, int], chunk_steps: int
+) -> None:
     store = store_of(1, [1, 2, 5, 9, 12])
     fields = ("obs", "frame", "action")
     request = WindowRequest(WindowShape(length=w, pad=True), fields, stack)
     pairs = [(e, s) for e, ep in enumerate(store.episodes) for s in range(ep.length)]
-    got = build(store, pairs, request)
+    got = build(store, pairs, request, chunk_steps)
     assert got.mask.shape == (len(pairs), w)
     for b, (e, s) in enumerate(pairs):
         want = reference_window(store.episodes[e], s, w, fields, stack)
@@ -56,13 +68,21 @@ def test_windows_equal_the_steps_with_masks_and_stacks(w: int, stack: dict[str, 
             assert got.columns[name].shape == (len(pairs), w, *((k,) if k else ()), *spec.shape)
             assert got.columns[name].dtype == spec.np_dtype
             np.testing.assert_array_equal(got.columns[name][b], want["columns"][name])
-    # one read per window, of at most W + k - 1 steps, never past its episode
-    assert len(store.reads) == len(pairs)
+    # per window, reads of W + k - 1 steps at most, one per chunk, never past its episode
+    chunk_reads_ok(store, chunk_steps)
     k = max(stack.values(), default=1)
-    for (e, lo, hi, _), (e2, s) in zip(store.reads, pairs, strict=True):
-        assert e == e2
-        assert hi - lo <= w + k - 1
-        assert lo == max(0, s - k + 1)
+
+    reads = iter(store.reads)
+    for e, s in pairs:
+        lo = max(0, s - k + 1)
+        hi = min(store.episodes[e].length, s + w)
+        at = lo
+        while at < hi:  # contiguous reads cover [lo, hi) exactly
+            e2, a, z, _ = next(reads)
+            assert (e2, a) == (e, at)
+            at = z
+        assert at == hi
+    assert next(reads, None) is None
 
 
 def test_a_window_never_crosses_into_the_next_episode() -> None:

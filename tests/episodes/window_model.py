@@ -138,3 +138,18 @@ def reference_window(
             out["next"][name][i] = value_at(ep, name, t + n_prime, frame_stack.get(name, 0))
     out["return"], out["discount"] = returns, discounts
     return out
+
+
+def garbage(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """An array full of bytes that are no value written (as a reused buffer is): every
+    element of the batch must be written, zeros included."""
+    out = np.empty(shape, dtype=dtype)
+    out.view(np.uint8).reshape(-1)[:] = 0xA5
+    return out
+
+
+def chunk_reads_ok(store: Store, chunk_steps: int) -> None:
+    """Each read lies within one chunk of ``chunk_steps`` steps (0: any range)."""
+    if chunk_steps:
+        for _, lo, hi, _ in store.reads:
+            assert lo // chunk_steps == (hi - 1) // chunk_steps, (lo, hi)
