@@ -14,13 +14,13 @@ chunk never changes, and an episode's open tail is only written past the steps i
 
 When no start is eligible (an empty table, or windows longer than every episode holds with
 ``pad`` false) the sample waits, as a sample of an empty item table does, up to its timeout
-for appends that make one, then answers 504 ``deadline_exceeded`` saying so. A refused
+for appends that make one (it looks again each time the writer applies an op of the table,
+never polling), then answers 504 ``deadline_exceeded`` saying so. A refused
 sample consumes nothing: its draws and its rate-limiter samples are taken back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,9 +42,6 @@ from rlreplay.wire.errors import DeadlineExceeded, ValidationFailed
 from rlreplay.wire.window_schemas import WindowSampleRequest
 
 __all__ = ["WindowSample", "Windows", "window_priority"]
-
-#: How often a sample with no eligible start looks again (seconds, doubling up to the last).
-_RECHECK_S = (0.002, 0.05)
 
 # The fast paths of a window build, each with its arm off for ``bench`` to compare:
 #: Read a window chunk by chunk, views where the chunks lie (off: one read per window, its
@@ -166,9 +163,9 @@ class Windows:
     ) -> tuple[npt.NDArray[np.int64], WindowRequest]:
         """The eligible starts once there is one (and the request checked against the
         table's fields, which its first append sets)."""
-        pause = _RECHECK_S[0]
         while True:
             await self._reads.caught_up(t, deadline, waited_s)
+            seen = t.pending.applied_seq  # an op applied after this may make a start
             specs = et.specs
             if specs is not None:
                 request = self._request(et, shape, params, specs)
@@ -185,7 +182,7 @@ class Windows:
                 if len(eligible):
                     return eligible, request
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or not await t.pending.applied_after(seen, left):
                 longest = int(et.length.max()) if len(et.length) else 0
                 raise DeadlineExceeded(
                     f"table {t.name!r} had no window of {shape.steps} steps to sample within "
@@ -193,8 +190,6 @@ class Windows:
                     + ("" if shape.pad else "; pad: true allows shorter windows")
                     + ")"
                 )
-            await asyncio.sleep(min(pause, left))
-            pause = min(2 * pause, _RECHECK_S[1])
 
     def _request(
         self, et: EpisodeTable, shape: WindowShape, params: WindowSampleRequest, specs: Any
