@@ -20,8 +20,12 @@ from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.windows import WindowSample, window_priority
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.tables.stacking import Column
+from rlreplay.wire.errors import ValidationFailed
 
 __all__ = ["window_priorities_reply", "window_sample_reply"]
+
+#: Fields of an item sample's body that a window sample does not take.
+_ITEM_SAMPLE_FIELDS = ("include_values", "layout")
 
 
 async def window_sample_reply(
@@ -29,7 +33,17 @@ async def window_sample_reply(
 ) -> Reply:
     """Windows sampled from episode table ``table`` (a
     :data:`~rlreplay.app.api.deps.BodyHandler`)."""
-    params = parse_window_sample(body, fmt)
+    try:
+        params = parse_window_sample(body, fmt)
+    except ValidationFailed as exc:
+        item_fields = [f for f in _ITEM_SAMPLE_FIELDS if f"`{f}`" in str(exc)]
+        if not item_fields:
+            raise
+        raise ValidationFailed(
+            f"table {table!r} holds episodes, sampled as windows: pass `length` (steps per "
+            f"window; burn_in, n_step and the others as for windows) instead of "
+            f"`{item_fields[0]}`, which is for item tables"
+        ) from None
     sample = await engine.windows.sample(table, params)
     metrics.count_items("sample", len(sample.episodes))
     entries = window_entries(sample)

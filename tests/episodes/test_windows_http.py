@@ -127,6 +127,19 @@ async def test_refusals_change_nothing(app: FastAPI, client: httpx.AsyncClient) 
     assert et.times_sampled.sum() == 0
 
 
+@pytest.mark.parametrize("extra", [{"include_values": True}, {"layout": "columns"}])
+async def test_an_item_sample_body_is_told_to_pass_length(
+    app: FastAPI, client: httpx.AsyncClient, extra: dict[str, Any]
+) -> None:
+    await make_table(client, "plain")
+    await append(app, "plain", "a", 0, 4)
+    status, got = await post(client, "/v1/tables/plain/sample", {"batch_size": 2, **extra})
+    assert status == 422 and got["error"]["code"] == "validation_error", got
+    message = got["error"]["message"]
+    assert "holds episodes" in message and "pass `length`" in message
+    assert f"`{next(iter(extra))}`" in message
+
+
 async def test_a_sampler_that_does_not_apply_is_refused(client: httpx.AsyncClient) -> None:
     body = {"episodes": {}, "sampler": {"type": "ptime"}}
     r = await client.put("/v1/tables/p", json=body)
