@@ -192,8 +192,10 @@ async def rlreplay_rates(args: argparse.Namespace) -> dict[str, Any]:
                         episodes={"compression": compression},
                     )
                     write_s = await fill(rb, table, args.steps)
-                    stats = (await rb.describe_table(table)).get("stats", {})
                 figures = await measure(url, table, args.seconds, args.repeats)
+                async with ReplayClient(url) as rb:
+                    # read after sampling: chunks are compressed as they are sealed
+                    stats = (await rb.describe_table(table)).get("stats", {})
                 figures["write_s"] = write_s
                 figures["stored_mb"] = float(stats.get("stored_bytes", 0)) / 1e6
                 results[compression] = figures

@@ -216,8 +216,8 @@ def learn(
     client.update_window_priorities(
         TABLE,
         [
-            {"episode": e, "start": int(s), "td": errors[i][learned_steps[i]].tolist() or [0.0]}
-            for i, (e, s) in enumerate(zip(batch.episodes, batch.starts, strict=True))
+            (episode, int(start), errors[i][learned_steps[i]] if learned_steps[i].any() else [0.0])
+            for i, (episode, start) in enumerate(zip(batch.episodes, batch.starts, strict=True))
         ],
         eta=0.9,
     )
