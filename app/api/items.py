@@ -59,6 +59,7 @@ from rlreplay.wire.schemas import (
     PushCommitted,
     PushRequest,
 )
+from rlreplay.wire.window_schemas import WindowPrioritiesRequest
 
 __all__ = [
     "batch_delete_reply",
@@ -236,9 +237,14 @@ async def delete_item(request: Request, table: TableName, key: ItemKey) -> Respo
 @router.post(
     "/priorities",
     response_model=None,
-    openapi_extra=request_body(PrioritiesRequest),
+    openapi_extra=request_body(PrioritiesRequest, WindowPrioritiesRequest),
     responses=answers(
-        {200: (PrioritiesUpdated, "Updated; unknown keys are skipped and counted.")},
+        {
+            200: (
+                PrioritiesUpdated,
+                "Updated; unknown keys (or window starts no longer held) are skipped and counted.",
+            )
+        },
         TableNotFound,
         Overloaded,
         *BODY_ERRORS,
@@ -246,7 +252,12 @@ async def delete_item(request: Request, table: TableName, key: ItemKey) -> Respo
     ),
 )
 async def update_priorities(request: Request, table: TableName) -> Response:
-    """Update the priorities of items."""
+    """Update the priorities of items, or of window starts of an episode table.
+
+    An episode table takes `{"windows": [{"episode", "start", "priority" | "td"}], "eta"?}`:
+    each window start's priority as given, or `eta·max|td| + (1 - eta)·mean|td|` of the TD
+    errors of the window sampled from it.
+    """
     return await serve_body(request, table, priorities_reply)
 
 

@@ -15,6 +15,7 @@ from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound
 from rlreplay.wire.schemas import SampleColumns, SampleRequest, SampleResponse
+from rlreplay.wire.window_schemas import WindowColumns, WindowSampleRequest
 
 __all__ = ["router", "sample_reply"]
 
@@ -24,12 +25,13 @@ router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
 @router.post(
     "/sample",
     response_model=None,
-    openapi_extra=request_body(SampleRequest),
+    openapi_extra=request_body(SampleRequest, WindowSampleRequest, overlapping=True),
     responses=answers(
         {
             200: (
-                (SampleResponse, SampleColumns),
-                'The sampled items; with `layout: "columns"` stacked by field.',
+                (SampleResponse, SampleColumns, WindowColumns),
+                'The sampled items; with `layout: "columns"` stacked by field. From an '
+                "episode table, windows: `[B, W, ...]` per field.",
             )
         },
         TableNotFound,
@@ -39,13 +41,19 @@ router = APIRouter(prefix="/v1/tables/{table}", tags=["sampling"])
     ),
 )
 async def sample(request: Request, table: TableName) -> Response:
-    """Sample a batch of items with the table's sampler.
+    """Sample a batch of items, or of windows from an episode table.
 
     Waits up to `timeout_ms` (default 10000) for the table's rate limiter, then answers 504
     `deadline_exceeded`. Each pick carries its `probability` in one draw and its importance
     `weight` (1.0 but for the prioritized sampler). With `layout: "columns"` each field of
     the values is stacked along a new first axis; values that do not stack are 422
     `validation_error` naming the field, and the sample then consumes nothing.
+
+    An episode table takes the window form (`length`, `burn_in`, `start_every`, `pad`,
+    `fields`, `n_step`, ...) and answers windows of `burn_in + length` steps as columns
+    `[B, W, ...]` with their `mask` (and `return`, `discount`, `next` with `n_step`); it
+    also waits up to `timeout_ms` for a window it may start. An item table refuses the window
+    form, and an episode table the item form, with 422 `validation_error`.
     """
     return await serve_body(request, table, sample_reply)
 

@@ -195,3 +195,25 @@ async def test_rate_limiters_count_steps_in_and_windows_out(
     # a refused sample takes its windows back
     status, got = await post(client, "/v1/tables/lim/sample", {**body, "fields": ["nope"]})
     assert status == 422 and limiter.samples == 7
+
+
+async def test_openapi_documents_the_window_forms(client: httpx.AsyncClient) -> None:
+    doc = (await client.get("/openapi.json")).json()
+    schemas = doc["components"]["schemas"]
+
+    def forms(ref: dict[str, Any]) -> list[str]:
+        name = ref["$ref"].rsplit("/", 1)[-1]
+        one = schemas[name]
+        both = one.get("anyOf") or one.get("oneOf") or [ref]
+        return [r["$ref"].rsplit("/", 1)[-1] for r in both]
+
+    sample = doc["paths"]["/v1/tables/{table}/sample"]["post"]
+    body = sample["requestBody"]["content"]["application/json"]["schema"]
+    assert forms(body) == ["SampleRequest", "WindowSampleRequest"]
+    # {"batch_size": 8} samples either kind of table: the forms overlap
+    assert "anyOf" in schemas[body["$ref"].rsplit("/", 1)[-1]]
+    answer = sample["responses"]["200"]["content"]["application/json"]["schema"]
+    assert "WindowColumns" in forms(answer)
+    priorities = doc["paths"]["/v1/tables/{table}/priorities"]["post"]
+    body = priorities["requestBody"]["content"]["application/json"]["schema"]
+    assert forms(body) == ["PrioritiesRequest", "WindowPrioritiesRequest"]
