@@ -11,12 +11,12 @@ each window goes to a server with probability its share of the table, each serve
 windows, and a window's ``probability`` is that share times the server's own, with
 prioritized weights recomputed over the batch (as
 :func:`~rlreplay.clients.shard_merge.prioritized_weights` does).
-The share is each server's ``draw_mass`` stat, as for items: the mass of every step that
-may start a window. It is the share of the windows a request may draw exactly when each
-server holds the same part of its steps' mass in windows the request may start (windows
-much shorter than the episodes, or ``pad``); otherwise the split leans towards servers
-whose episodes are long for the window, and the probabilities reported are still those of
-the draw made, so that importance weights correct for it.
+The share is each server's mass of the window starts the request may draw: a sample of
+no windows (``batch_size`` 0) asks each server first, concurrently with its table's
+description, for its ``draw_mass`` (``Σ p^alpha`` over those starts for a prioritized table,
+their number otherwise) and ``selectable``. So the split is exact for any window shape, and
+a server whose episodes hold no window of that shape gets no pick (rather than making the
+whole sample wait out its timeout).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from rlreplay.wire.errors import ValidationFailed
 __all__ = ["ShardedEpisodes", "window_masses"]
 
 
-def window_masses(stats: Sequence[Mapping[str, Any]]) -> npt.NDArray[np.float64]:
-    """Each shard's share of a window sample: its ``draw_mass`` (the mass of the steps that
-    may start windows), else its ``selectable`` count, else, from a server that reports
-    neither for episode tables, its ``steps``."""
-    for name in ("draw_mass", "selectable", "steps"):
-        mass = np.array([float(s.get(name) or 0.0) for s in stats], dtype=np.float64)
+def window_masses(figures: Sequence[Mapping[str, Any]]) -> npt.NDArray[np.float64]:
+    """Each shard's share of a window sample from the figures of the starts the request
+    could draw there: its ``draw_mass``, else (every mass 0: a prioritized table whose
+    priorities are all 0, which a server draws uniformly) its ``selectable`` count."""
+    for name in ("draw_mass", "selectable"):
+        mass = np.array([float(s.get(name) or 0.0) for s in figures], dtype=np.float64)
         if mass.sum() > 0:
             return mass
     return mass
@@ -156,6 +156,15 @@ class ShardedEpisodes:
         async def part(s: int, n: int) -> WindowBatch:
             return await shards[s]._sample_windows(table, n, timeout_ms, window)
 
+        async def probe(s: int) -> dict[str, Any]:
+            figures = await shards[s]._sample_windows(table, 0, timeout_ms, window)
+            if figures.draw_mass is None:
+                raise ValidationFailed(
+                    f"shard {s} does not report the mass of window starts: its server "
+                    "predates sharded window samples"
+                )
+            return {"draw_mass": figures.draw_mass, "selectable": figures.selectable}
+
         answers, share, beta = await self._draw.draw(
             table,
             batch_size,
@@ -163,6 +172,7 @@ class ShardedEpisodes:
             timeout_ms=timeout_ms,
             allow_partial=allow_partial,
             masses=window_masses,
+            probe=probe,
             what="window",
         )
         got = np.zeros(batch_size, dtype=bool)

@@ -1,8 +1,9 @@
 """How a sharded client draws one sample from several servers, items and windows alike.
 
 :class:`ShardedDraw` reads each server's share of the table (its ``draw_mass`` stat, one
-request to each, concurrent), gives each pick of the batch to a server with probability its
-share, and has each server draw its picks (concurrent again), with the arithmetic of
+request to each, concurrent; or, for windows, each server's figures for the starts the
+request could draw, a ``probe``), gives each pick of the batch to a server with probability
+its share, and has each server draw its picks (concurrent again), with the arithmetic of
 :mod:`rlreplay.clients.shard_merge`. The caller says what one server's part is (an item
 sample, a window sample) and puts the answers together: each pick's probability is its
 server's share times the server's own, the figure one server holding everything reports.
@@ -32,6 +33,9 @@ _EMPTY_POLL_S: Final = (0.01, 0.25)
 
 Masses = Callable[[Sequence[Mapping[str, Any]]], npt.NDArray[np.float64]]
 """Each shard's share of a draw from their table stats (:func:`shard_masses` for items)."""
+Probe = Callable[[int], Awaitable[Mapping[str, Any]]]
+"""``probe(shard)``: figures of one server that stand for its table stats in :data:`Masses`
+(``draw_mass`` and ``selectable`` of what one request could draw there)."""
 
 
 class Draw(NamedTuple):
@@ -74,6 +78,7 @@ class ShardedDraw:
         timeout_ms: int | None,
         allow_partial: bool | None,
         masses: Masses = shard_masses,
+        probe: Probe | None = None,
         what: str = "item",
     ) -> Draw:
         """Draw ``batch_size`` picks over the servers.
@@ -86,6 +91,8 @@ class ShardedDraw:
                 when None).
             allow_partial: Leave out servers that cannot be reached (the default when None).
             masses: Each shard's share from its stats.
+            probe: Asks each shard for the figures ``masses`` reads, instead of its table
+                stats (a window sample: the starts of the window asked for).
             what: What is drawn, for the errors.
 
         Raises:
@@ -98,7 +105,7 @@ class ShardedDraw:
         timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
         deadline = time.monotonic() + timeout_s
         live = list(range(len(self._fan_out.shards)))
-        infos = await self._reachable(live, table, partial)
+        infos = await self._reachable(live, table, partial, probe)
         mass_of = masses([infos[s]["stats"] for s in live])
         poll = _EMPTY_POLL_S[0]
         while mass_of.sum() <= 0:  # nothing anywhere yet: wait for some, as a server does
@@ -110,7 +117,7 @@ class ShardedDraw:
                 )
             await asyncio.sleep(min(poll, left))
             poll = min(2 * poll, _EMPTY_POLL_S[1])
-            infos = await self._reachable(live, table, partial)
+            infos = await self._reachable(live, table, partial, probe)
             mass_of = masses([infos[s]["stats"] for s in live])
         mass = dict(zip(live, mass_of.tolist(), strict=True))
         beta = draw_weights(infos[live[0]]["config"])
@@ -138,10 +145,20 @@ class ShardedDraw:
         total = sum(mass[s] for s in live)
         return Draw(answers, {s: mass[s] / total for s in live}, beta)
 
-    async def _reachable(self, live: list[int], table: str, partial: bool) -> dict[int, Any]:
-        """Each live shard's table description; with ``partial``, unreachable ones leave
-        ``live``."""
-        calls = {s: self._fan_out.shards[s].describe_table(table) for s in live}
+    async def _reachable(
+        self, live: list[int], table: str, partial: bool, probe: Probe | None = None
+    ) -> dict[int, Any]:
+        """Each live shard's table description (with ``probe``, its ``stats`` are what the
+        probe answers); with ``partial``, unreachable ones leave ``live``."""
+
+        async def described(s: int) -> Any:
+            info = self._fan_out.shards[s].describe_table(table)
+            if probe is None:
+                return await info
+            got, figures = await asyncio.gather(info, probe(s))
+            return {**got, "stats": figures}
+
+        calls = {s: described(s) for s in live}
         if not partial:
             return await self._fan_out.each(calls)
         infos: dict[int, Any] = {}

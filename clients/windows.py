@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["WindowBatch", "WindowTensors"]
+
+N = TypeVar("N", int, float)
 
 
 @dataclass(slots=True)
@@ -75,6 +77,10 @@ class WindowBatch:
             terminated episode ends within the n steps; None without.
         next: With ``n_step`` and ``next_fields``: field -> ``[B, W, ...]``, its value
             ``n'`` steps on (the episode's ``final`` at its end).
+        draw_mass: What the server's draw was proportional to over the starts the request
+            could draw (``Σ p^alpha`` for prioritized, their number otherwise). None from
+            a server that does not say, and for a sharded sample's merged batch.
+        selectable: How many starts the request could draw (None likewise).
     """
 
     episodes: list[str]
@@ -88,6 +94,8 @@ class WindowBatch:
     returns: npt.NDArray[np.float64] | None = None
     discount: npt.NDArray[np.float64] | None = None
     next: dict[str, Column] = field(default_factory=dict)
+    draw_mass: float | None = None
+    selectable: int | None = None
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -151,6 +159,8 @@ class WindowBatch:
                 returns=_optional(answer.get("return")),
                 discount=_optional(answer.get("discount")),
                 next=_columns(answer.get("next") or {}),
+                draw_mass=_number(answer.get("draw_mass"), float),
+                selectable=_number(answer.get("selectable"), int),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayError(f"malformed window sample answer: {exc!r}") from exc
@@ -249,6 +259,10 @@ def _array(value: Any, dtype: type[np.generic]) -> Any:
     if isinstance(value, list):
         return np.asarray(value, dtype=dtype)
     raise TypeError(f"expected an array, got {type(value).__name__}")
+
+
+def _number(value: Any, kind: type[N]) -> N | None:
+    return None if value is None else kind(value)
 
 
 def _optional(value: Any) -> npt.NDArray[np.float64] | None:

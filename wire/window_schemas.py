@@ -53,7 +53,16 @@ class WindowSampleRequest(_Request):
     """Windows to sample from an episode table: ``batch_size`` windows of ``burn_in +
     length`` consecutive steps of one episode each."""
 
-    batch_size: Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE, examples=[64])]
+    batch_size: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=MAX_BATCH_SIZE,
+            examples=[64],
+            description="0: no windows, only the figures of the starts it could draw "
+            "(draw_mass, selectable), without waiting for one.",
+        ),
+    ]
     length: Annotated[
         int, Meta(ge=1, le=MAX_WINDOW_STEPS, description="T: the steps trained on.")
     ] = 1
@@ -138,6 +147,15 @@ class WindowColumns(Struct):
     probabilities: NdArray
     weights: NdArray
     times_sampled: NdArray
+    draw_mass: Annotated[
+        float,
+        Meta(
+            ge=0.0,
+            description="The total draws were proportional to, over the starts the request "
+            "could draw (sum of priority^exponent for prioritized; their number otherwise).",
+        ),
+    ]
+    selectable: Annotated[int, Meta(ge=0, description="How many starts it could draw.")]
     # with n_step (``return`` on the wire: a Python keyword here)
     returns: NdArray | UnsetType = field(default=UNSET, name="return")
     discount: NdArray | UnsetType = UNSET

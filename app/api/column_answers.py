@@ -155,8 +155,8 @@ def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
 
     for name, value in entries:
         small.append(str_bytes(name))
-        if isinstance(value, list):
-            small.append(_LISTS.encode(value))  # strings, in C
+        if isinstance(value, list | int | float):
+            small.append(_LISTS.encode(value))  # strings (in C), or a plain number
         elif isinstance(value, dict):
             small.append(map_header(len(value)))
             for field, column in value.items():
@@ -250,7 +250,7 @@ def _ndarray_form(column: Column) -> dict[str, Any]:
 def _json(entries: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in entries:
-        if isinstance(value, list):
+        if isinstance(value, list | int | float):
             out[name] = value
         elif isinstance(value, dict):
             out[name] = {field: _ndarray_form(column) for field, column in value.items()}

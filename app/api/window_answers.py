@@ -64,6 +64,8 @@ def window_entries(sample: WindowSample) -> list[tuple[str, Any]]:
         ("probabilities", sample.probabilities),
         ("weights", sample.weights),
         ("times_sampled", sample.times_sampled),
+        ("draw_mass", sample.draw_mass),
+        ("selectable", sample.selectable),
     ]
     if batch.targets is not None:
         entries.append(("return", batch.targets.returns))

@@ -65,6 +65,10 @@ class WindowSample:
     probabilities: npt.NDArray[np.float64]
     weights: npt.NDArray[np.float64]
     times_sampled: npt.NDArray[np.int64]
+    #: What the draw was proportional to over the eligible starts (the sampler's mass).
+    draw_mass: float = 0.0
+    #: How many starts were eligible.
+    selectable: int = 0
 
 
 class Windows:
@@ -126,6 +130,8 @@ class Windows:
         batch_size = params.batch_size
         timeout = params.timeout_ms / 1000
         deadline = time.monotonic() + timeout
+        if not batch_size:
+            return await self._figures(t, et, shape, params, sampler, deadline, timeout)
         if t.gate.limited:
             await t.gate.acquire_sample(batch_size, timeout)
         try:
@@ -142,6 +148,8 @@ class Windows:
             et.record_draws(drawn.slots)
             try:
                 sample = await self._build(et, drawn, request)
+                sample.draw_mass = sampler.mass(eligible, et.priority)
+                sample.selectable = len(eligible)
             except BaseException:
                 et.undo_draws(drawn.slots)
                 raise
@@ -151,6 +159,46 @@ class Windows:
             raise
         t.counters.samples += len(drawn.slots)
         return sample
+
+    async def _figures(
+        self,
+        t: Table,
+        et: EpisodeTable,
+        shape: WindowShape,
+        params: WindowSampleRequest,
+        sampler: StartSampler,
+        deadline: float,
+        waited_s: float,
+    ) -> WindowSample:
+        """A sample of no windows: the figures of the starts the request could draw now
+        (what a sharded client splits a batch by), once the appends accepted before it are
+        applied; it waits for no start and draws nothing."""
+        await self._reads.caught_up(t, deadline, waited_s)
+        specs = et.specs
+        eligible = np.zeros(0, dtype=np.int64)
+        if specs is None:
+            request = WindowRequest(shape, ())
+        else:
+            request = self._request(et, shape, params, specs)
+            eligible = self._starts(t, et, shape)
+        none = np.zeros(0, dtype=np.int64)
+        sample = await self._build(et, StartDraw(none, np.zeros(0), np.zeros(0), 0), request)
+        sample.draw_mass = sampler.mass(eligible, et.priority)
+        sample.selectable = len(eligible)
+        return sample
+
+    def _starts(self, t: Table, et: EpisodeTable, shape: WindowShape) -> npt.NDArray[np.int64]:
+        """The starts a window of ``shape`` may take now."""
+        return eligible_starts(
+            shape,
+            live=et.live,
+            episode_of=et.episode_of,
+            step_of=et.step_of,
+            length=et.length,
+            end_kind=et.end_kind,
+            times_sampled=et.times_sampled,
+            max_times_sampled=t.config.max_times_sampled,
+        )
 
     async def _eligible(
         self,
@@ -169,16 +217,7 @@ class Windows:
             specs = et.specs
             if specs is not None:
                 request = self._request(et, shape, params, specs)
-                eligible = eligible_starts(
-                    shape,
-                    live=et.live,
-                    episode_of=et.episode_of,
-                    step_of=et.step_of,
-                    length=et.length,
-                    end_kind=et.end_kind,
-                    times_sampled=et.times_sampled,
-                    max_times_sampled=t.config.max_times_sampled,
-                )
+                eligible = self._starts(t, et, shape)
                 if len(eligible):
                     return eligible, request
             left = deadline - time.monotonic()

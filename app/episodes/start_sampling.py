@@ -83,6 +83,16 @@ class StartSampler:
         #: The items' selector of that type: its ``weights`` are the weights here.
         self._selector: Selector = make_selector(sampler_type, dict(params))
 
+    def mass(self, eligible: Slots, priority: Floats) -> float:
+        """What a draw among ``eligible`` is proportional to, as an item sampler's
+        ``draw_mass``: ``Σ p^alpha`` for ``prioritized`` (0 when every priority is 0: draws
+        fall back to uniform), the number of starts otherwise."""
+        if self.name != "prioritized" or not len(eligible):
+            return float(len(eligible))
+        assert isinstance(self._selector, PrioritizedSampler)
+        pri = np.asarray(priority[eligible], dtype=np.float64)
+        return float(prioritized_masses(pri, self._selector.exponent).sum())
+
     def draw(
         self,
         n: int,

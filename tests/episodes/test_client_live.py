@@ -145,6 +145,34 @@ async def test_sharded_prioritized_weights_are_recomputed_over_the_batch(
         await rb.drop_table("prio")
 
 
+async def test_sharded_windows_split_by_each_servers_eligible_starts(
+    servers: list[LiveServer],
+) -> None:
+    urls = [s.url for s in servers]
+    sampler = {"type": "prioritized", "exponent": 1.0}
+    async with ShardedReplayClient(urls, seed=11) as rb:
+        await rb.create_table("fit", episodes={}, sampler=sampler)
+        names = [f"ep-{i}" for i in range(40)]
+        long = [n for n in names if rb.owner(n) == urls[0]][:2]
+        short = [n for n in names if rb.owner(n) == urls[1]][:6]
+        for i, name in enumerate(long):  # 8 steps: windows of 6 start at 0, 1, 2
+            prios = np.arange(1, 9, dtype=np.float64) * (i + 1)
+            await rb.append_steps("fit", name, steps(8), start=0, priorities=prios, wait=True)
+        for name in short:  # many steps, none of them holding a window of 6
+            await rb.append_steps("fit", name, steps(5), start=0, wait=True)
+        # the second server holds most steps but no window: it gets no pick, and the
+        # sample does not wait for it
+        batch = await rb.sample("fit", 64, length=6, timeout_ms=60_000)
+        assert set(batch.episodes) <= set(long)
+        total = sum((1 + 2 + 3) * (i + 1) for i in range(len(long)))
+        for name, start, p in zip(
+            batch.episodes, batch.starts.tolist(), batch.probabilities.tolist(), strict=True
+        ):
+            want = (start + 1) * (long.index(name) + 1) / total
+            assert p == pytest.approx(want, rel=1e-9)
+        await rb.drop_table("fit")
+
+
 def test_the_sync_sharded_client_samples_windows(servers: list[LiveServer]) -> None:
     with ShardedClient([s.url for s in servers]) as rb:
         rb.create_table("sync-spread", episodes={})

@@ -217,3 +217,31 @@ async def test_openapi_documents_the_window_forms(client: httpx.AsyncClient) -> 
     priorities = doc["paths"]["/v1/tables/{table}/priorities"]["post"]
     body = priorities["requestBody"]["content"]["application/json"]["schema"]
     assert forms(body) == ["PrioritiesRequest", "WindowPrioritiesRequest"]
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "json"])
+async def test_a_sample_of_no_windows_answers_the_starts_mass(
+    app: FastAPI, client: httpx.AsyncClient, fmt: str
+) -> None:
+    sampler = {"type": "prioritized", "exponent": 2.0}
+    await make_table(
+        client, "mass", sampler=sampler, rate_limiter={"type": "min_size", "min_size": 1}
+    )
+    await append(app, "mass", "a", 0, 4, priorities=[1.0, 2.0, 3.0, 4.0])
+    await append(app, "mass", "bb", 0, 2, priorities=[5.0, 6.0])
+    # windows of 3 may start at steps 0 and 1 of "a" only: 1^2 + 2^2
+    body = {"batch_size": 0, "length": 3, "timeout_ms": 60_000}
+    status, got = await post(client, "/v1/tables/mass/sample", body, fmt)
+    assert status == 200, got
+    assert got["episodes"] == [] and got["columns"]["obs"].shape == (0, 3, 3)
+    assert (got["draw_mass"], got["selectable"]) == (5.0, 2)
+    # no window of 5 anywhere: answered at once, not after its timeout
+    status, got = await post(client, "/v1/tables/mass/sample", {**body, "length": 5}, fmt)
+    assert status == 200 and (got["draw_mass"], got["selectable"]) == (0.0, 0)
+    # a sample of windows says the same figures; the figures drew nothing
+    status, got = await post(client, "/v1/tables/mass/sample", {**body, "batch_size": 4}, fmt)
+    assert status == 200 and (got["draw_mass"], got["selectable"]) == (5.0, 2)
+    limiter = app.state.engine.core.table("mass").gate.limiter
+    assert limiter.samples == 4
+    et = app.state.engine.core.table("mass").episodes
+    assert et.times_sampled.sum() == 4
