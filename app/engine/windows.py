@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,7 +51,7 @@ READ_BY_CHUNK = True
 REUSE_BUFFERS = True
 #: Batches of at least this many bytes are copied in an I/O thread, leaving the loop free
 #: (a huge value keeps every copy on the loop).
-FILL_OFF_LOOP_BYTES: Final = 4 << 20
+FILL_OFF_LOOP_BYTES = 4 << 20
 
 
 @dataclass(slots=True)
