@@ -284,6 +284,11 @@ def build_windows(
     return build.fill()
 
 
+#: Rows of frame-stack indices kept ready: ``_STACK_ROWS[k][i, j] = i + j``.
+_ROWS = 256
+_STACK_ROWS = {k: np.arange(_ROWS)[:, None] + np.arange(k)[None, :] for k in range(1, 17)}
+
+
 def _copy_run(
     out: npt.NDArray[Any],
     pieces: Sequence[Piece],
@@ -294,10 +299,27 @@ def _copy_run(
 ) -> None:
     """Writes ``out[i] = f[first + i]`` for ``i < count`` (``k`` > 0: ``out[i, j] =
     f[first + i - k + 1 + j]``, the first frame repeated before step 0) from the ``pieces``
-    read, and zeros past ``count``. Each ``j`` is a slice copy per piece (a frame is copied
-    once per stack it is in, straight into the batch)."""
-    out[count:] = 0
+    read, and zeros past ``count``. Within one piece that is one gather (``np.take`` into
+    the batch); across pieces a slice copy per piece and per ``j``. Either way a frame is
+    copied once per stack it is in, straight into the batch."""
+    if count < len(out):
+        out[count:] = 0
     if count <= 0:
+        return
+    if len(pieces) == 1 and first - k + 1 >= 0:  # one chunk, no frame before step 0
+        p0, _, values = pieces[0]
+        src = values[name]
+        at = first - p0
+        if not k:
+            out[:count] = src[at : at + count]
+        else:  # one gather: the k frames of each row, into the batch
+            rows = _STACK_ROWS.get(k)
+            if rows is not None and count <= len(rows):
+                index = rows[:count] + (at - k + 1)
+            else:
+                index = np.arange(count)[:, None] + np.arange(k)[None, :] + (at - k + 1)
+            # mode "clip": the indices are in range, and "raise" would buffer the output
+            np.take(src, index, axis=0, out=out[:count], mode="clip")
         return
     o = out if k else out[:, None]
     depth = max(k, 1)
