@@ -22,6 +22,7 @@ import numpy as np
 
 from rlreplay.app.engine.admission import Admission, WriteAnswer, note_answer, write_answer
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
+from rlreplay.app.episodes.chunk_fetch import fetch_plan, keep_chunks, load_chunks
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.step_arrays import pack_steps
 from rlreplay.app.log import records
@@ -188,9 +189,8 @@ class Episodes:
         nbytes = sum(int(a.nbytes) for a in steps.values())
         core.reserve(k, nbytes)
         s = core.state
-        if s.storage.capped:
-            held = sum(x.episodes.stored_bytes for x in s.tables.values() if x.episodes)
-            need = s.ledger.bytes + held + s.queued_bytes + nbytes + cache_charge(0)
+        if s.storage.capped:  # the ledger counts held chunks and tails too
+            need = s.ledger.bytes + s.queued_bytes + nbytes + cache_charge(0)
             if need > s.ledger.limit_bytes:
                 raise StorageFull(
                     f"memory mode: {need} bytes would pass cache_memory_limit_mb "
@@ -331,6 +331,11 @@ class Episodes:
             raise ItemNotFound(f"no episode {episode!r} in table {table!r}")
         lo = min(start or 0, ep.length)
         hi = ep.length if stop is None else max(lo, min(stop, ep.length))
+        plan = fetch_plan(e, episode, lo, hi)
+        if plan:  # chunks evicted to RocksDB: read back off the loop first
+            keep_chunks(e, plan, await self._core.state.io.run(load_chunks, e, plan))
+            if e.episode(episode) is not ep:
+                raise ItemNotFound(f"no episode {episode!r} in table {table!r}")
         steps = {f: np.array(a) for f, a in e.read(episode, lo, hi).items()}
         nbytes = sum(a.nbytes for a in steps.values())
         if nbytes > self._core.max_answer_bytes:

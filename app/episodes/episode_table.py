@@ -19,7 +19,8 @@ Who calls what (everything runs on the event loop's thread):
   first append), :attr:`accepted` (the ops accepted and not applied yet:
   :class:`~rlreplay.app.episodes.accepted.AcceptedOps`), :meth:`is_retry` (after the
   table's accepted ops are applied).
-* The writer, in log order: :meth:`append`, :meth:`delete`, :meth:`take_excess`,
+* The writer, in log order: :meth:`append`, :meth:`delete` (and
+  :func:`~rlreplay.app.episodes.trimming.take_excess` through it),
   :meth:`set_priorities`, :meth:`load_state_dict`, :meth:`load_episode`.
 * A sample, once every op accepted before it is applied: :meth:`record_draws`.
 * Any reader: :meth:`read`, :meth:`episode`, the columns, :meth:`slot_of`, :meth:`slots_of`.
@@ -34,6 +35,7 @@ import numpy as np
 
 from rlreplay.app.episodes.accepted import AcceptedOps
 from rlreplay.app.episodes.chunk_cache import ChunkCache
+from rlreplay.app.episodes.chunk_residency import ChunkResidency
 from rlreplay.app.episodes.episode import (
     END_KINDS,
     MIN_CHUNK_STEPS,
@@ -94,6 +96,8 @@ class EpisodeTable:
         self.codec = ChunkCodec(compression)
         self.frame_stack: dict[str, int] = dict(frame_stack or {})
         self.cache = ChunkCache(chunk_cache_bytes)
+        #: Its held chunks, as the cache ledger's entries.
+        self.residency = ChunkResidency()
         self._specs: dict[str, FieldSpec] | None = None
         self._chunk_steps = MIN_CHUNK_STEPS
         self._by_name: dict[str, Episode] = {}
@@ -118,8 +122,11 @@ class EpisodeTable:
         self._max_priority: float | None = None  # None: to be found again
         #: The appends and deletes accepted and not applied yet (admission's).
         self.accepted = AcceptedOps(self._applied_view)
-        #: Deleted episodes RocksDB holds: (name, chunks per field it holds).
-        self._gone: list[tuple[str, int]] = []
+        #: Deleted episodes RocksDB holds: (name, number, chunks per field it may hold).
+        self._gone: list[tuple[str, int, int]] = []
+        #: Episode index → the change clock at its last change (see :meth:`changed`).
+        self._changed_at = np.zeros(cap, dtype=np.int64)
+        self._clock, self._written = 1, 0
 
     # -- columns, read-only ------------------------------------------------------------------
 
@@ -348,27 +355,30 @@ class EpisodeTable:
                 ep.final = dict(final)
                 ep.final_bytes = sum(a.nbytes for a in final.values())
             self._stored_bytes += ep.final_bytes
-        self._stored_bytes += ep.steps.stored_bytes - self._episode_bytes.get(ep.index, 0)
-        self._episode_bytes[ep.index] = ep.steps.stored_bytes
+        self.recount(ep)
+        self._changed_at[ep.index] = self._clock
         return True
 
-    def _new_episode(self, name: str) -> Episode:
+    def recount(self, ep: Episode) -> None:
+        """Take the stored bytes of ``ep``'s steps again (after an append or once its
+        sealed chunks are compressed)."""
+        self._stored_bytes += ep.steps.stored_bytes - self._episode_bytes.get(ep.index, 0)
+        self._episode_bytes[ep.index] = ep.steps.stored_bytes
+
+    def _new_episode(self, name: str, created: int | None = None) -> Episode:
         specs = self._specs or {}
         index = self._free_indices.pop() if self._free_indices else len(self._by_index)
-        ep = Episode(
-            name,
-            index,
-            EpisodeSteps(specs, self._chunk_steps, self.codec),
-            np.zeros(8, dtype=np.int64),
-            self._next_created,
-        )
-        self._next_created += 1
+        created = self._next_created if created is None else created
+        self._next_created = max(self._next_created, created + 1)
+        steps = EpisodeSteps(specs, self._chunk_steps, self.codec, self.residency, created)
+        ep = Episode(name, index, steps, np.zeros(8, dtype=np.int64), created)
         if index == len(self._by_index):
             self._by_index.append(ep)
             if index >= len(self._length):
                 cap = max(16, 2 * len(self._length))
                 self._length = _grown(self._length, cap)
                 self._end_kind = _grown(self._end_kind, cap)
+                self._changed_at = _grown(self._changed_at, cap)
         else:
             self._by_index[index] = ep
         self._length[index] = 0
@@ -431,8 +441,9 @@ class EpisodeTable:
         ep = self._by_name.pop(name, None)
         if ep is None:
             return False
-        if ep.persisted >= 0:
-            self._gone.append((ep.name, ep.persisted))
+        if ep.persisted >= 0 or ep.steps.in_store:
+            self._gone.append((ep.name, ep.created, ep.steps.sealed_chunks))
+        ep.steps.release()
         slots = ep.slots[: ep.length]
         self._live[slots] = False
         self._free_slots.extend(slots.tolist())
@@ -445,43 +456,11 @@ class EpisodeTable:
         self._max_priority = None
         return True
 
-    def take_excess(
-        self, max_size: int, remover: str, rng: np.random.Generator, *, keep: str | None = None
-    ) -> list[str]:
-        """Remove whole episodes until at most ``max_size`` steps are held: ended ones
-        first, then open ones, each chosen by ``remover`` (``fifo``: oldest first,
-        ``lifo``: newest first, ``uniform``: at random, the heaps by their first step's
-        priority), never ``keep``. The choice depends on the applied state and on ``rng``
-        alone (the writer seeds it from the log position), so a replay of the log makes the
-        same. Returns the names removed."""
-        removed: list[str] = []
-        while self._steps > max_size:
-            held = sorted(
-                (ep for ep in self._by_name.values() if ep.name != keep), key=lambda ep: ep.created
-            )
-            candidates = [ep for ep in held if ep.end is not None] or held
-            if not candidates:
-                break
-            if remover == "lifo":
-                victim = max(candidates, key=lambda ep: ep.created)
-            elif remover == "uniform":
-                victim = candidates[int(rng.integers(len(candidates)))]
-            elif remover in ("min_heap", "max_heap"):
-                sign = 1.0 if remover == "min_heap" else -1.0
-                victim = min(candidates, key=lambda ep: sign * self._first_priority(ep))
-            else:
-                victim = min(candidates, key=lambda ep: ep.created)
-            self.delete(victim.name, accepted=False)
-            removed.append(victim.name)
-        return removed
-
-    def _first_priority(self, ep: Episode) -> float:
-        return float(self._priority[ep.slots[0]]) if ep.length else 0.0
-
     def set_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Set the priorities of live ``slots`` (the windows starting at their steps)."""
         self._priority[slots] = priorities
         self._max_priority = None
+        self._changed_at[self._episode_of[slots]] = self._clock
 
     def set_window_priorities(self, windows: Iterable[tuple[str, int, float]]) -> tuple[int, int]:
         """Set the priority of each ``(episode, start, priority)``; returns (updated,
@@ -503,6 +482,7 @@ class EpisodeTable:
     def record_draws(self, slots: np.ndarray) -> None:
         """Count a drawn window at each of ``slots`` (repeats count again)."""
         np.add.at(self._times_sampled, slots, 1)
+        self._changed_at[self._episode_of[slots]] = self._clock
 
     def undo_draws(self, slots: np.ndarray) -> None:
         """Take back :meth:`record_draws` of ``slots`` (an answer that was refused)."""
@@ -510,7 +490,7 @@ class EpisodeTable:
 
     # -- persistence ---------------------------------------------------------------------
 
-    def take_gone(self) -> list[tuple[str, int]]:
+    def take_gone(self) -> list[tuple[str, int, int]]:
         """The deleted episodes RocksDB holds, handed over to a checkpoint (which keeps
         their deletes for the next one if it fails)."""
         gone, self._gone = self._gone, []
@@ -519,6 +499,22 @@ class EpisodeTable:
     def episodes_held(self) -> list[Episode]:
         """The episodes, oldest first."""
         return sorted(self._by_name.values(), key=lambda ep: ep.created)
+
+    def changed(self) -> tuple[list[Episode], int]:
+        """The episodes changed since the last :meth:`written` (appended to, priorities
+        set, sampled), oldest first, and the clock to hand :meth:`written` once their
+        records are stored; changes from now on count for the next call."""
+        top = len(self._by_index)
+        since, upto = self._written, self._clock
+        self._clock += 1
+        at = np.flatnonzero(self._changed_at[:top] > since).tolist()
+        eps = [ep for i in at if (ep := self._by_index[i]) is not None]
+        return sorted(eps, key=lambda ep: ep.created), upto
+
+    def written(self, upto: int) -> None:
+        """The records of the episodes :meth:`changed` gave (with clock ``upto``) are
+        stored."""
+        self._written = max(self._written, upto)
 
     def state_dict(self) -> dict[str, Any]:
         """The table's own state beyond its episodes."""
@@ -555,12 +551,13 @@ class EpisodeTable:
             "tail": ep.steps.tail_state(),
         }
 
-    def load_episode(self, record: Mapping[str, Any], chunks: Mapping[str, list[bytes]]) -> None:
-        """Bring back an episode from :meth:`episode_state` and its sealed chunks."""
+    def load_episode(
+        self, record: Mapping[str, Any], chunks: Mapping[str, Sequence[bytes | int]]
+    ) -> None:
+        """Bring back an episode from :meth:`episode_state` and its sealed chunks (each
+        one's bytes, or its size when it stays in RocksDB)."""
         name, length = record["name"], int(record["length"])
-        ep = self._new_episode(name)
-        ep.created = int(record["created"])
-        self._next_created = max(self._next_created, ep.created + 1)
+        ep = self._new_episode(name, int(record["created"]))
         specs = self._specs or {}
         ep.steps.load(chunks, record.get("tail") or {}, length)
         slots = self._alloc_slots(length)

@@ -17,9 +17,9 @@ key                         value
                             counters)
 ``e`` + table id + name     an episode's record (msgpack: length, end, final values, per-step
                             priority, append order and times sampled, its open tail)
-``c`` + table id + u16 name a sealed chunk of an episode's steps: one field's values for a
-length + name + u16 field   run of steps, compressed when the table says so
-length + field + u32 chunk
+``c`` + table id + u64      a sealed chunk of an episode's steps: one field's values for a
+episode number + u16 field  run of steps, compressed when the table says so (the number:
+length + field + u32 chunk  the episode's ``created``, never reused, unlike its name)
 ==========================  ================================================================
 
 A table id is 4 big-endian bytes, so a table's values (and its metadata) are one key range.
@@ -79,24 +79,21 @@ def episode_name_of(raw_key: bytes) -> str:
     return raw_key[5:].decode()
 
 
-def chunk_key(table_prefix: bytes, name: str, field: str, chunk: int) -> bytes:
-    """The key of sealed chunk ``chunk`` of field ``field`` of episode ``name``."""
-    name_bytes, field_bytes = name.encode(), field.encode()
+def chunk_key(table_prefix: bytes, created: int, field: str, chunk: int) -> bytes:
+    """The key of sealed chunk ``chunk`` of field ``field`` of the episode numbered
+    ``created`` in its table."""
+    field_bytes = field.encode()
     return (
-        b"c"
-        + table_prefix
-        + len(name_bytes).to_bytes(2, "big")
-        + name_bytes
+        episode_chunks_prefix(table_prefix, created)
         + len(field_bytes).to_bytes(2, "big")
         + field_bytes
         + chunk.to_bytes(4, "big")
     )
 
 
-def episode_chunks_prefix(table_prefix: bytes, name: str) -> bytes:
-    """The prefix of every chunk key of episode ``name``."""
-    name_bytes = name.encode()
-    return b"c" + table_prefix + len(name_bytes).to_bytes(2, "big") + name_bytes
+def episode_chunks_prefix(table_prefix: bytes, created: int) -> bytes:
+    """The prefix of every chunk key of the episode numbered ``created``."""
+    return b"c" + table_prefix + created.to_bytes(8, "big")
 
 
 def chunk_of(raw_key: bytes, prefix_len: int) -> tuple[str, int]:

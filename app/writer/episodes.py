@@ -7,24 +7,45 @@ episodes go, ended ones first (then open ones), in the order of the table's remo
 the episode just appended to. The choice depends only on what the writer applied and on
 the append's log position (which seeds the ``uniform`` remover's draw), so a replay of the
 log removes the same episodes.
+
+Held chunks and open tails count in the cache ledger (see
+:mod:`~rlreplay.app.episodes.chunk_residency`): after each op the writer hands the ledger
+what changed (:func:`settle_chunks`), and an eviction moves the chunks the ledger picks to
+RocksDB (:func:`chunk_puts`, :func:`chunks_evicted`). Sealed chunks of a table that
+compresses are compressed in a blocking-I/O thread while the writer waits (so ops keep
+their order); readers meanwhile read the chunk's arrays, the same steps.
+
+The table's change feed, once followed, gets one event per step, keyed
+``<episode>@<step>`` (:func:`step_key`): a window start, which an episode table selects as
+an item table selects an item. An append puts its steps with their priorities, a delete or
+a trim deletes every step of the episodes removed, window priorities change theirs.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 import numpy as np
 
+from rlreplay.app.episodes.chunk_residency import TAIL, ChunkResidency
 from rlreplay.app.episodes.episode_table import EpisodeTable
+from rlreplay.app.episodes.trimming import take_excess
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.ops import EpisodeAppendOp, EpisodeDeleteOp, EpisodePriorityOp, Op
+from rlreplay.app.writer.state import EngineState
 
 __all__ = [
     "apply_episode_append",
     "apply_episode_delete",
     "apply_episode_priorities",
+    "chunk_puts",
+    "chunks_evicted",
+    "chunks_kept",
     "rebuild_accepted",
+    "settle_chunks",
+    "step_key",
 ]
 
 log = logging.getLogger("rlreplay.app.writer.task_processor")
@@ -35,8 +56,9 @@ def _episodes(t: Table) -> EpisodeTable:
     return t.episodes
 
 
-def apply_episode_append(op: EpisodeAppendOp) -> None:
-    """Append the op's steps (then trim the table to its ``max_size``)."""
+async def apply_episode_append(op: EpisodeAppendOp, state: EngineState) -> None:
+    """Append the op's steps, compress the chunks they sealed, then trim the table to its
+    ``max_size``."""
     t = op.table
     if t.dropped:
         return
@@ -53,6 +75,11 @@ def apply_episode_append(op: EpisodeAppendOp) -> None:
     )
     if applied:
         t.counters.inserts += op.k
+        if t.changes is not None and op.k:
+            slots = e.slots_of(op.episode)[op.start : op.start + op.k]
+            keys = [step_key(op.episode, op.start + i) for i in range(op.k)]
+            t.changes.put(keys, e.priority[slots], time.time())
+        await _compress_sealed(state, e, op.episode)
     elif op.k or op.end is not None:
         log.info(
             "table %r: an append to episode %r at step %d found it gone (removed meanwhile)",
@@ -61,6 +88,7 @@ def apply_episode_append(op: EpisodeAppendOp) -> None:
             op.start,
         )
     trim_episodes(t, op.seq, keep=op.episode)
+    settle_chunks(state, e)
     t.pending.applied(op.seq, op.weight)
     if t.gate.limited:
         t.gate.notify()
@@ -76,16 +104,22 @@ def trim_episodes(t: Table, seq: int, *, keep: str | None = None) -> list[str]:
     # seeded by the table and the log position, not the writer's generator: a replay of
     # the log (from a checkpoint, with a fresh generator) draws the same episodes
     rng = np.random.default_rng((t.tid, seq))
-    removed = e.take_excess(max_size, t.config.remover.type, rng, keep=keep)
+    removed = take_excess(e, max_size, t.config.remover.type, rng, keep=keep)
     t.counters.deletes += len(removed)
-    return removed
+    if t.changes is not None:
+        t.changes.delete([step_key(name, i) for name, length in removed for i in range(length)])
+    return [name for name, _ in removed]
 
 
-def apply_episode_delete(op: EpisodeDeleteOp) -> None:
+def apply_episode_delete(op: EpisodeDeleteOp, state: EngineState) -> None:
     """Delete the op's episode (a missing one is no change)."""
     t = op.table
+    ep = None if t.dropped else _episodes(t).episode(op.episode)
     if not t.dropped and _episodes(t).delete(op.episode, accepted=op.accepted):
         t.counters.deletes += 1
+        settle_chunks(state, _episodes(t))
+        if t.changes is not None and ep is not None:
+            t.changes.delete([step_key(op.episode, i) for i in range(ep.length)])
     t.pending.applied(op.seq, op.weight)
     if t.gate.limited:
         t.gate.notify()
@@ -95,8 +129,17 @@ def apply_episode_priorities(op: EpisodePriorityOp) -> None:
     """Set the op's windows' priorities (windows no longer held are skipped)."""
     t = op.table
     if not t.dropped:
-        _episodes(t).set_window_priorities(op.windows)
+        e = _episodes(t)
+        e.set_window_priorities(op.windows)
+        if t.changes is not None:
+            held = [(n, s, p) for n, s, p in op.windows if e.slot_of(n, s) is not None]
+            t.changes.priority([step_key(n, s) for n, s, _ in held], [p for _, _, p in held])
     t.pending.applied(op.seq, op.weight)
+
+
+def step_key(episode: str, step: int) -> str:
+    """The change feed's key of step ``step`` of episode ``episode``."""
+    return f"{episode}@{step}"
 
 
 def rebuild_accepted(t: Table, queued: Iterable[Op]) -> None:
@@ -118,3 +161,63 @@ def rebuild_accepted(t: Table, queued: Iterable[Op]) -> None:
     )
     for op, kept in zip(ops, counted, strict=True):
         op.accepted = kept
+
+
+async def _compress_sealed(state: EngineState, e: EpisodeTable, name: str) -> None:
+    """Compress the chunks of episode ``name`` that its append sealed, off the event loop."""
+    ep = e.episode(name)
+    if ep is None or not ep.steps.raw:
+        return
+    jobs = ep.steps.to_compress()
+    arrays = [a for _, fields in jobs for a in fields]
+    blobs = await state.io.run(e.codec.compress, arrays)
+    at = 0
+    for c, fields in jobs:
+        ep.steps.compressed(c, blobs[at : at + len(fields)])
+        at += len(fields)
+    e.recount(ep)
+
+
+def settle_chunks(state: EngineState, e: EpisodeTable) -> None:
+    """Hand the cache ledger the chunks ``e`` took into memory or let go since the last
+    call."""
+    residency = e.residency
+    gone, slots, charges = residency.take_changes()
+    if gone:
+        state.ledger.discard_many(residency, gone)
+    if slots:
+        state.ledger.add_many(residency, slots, charges)
+
+
+def chunk_puts(victims: Iterable[tuple[ChunkResidency, int]]) -> list[tuple[bytes, bytes]]:
+    """What RocksDB must hold before the chunks the ledger picked leave memory."""
+    puts: list[tuple[bytes, bytes]] = []
+    for residency, slot in victims:
+        owner = residency.owner(slot)
+        if owner is not None and owner[1] != TAIL:
+            steps, c = owner
+            puts.extend(steps.store_puts(c))
+    return puts
+
+
+def chunks_evicted(state: EngineState, victims: Iterable[tuple[ChunkResidency, int]]) -> int:
+    """The chunks the ledger picked are in RocksDB now: they leave memory (an open tail,
+    which the ledger does not pick, stays, counted). Returns the bytes freed."""
+    freed = 0
+    for residency, slot in victims:
+        owner = residency.owner(slot)
+        if owner is None:
+            continue
+        steps, c = owner
+        if c == TAIL:  # pragma: no cover - its reference bit keeps it out of victims
+            state.ledger.add(residency, slot, residency.charge(slot))
+        else:
+            freed += steps.evicted(c)
+    return freed
+
+
+def chunks_kept(state: EngineState, victims: Iterable[tuple[ChunkResidency, int]]) -> None:
+    """An eviction failed: the chunks the ledger picked stay held, and counted."""
+    for residency, slot in victims:
+        if residency.owner(slot) is not None:
+            state.ledger.add(residency, slot, residency.charge(slot))

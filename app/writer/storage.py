@@ -253,7 +253,7 @@ class RocksStorage(Storage):
                         fields.append(indexed)
                 restore_rows(state, table, rows, on_disk=True, fields=fields)
                 if table.episodes is not None:
-                    load_rocks(table.episodes, table.prefix, store.scan)
+                    load_rocks(table.episodes, table.prefix, store)
                 tables.append(table)
             ids = store.get(layout.REQUEST_IDS_KEY)
             state.request_ids.load(msgpack.unpackb(ids, raw=False) if ids else [])
