@@ -239,6 +239,13 @@ class EpisodeSteps:
             cache.put(key, array)
         return array
 
+    def touch(self, c: int) -> None:
+        """A read used sealed chunk ``c`` without :meth:`read` (its CLOCK bit in the cache
+        ledger, so that chunks in use are evicted last)."""
+        slot = self._held[c]
+        if slot >= 0:
+            self._residency.touch(slot)
+
     def chunk_key(self, name: str, c: int) -> bytes:
         """The RocksDB key of chunk ``c`` of field ``name``."""
         return self._residency.key(self.created, name, c)
