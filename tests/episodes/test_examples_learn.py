@@ -1,7 +1,7 @@
 """The episode examples learn through a live server: the n-step DQN on CartPole and the
 recurrent Q-learner with burn-in on CartPole with the velocities hidden each end with a mean
 return over their last 20 episodes far above a random policy's (about 22), within a bounded
-number of environment steps and with fixed seeds."""
+number of environment steps, with the examples' and the server's seeds fixed."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def run_example(tmp_path: Path, script: str, *flags: str) -> dict[str, Any]:
-    """Runs ``examples/<script>`` against a fresh server; its closing JSON line."""
-    with running_server(tmp_path) as server:
+    """Runs ``examples/<script>`` against a fresh server whose draws are seeded (the example
+    makes one call at a time, so the run repeats); its closing JSON line."""
+    with running_server(tmp_path, "--seed", "0") as server:
         run = subprocess.run(
             [sys.executable, str(REPO / "examples" / script), "--url", server.url, *flags],
             capture_output=True,
