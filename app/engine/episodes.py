@@ -332,11 +332,12 @@ class Episodes:
         lo = min(start or 0, ep.length)
         hi = ep.length if stop is None else max(lo, min(stop, ep.length))
         plan = fetch_plan(e, episode, lo, hi)
+        fetched = None
         if plan:  # chunks evicted to RocksDB: read back off the loop first
-            keep_chunks(e, plan, await self._core.state.io.run(load_chunks, e, plan))
+            fetched = keep_chunks(e, plan, await self._core.state.io.run(load_chunks, e, plan))
             if e.episode(episode) is not ep:
                 raise ItemNotFound(f"no episode {episode!r} in table {table!r}")
-        steps = {f: np.array(a) for f, a in e.read(episode, lo, hi).items()}
+        steps = {f: np.array(a) for f, a in e.read(episode, lo, hi, fetched=fetched).items()}
         nbytes = sum(a.nbytes for a in steps.values())
         if nbytes > self._core.max_answer_bytes:
             raise self._core.too_big(nbytes, f"steps [{lo}, {hi}) of episode {episode!r}")

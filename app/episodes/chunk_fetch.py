@@ -4,7 +4,7 @@ A read route (``GET .../episodes/{episode}``) can wait: it plans the chunks its 
 touches that are in RocksDB only and not in the table's
 :class:`~rlreplay.app.episodes.chunk_cache.ChunkCache` (:func:`fetch_plan`), reads and
 decompresses them in a blocking-I/O thread (:func:`load_chunks`), and puts them in the
-cache back on the loop (:func:`keep_chunks`); the read that follows finds them there.
+cache back on the loop (:func:`keep_chunks`); the read that follows is handed them.
 Chunks are keyed by their episode's storage, so a plan that an episode's deletion
 overtook only caches arrays no read asks for, which age out.
 """
@@ -59,7 +59,14 @@ def load_chunks(e: EpisodeTable, plan: Sequence[ChunkFetch]) -> list[np.ndarray]
     return [e.codec.open(raw, p.spec, p.steps) for p, raw in zip(plan, raws, strict=True)]
 
 
-def keep_chunks(e: EpisodeTable, plan: Sequence[ChunkFetch], arrays: Sequence[np.ndarray]) -> None:
-    """Put the loaded chunks in the table's cache (on the loop)."""
+def keep_chunks(
+    e: EpisodeTable, plan: Sequence[ChunkFetch], arrays: Sequence[np.ndarray]
+) -> dict[tuple[int, str, int], np.ndarray]:
+    """Put the loaded chunks in the table's cache (on the loop); returns them by cache key,
+    for the read that follows (:meth:`EpisodeTable.read`'s ``fetched``: a chunk larger
+    than the cache is not kept there)."""
+    fetched = {}
     for p, array in zip(plan, arrays, strict=True):
         e.cache.put(p.cache_key, array)
+        fetched[p.cache_key] = array
+    return fetched

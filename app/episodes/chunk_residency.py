@@ -8,7 +8,9 @@ a *residency slot* here, charged its bytes. When the ledger is over its limit, t
 moves sealed chunks it picks to RocksDB (hybrid and disk modes) and drops them from
 memory; a read of such a chunk fetches it back (:meth:`ChunkResidency.fetch`). Open tails
 change with every append and are never moved: their reference bit stays set, so the
-ledger's CLOCK always passes them over.
+ledger's CLOCK always passes them over. One more entry of the same kind stands for the
+table's cache of decompressed chunks, charged what it holds when the writer last looked
+(:meth:`ChunkResidency.charge_decompressed`).
 
 The episode table changes the slots as it seals, evicts and deletes; the ledger follows
 when the writer hands it :meth:`ChunkResidency.take_changes`. A slot the ledger may still
@@ -24,10 +26,12 @@ import numpy.typing as npt
 
 from rlreplay.app.storage.layout import chunk_key
 
-__all__ = ["TAIL", "ChunkResidency", "ChunkStore"]
+__all__ = ["DECOMPRESSED", "TAIL", "ChunkResidency", "ChunkStore"]
 
 #: The chunk number of an episode's open tail.
 TAIL = -1
+#: The chunk number of the entry that stands for the table's cache of decompressed chunks.
+DECOMPRESSED = -2
 #: Bytes charged per held chunk on top of its values: the arrays' or bytes' headers and
 #: the table's lists that name it.
 CHUNK_OVERHEAD = 200
@@ -57,6 +61,7 @@ class ChunkResidency:
         #: Where evicted chunks are (hybrid and disk modes), and the table's key prefix.
         self.store: ChunkStore | None = None
         self.prefix = b""
+        self._decompressed = -1  # the slot standing for the decompressed chunks' cache
 
     # -- the ledger's view (CachedTable) ------------------------------------------------
 
@@ -99,7 +104,7 @@ class ChunkResidency:
                 self._pinned = _grown(self._pinned, cap)
         self._owners[slot] = (owner, chunk)
         self._referenced[slot] = 1
-        self._pinned[slot] = chunk == TAIL
+        self._pinned[slot] = chunk < 0
         self._added[slot] = charge + CHUNK_OVERHEAD
         self._charges[slot] = charge + CHUNK_OVERHEAD
         self.held_bytes += charge + CHUNK_OVERHEAD
@@ -124,6 +129,14 @@ class ChunkResidency:
         else:
             self._in_ledger[slot] = False
             self._free.append(slot)
+
+    def charge_decompressed(self, nbytes: int) -> None:
+        """The table's cache of decompressed chunks holds ``nbytes`` now."""
+        if self._decompressed < 0:
+            if nbytes:
+                self._decompressed = self.hold(None, DECOMPRESSED, nbytes)
+        elif nbytes + CHUNK_OVERHEAD != self._charges[self._decompressed]:
+            self.recharge(self._decompressed, nbytes)
 
     def touch(self, slot: int) -> None:
         """A read used slot ``slot``'s chunk (its CLOCK bit)."""

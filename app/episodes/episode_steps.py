@@ -205,9 +205,17 @@ class EpisodeSteps:
 
     # -- reads --------------------------------------------------------------------------
 
-    def read(self, name: str, start: int, stop: int, cache: ChunkCache) -> np.ndarray:
+    def read(
+        self,
+        name: str,
+        start: int,
+        stop: int,
+        cache: ChunkCache,
+        fetched: Mapping[tuple[int, str, int], np.ndarray] | None = None,
+    ) -> np.ndarray:
         """Steps ``[start, stop)`` of field ``name`` (within ``[0, length)``); the array may
-        be a read-only view of what is stored."""
+        be a read-only view of what is stored. ``fetched``: chunks read back already, by
+        their cache key."""
         spec = self._specs[name]
         if stop <= start:
             return np.empty((0, *spec.shape), dtype=spec.np_dtype)
@@ -217,13 +225,20 @@ class EpisodeSteps:
         for c in range(start // K, (stop - 1) // K + 1):
             lo, hi = max(start, c * K) - c * K, min(stop, (c + 1) * K) - c * K
             if c < n_sealed:
-                pieces.append(self._chunk_array(name, spec, c, cache)[lo:hi])
+                pieces.append(self._chunk_array(name, spec, c, cache, fetched)[lo:hi])
             else:
                 assert self._tail is not None
                 pieces.append(self._tail[name][lo:hi])
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
-    def _chunk_array(self, name: str, spec: FieldSpec, c: int, cache: ChunkCache) -> np.ndarray:
+    def _chunk_array(
+        self,
+        name: str,
+        spec: FieldSpec,
+        c: int,
+        cache: ChunkCache,
+        fetched: Mapping[tuple[int, str, int], np.ndarray] | None,
+    ) -> np.ndarray:
         held = self._sealed[name][c]
         slot = self._held[c]
         if slot >= 0:
@@ -231,7 +246,7 @@ class EpisodeSteps:
         if isinstance(held, np.ndarray):
             return held
         key = (self.id, name, c)
-        array = cache.get(key)
+        array = cache.get(key) if fetched is None else fetched.get(key, cache.get(key))
         if array is None:
             if held is None:  # evicted: read back from RocksDB, on this thread (see fetch)
                 held = self._residency.fetch([self.chunk_key(name, c)])[0]

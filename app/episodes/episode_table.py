@@ -247,10 +247,17 @@ class EpisodeTable:
         return self._max_priority
 
     def read(
-        self, name: str, start: int, stop: int, fields: Sequence[str] | None = None
+        self,
+        name: str,
+        start: int,
+        stop: int,
+        fields: Sequence[str] | None = None,
+        *,
+        fetched: Mapping[tuple[int, str, int], np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Steps ``[start, stop)`` of episode ``name``, each field's array (``fields``: those
-        alone); the arrays may be read-only views of what is stored.
+        alone); the arrays may be read-only views of what is stored. ``fetched``: evicted
+        chunks read back already (:mod:`~rlreplay.app.episodes.chunk_fetch`).
 
         Raises:
             KeyError: No such episode.
@@ -261,7 +268,7 @@ class EpisodeTable:
             raise ValueError(f"steps [{start}, {stop}) are not within [0, {ep.length})")
         specs = self._specs or {}
         names = specs if fields is None else fields
-        return {f: ep.steps.read(f, start, stop, self.cache) for f in names}
+        return {f: ep.steps.read(f, start, stop, self.cache, fetched) for f in names}
 
     # -- admission ---------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from rlreplay.app.episodes.chunk_residency import TAIL, ChunkResidency
+from rlreplay.app.episodes.chunk_residency import ChunkResidency
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.trimming import take_excess
 from rlreplay.app.tables.table import Table
@@ -180,8 +180,11 @@ async def _compress_sealed(state: EngineState, e: EpisodeTable, name: str) -> No
 
 def settle_chunks(state: EngineState, e: EpisodeTable) -> None:
     """Hand the cache ledger the chunks ``e`` took into memory or let go since the last
-    call."""
+    call, and what its cache of decompressed chunks holds (bounded by an eighth of the
+    ledger's limit, so that a small limit is not dwarfed by it)."""
     residency = e.residency
+    e.cache.limit_bytes = min(e.cache.limit_bytes, max(1, state.ledger.limit_bytes // 8))
+    residency.charge_decompressed(e.cache.bytes)
     gone, slots, charges = residency.take_changes()
     if gone:
         state.ledger.discard_many(residency, gone)
@@ -194,7 +197,7 @@ def chunk_puts(victims: Iterable[tuple[ChunkResidency, int]]) -> list[tuple[byte
     puts: list[tuple[bytes, bytes]] = []
     for residency, slot in victims:
         owner = residency.owner(slot)
-        if owner is not None and owner[1] != TAIL:
+        if owner is not None and owner[1] >= 0:
             steps, c = owner
             puts.extend(steps.store_puts(c))
     return puts
@@ -209,7 +212,7 @@ def chunks_evicted(state: EngineState, victims: Iterable[tuple[ChunkResidency, i
         if owner is None:
             continue
         steps, c = owner
-        if c == TAIL:  # pragma: no cover - its reference bit keeps it out of victims
+        if c < 0:  # pragma: no cover - its reference bit keeps it out of victims
             state.ledger.add(residency, slot, residency.charge(slot))
         else:
             freed += steps.evicted(c)

@@ -5,6 +5,7 @@ limit; every step reads back bit for bit, from memory, from RocksDB, and after a
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,23 @@ async def held_under_limit(eng: Engine) -> None:
 
 async def check_reads(eng: Engine, data: dict[str, np.ndarray]) -> None:
     e = episode_table(eng)
-    for name, obs in data.items():
-        got = await eng.episodes.read("eps", name)  # evicted chunks fetched off the loop
-        np.testing.assert_array_equal(got.steps["obs"], obs)
-        assert got.steps["obs"].tobytes() == obs.tobytes()
+    e.cache.clear()
+    real_fetch = e.residency.fetch
+    threads: list[int] = []
+
+    def fetch(keys: list[bytes]) -> list[bytes]:
+        threads.append(threading.get_ident())
+        return real_fetch(keys)
+
+    e.residency.fetch = fetch  # type: ignore[method-assign]
+    try:
+        for name, obs in data.items():
+            got = await eng.episodes.read("eps", name)  # evicted chunks fetched off the loop
+            np.testing.assert_array_equal(got.steps["obs"], obs)
+            assert got.steps["obs"].tobytes() == obs.tobytes()
+    finally:
+        e.residency.fetch = real_fetch  # type: ignore[method-assign]
+    assert threads and threading.get_ident() not in threads
     e.cache.clear()
     for name, obs in data.items():  # a sample's reads: fetched in place
         for lo in range(0, len(obs), 97):
