@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         if reverb_python
         else {"error": "no Reverb venv (make .venv-reverb/bin/python)"}
     )
-    torchrl_python = baseline_python("RLREPLAY_TORCHRL_PYTHON", ".venv-torchrl") or "-"
+    torchrl_python = baseline_python("RLREPLAY_TORCHRL_PYTHON", ".venv-torchrl")
     torchrl = torchrl_in(torchrl_python, args.steps, args.seconds)
     report(args, ours, reverb, torchrl)
 

@@ -151,11 +151,13 @@ def nstep_fields(parts: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, ...]:
     return np.concatenate(rets), np.concatenate(discounts), np.concatenate(nexts)
 
 
-def torchrl_in(python: str, steps: int, seconds: float) -> dict[str, Any]:
+def torchrl_in(python: str | None, steps: int, seconds: float) -> dict[str, Any]:
     """:func:`torchrl_rates` here if TorchRL imports, else in ``python`` (a subprocess)."""
     try:
         import torchrl  # noqa: F401
     except ImportError:
+        if python is None:
+            return {"error": "no TorchRL here nor a venv with it (make .venv-torchrl/bin/python)"}
         return _subprocess(python, "torchrl", steps, seconds)
     return torchrl_rates(steps, seconds)
 
