@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
+from rlreplay.app.api.column_answers import window_columns_msgpack
+from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.app.engine import windows as engine_windows
+from rlreplay.app.episodes.window_buffers import WindowBuffers
 from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.stacking import Column
+from rlreplay.wire.codec import unpackb
 from rlreplay.wire.window_schemas import WindowSampleRequest
 from tests.api.conftest import app
 
@@ -37,8 +43,6 @@ def frames(episode: int, start: int, k: int) -> np.ndarray:
 async def fill(app: FastAPI, table: str, compression: str) -> dict[str, int]:
     engine = app.state.engine
     config = {"episodes": {"compression": compression, "frame_stack": {"obs": 3}}}
-    from rlreplay.app.tables.config import TableConfig
-
     await engine.create_table(table, TableConfig.model_validate(config))
     lengths = {"e0": 70, "e1": 45, "e2": 9}
     for e, (name, length) in enumerate(lengths.items()):
@@ -109,9 +113,27 @@ async def test_windows_equal_the_steps_built_every_way(
 async def test_a_dropped_batch_gives_its_buffer_back(app: FastAPI) -> None:
     await fill(app, "r", "none")
     windows = app.state.engine.windows
-    request = WindowSampleRequest(batch_size=64, length=40, fields=["obs"])
+    request = WindowSampleRequest(batch_size=256, length=40, fields=["obs"])  # 920 kB
     sample = await windows.sample("r", request)
     address = sample.batch.columns["obs"].__array_interface__["data"][0]
     del sample
     again = await windows.sample("r", request)
     assert again.batch.columns["obs"].__array_interface__["data"][0] == address
+
+
+def test_a_large_answer_keeps_its_buffer_until_it_is_sent() -> None:
+    buffers = WindowBuffers()
+    shape, u8 = (64, 80, 4, 21, 21), np.dtype(np.uint8)  # 8.6 MB
+    batch = buffers(shape, u8)
+    batch[...] = 7
+    address = batch.__array_interface__["data"][0]
+    answer = window_columns_msgpack([("columns", {"obs": Column.of(batch)})])
+    assert isinstance(answer, AnswerPieces)  # sent where the build wrote it, not copied
+    del batch
+    other = buffers(shape, u8)  # the answer still holds the first buffer
+    assert other.__array_interface__["data"][0] != address
+    other[...] = 9
+    assert unpackb(answer.join())["columns"]["obs"].min() == 7
+    del answer, other
+    again = buffers(shape, u8)  # sent: reused
+    assert again.__array_interface__["data"][0] == address
