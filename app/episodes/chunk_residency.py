@@ -3,7 +3,7 @@
 The cache ledger (:class:`~rlreplay.app.storage.cache.CacheLedger`) bounds what the server
 holds, across tables, by ``cache_memory_limit_mb``; an episode table's steps count there
 like item values. Each held sealed chunk of an episode (every field's values for its run
-of steps, as held: compressed or not) and each open tail (its whole buffer) is an entry,
+of steps, as held: compressed or not) and each open tail (the steps it holds) is an entry,
 a *residency slot* here, charged its bytes. When the ledger is over its limit, the writer
 moves sealed chunks it picks to RocksDB (hybrid and disk modes) and drops them from
 memory; a read of such a chunk fetches it back (:meth:`ChunkResidency.fetch`). Open tails

@@ -149,11 +149,13 @@ class EpisodeSteps:
                     name: np.empty((self._chunk, *spec.shape), dtype=spec.np_dtype)
                     for name, spec in self._specs.items()
                 }
-                self._tail_slot = self._residency.hold(self, TAIL, self._chunk * step_bytes)
+                self._tail_slot = self._residency.hold(self, TAIL, 0)
             at = self._tail_steps()
             n = min(k - done, self._chunk - at)
             for name, buffer in self._tail.items():
                 buffer[at : at + n] = steps[name][done : done + n]
+            # charged what it holds: the buffer's pages past its steps are not touched yet
+            self._residency.recharge(self._tail_slot, (at + n) * step_bytes)
             self.length += n
             self.stored_bytes += n * step_bytes
             done += n
