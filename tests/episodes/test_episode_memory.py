@@ -92,6 +92,7 @@ async def test_steps_past_the_cache_limit_are_held_under_it_and_read_back(
         assert stored > 4 * LIMIT_MB * 2**20
         await held_under_limit(eng)
         assert e.residency.held_bytes <= LIMIT_MB * 2**20
+        assert 0 < eng.describe("eps")["stats"]["bytes_in_cache"] == e.residency.held_bytes
         await check_reads(eng, data)
         await eng.flush()  # a checkpoint: records written, evicted chunks not written again
         await held_under_limit(eng)
