@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.engine.reads import Reads
+from rlreplay.app.episodes.chunk_fetch import fetch_plan, keep_chunks, load_chunks
 from rlreplay.app.episodes.chunk_reads import ChunkReads
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.start_sampling import StartDraw, StartSampler
@@ -265,10 +266,12 @@ class Windows:
         indices = et.episode_of[slots]
         episodes = [et.episode_at(int(i)) for i in indices.tolist()]
         names = [ep.name if ep is not None else "" for ep in episodes]
-        by_index = dict(zip(indices.tolist(), names, strict=True))
+        # the episodes drawn, held: reads after an await below still find them
+        held = {i: ep for i, ep in zip(indices.tolist(), episodes, strict=True) if ep is not None}
 
         def read(index: int, start: int, stop: int, fields: Sequence[str]) -> Mapping[str, Any]:
-            return et.read(by_index[index], start, stop, fields)
+            steps = held[index].steps
+            return {f: steps.read(f, start, stop, et.cache, fetched) for f in fields}
 
         starts = et.step_of[slots].copy()
         schema = et.specs or {}
@@ -282,7 +285,19 @@ class Windows:
             schema=schema,
             alloc=self._buffers if REUSE_BUFFERS else _zeros,
         )
-        reads = ChunkReads(et, by_index) if READ_BY_CHUNK else None
+        fields = request.reads()
+        plan = {
+            p.cache_key: p
+            for index, lo, hi in build.ranges()
+            for p in fetch_plan(et, held[index].name, lo, hi, fields)
+        }
+        fetched = None
+        if plan:  # chunks in RocksDB only: read back off the loop first
+            chunks = list(plan.values())
+            fetched = keep_chunks(
+                et, chunks, await self._core.state.io.run(load_chunks, et, chunks)
+            )
+        reads = ChunkReads(et, held, fetched) if READ_BY_CHUNK else None
         if reads is not None:
             build.read(reads.read, et.chunk_steps)
         else:

@@ -10,7 +10,9 @@ copy looks at it (once per build, however many windows share it), with a decompr
 its own (a zstd decompressor serves one thread at a time). :meth:`ChunkReads.keep` then
 puts what was decompressed into the cache, back on the loop.
 
-Sealed chunks never change, so their bytes may be read in any thread.
+Sealed chunks never change, so their bytes may be read in any thread. A chunk in RocksDB
+only is read through the table, from ``fetched`` (chunks read back beforehand, off the loop:
+:mod:`~rlreplay.app.episodes.chunk_fetch`) or else from the store.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
+from rlreplay.app.episodes.episode import Episode
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.fields import FieldSpec
 
@@ -32,16 +35,25 @@ ChunkKey = tuple[int, str, int]
 
 
 class ChunkReads:
-    """One build's reads of ``table`` (see the module); episodes named by index.
+    """One build's reads of ``table`` (see the module), of the episodes the draw found
+    (held here, so that a read after an await still finds an episode deleted meanwhile: its
+    steps were drawn, and stay readable while referenced).
 
     Args:
         table: The episode table.
-        names: Episode index -> its name, for the windows drawn.
+        episodes: Episode index (as the draw saw it) -> the episode.
+        fetched: Evicted chunks read back already, by cache key.
     """
 
-    def __init__(self, table: EpisodeTable, names: Mapping[int, str]) -> None:
+    def __init__(
+        self,
+        table: EpisodeTable,
+        episodes: Mapping[int, Episode],
+        fetched: Mapping[ChunkKey, npt.NDArray[Any]] | None = None,
+    ) -> None:
         self._table = table
-        self._names = names
+        self._episodes = episodes
+        self._fetched = fetched
         self._opened: dict[ChunkKey, npt.NDArray[Any]] = {}
         self._decompressor: zstandard.ZstdDecompressor | None = None
 
@@ -51,12 +63,11 @@ class ChunkReads:
         """Steps ``[start, stop)`` (within one chunk) of episode ``index``: a
         :data:`~rlreplay.app.episodes.windows.ReadSteps`."""
         et = self._table
-        name = self._names[index]
-        ep = et.episode(name)
+        ep = self._episodes[index]
         K = et.chunk_steps
         c = start // K
-        if ep is None or not et.codec.compresses or c >= ep.steps.sealed_chunks:
-            return et.read(name, start, stop, fields)
+        if not et.codec.compresses or c >= ep.steps.sealed_chunks:
+            return self._table_read(ep, start, stop, fields)
         specs = et.specs or {}
         steps = min(K, ep.length - c * K)
         lo, hi = start - c * K, stop - c * K
@@ -70,10 +81,17 @@ class ChunkReads:
                 sealed[f] = (key, held, specs[f])
             else:  # held as an array, cached, or in RocksDB only: the table's read
                 others.append(f)
+        if sealed:
+            ep.steps.touch(c)  # in use: evicted last
         if others:
-            for f, values in et.read(name, start, stop, others).items():
-                ready[f] = values
+            ready.update(self._table_read(ep, start, stop, others))
         return _Piece(self, ready, sealed, steps, lo, hi)
+
+    def _table_read(
+        self, ep: Episode, start: int, stop: int, fields: Sequence[str]
+    ) -> dict[str, npt.NDArray[Any]]:
+        cache, fetched = self._table.cache, self._fetched
+        return {f: ep.steps.read(f, start, stop, cache, fetched) for f in fields}
 
     def opened(self, key: ChunkKey, raw: bytes, spec: FieldSpec, steps: int) -> npt.NDArray[Any]:
         """The chunk ``key`` decompressed (once per build)."""

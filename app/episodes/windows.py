@@ -184,18 +184,27 @@ class WindowBuild:
         spec, k = self._schema[name], self._request.stack(name)
         return alloc((b, w, *((k,) if k else ()), *spec.shape), spec.np_dtype)
 
-    def read(self, read_steps: ReadSteps, chunk_steps: int = 0) -> None:
-        """Reads each window's steps: from ``k - 1`` before its start (the longest frame
-        stack) to ``n`` past its end, clipped to its episode, split where a chunk of
-        ``chunk_steps`` steps ends (0: one read per window)."""
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """Each window's ``(episode, lo, hi)``: the steps it reads, from ``k - 1`` before its
+        start (the longest frame stack) to ``n`` past its end, clipped to its episode."""
         request = self._request
         w, n = request.window.steps, request.window.n_step
-        reads = request.reads()
-        before = max([request.stack(f) for f in reads] + [1]) - 1
-        for e, s, length in zip(
-            self._episodes.tolist(), self._starts.tolist(), self._lengths.tolist(), strict=True
-        ):
-            lo, hi = max(0, s - before), min(length, s + w + n)
+        before = max([request.stack(f) for f in request.reads()] + [1]) - 1
+        return [
+            (e, max(0, s - before), min(length, s + w + n))
+            for e, s, length in zip(
+                self._episodes.tolist(),
+                self._starts.tolist(),
+                self._lengths.tolist(),
+                strict=True,
+            )
+        ]
+
+    def read(self, read_steps: ReadSteps, chunk_steps: int = 0) -> None:
+        """Reads each window's steps (:meth:`ranges`), split where a chunk of
+        ``chunk_steps`` steps ends (0: one read per window)."""
+        reads = self._request.reads()
+        for e, lo, hi in self.ranges():
             cuts = [lo, hi]
             if chunk_steps:
                 first = (lo // chunk_steps + 1) * chunk_steps

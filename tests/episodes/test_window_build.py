@@ -3,6 +3,7 @@ decompresses cold zstd chunks in the copy; the windows equal the steps every way
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from fastapi import FastAPI
 from rlreplay.app.api.column_answers import window_columns_msgpack
 from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.app.engine import windows as engine_windows
+from rlreplay.app.engine.engine import Engine
 from rlreplay.app.episodes.window_buffers import WindowBuffers
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
@@ -19,6 +21,7 @@ from rlreplay.app.tables.stacking import Column
 from rlreplay.wire.codec import unpackb
 from rlreplay.wire.window_schemas import WindowSampleRequest
 from tests.api.conftest import app
+from tests.episodes.test_episode_memory import episode_table, held_under_limit
 
 __all__ = ["app"]  # the in-process app's fixture
 
@@ -137,3 +140,51 @@ def test_a_large_answer_keeps_its_buffer_until_it_is_sent() -> None:
     del answer, other
     again = buffers(shape, u8)  # sent: reused
     assert again.__array_interface__["data"][0] == address
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+async def test_windows_of_chunks_in_rocksdb_are_read_back_off_the_loop(
+    tmp_path: Path, compression: str
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        storage_mode="hybrid",
+        cache_memory_limit_mb=1.0,
+        io_threads=2,
+        wal_writer="thread",
+    )
+    rng = np.random.default_rng(1)
+    data = {f"e{n}": rng.integers(0, 256, size=(300, 32, 32), dtype=np.uint8) for n in range(12)}
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        await eng.create_table("eps", TableConfig(episodes={"compression": compression}))
+        for name, obs in data.items():
+            for lo in range(0, 300, 100):
+                end = "terminated" if lo == 200 else None
+                await eng.episodes.append(
+                    "eps", name, start=lo, steps={"obs": obs[lo : lo + 100]}, end=end
+                )
+        await eng.episodes.read("eps", "e11")  # every append applied
+        await held_under_limit(eng)
+        e = episode_table(eng)
+        e.cache.clear()
+        real_fetch = e.residency.fetch
+        threads: list[int] = []
+
+        def fetch(keys: list[bytes]) -> list[bytes]:
+            threads.append(threading.get_ident())
+            return real_fetch(keys)
+
+        e.residency.fetch = fetch  # type: ignore[method-assign]
+        request = WindowSampleRequest(batch_size=32, length=50)
+        sample = await eng.windows.sample("eps", request)
+        e.residency.fetch = real_fetch  # type: ignore[method-assign]
+        assert threads and threading.get_ident() not in threads
+        for b, (name, start) in enumerate(
+            zip(sample.episodes, sample.starts.tolist(), strict=True)
+        ):
+            got = sample.batch.columns["obs"][b]
+            np.testing.assert_array_equal(got, data[name][start : start + 50])
+    finally:
+        await eng.stop()
