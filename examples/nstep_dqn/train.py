@@ -19,7 +19,6 @@ import argparse
 import copy
 import json
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,12 +44,11 @@ class EpisodeAppender:
 
     def __init__(self, client: Any, table: str, every: int) -> None:
         self.client, self.table, self.every = client, table, every
-        self.episode = ""
-        self.sent = 0
+        self.episode, self.episodes, self.sent = "", 0, 0
         self.pending: dict[str, list[Any]] = {"obs": [], "action": [], "reward": []}
 
     def begin(self) -> None:
-        self.episode, self.sent = uuid.uuid4().hex, 0
+        self.episode, self.episodes, self.sent = f"ep-{self.episodes}", self.episodes + 1, 0
 
     def step(self, obs: np.ndarray, action: int, reward: float) -> None:
         self.pending["obs"].append(obs)

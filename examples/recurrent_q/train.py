@@ -22,7 +22,6 @@ import argparse
 import copy
 import json
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,7 +100,7 @@ def train(client: Any, args: argparse.Namespace) -> dict[str, Any]:
     step = 0
     while step < args.env_steps:
         obs, _ = env.reset(seed=args.seed if not returns else None)
-        episode, sent, total, done = uuid.uuid4().hex, 0, 0.0, False
+        episode, sent, total, done = f"{args.seed}-{len(returns)}", 0, 0.0, False
         h = torch.zeros(1, args.hidden)
         pending: dict[str, list[Any]] = {"obs": [], "h": [], "action": [], "reward": []}
         while not done:
