@@ -9,6 +9,7 @@ insertion order, in batches bounded by :data:`BATCH_ITEMS` and :data:`BATCH_BYTE
 written batch by batch: memory holds the keys, a batch and a row group, not the table.
 The fetch and the rows written show their progress (:class:`~rlreplay.app.progress.Progress`).
 
+An episode table: one row per step, through an engine (:mod:`~rlreplay.app.episode_export`).
 Columns: ``key``, ``priority``, ``inserted_at``, ``times_sampled``, then the value's: one per
 field of a map with string keys (a field named like those four becomes ``value.<field>``), or
 one ``value`` column. Numbers, strings, booleans, bytes, timestamps and arrays of booleans,
@@ -51,6 +52,7 @@ from rlreplay.app.backup import (
 )
 from rlreplay.app.backup.manifest import check_snapshot_id
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.episode_export import step_rows
 from rlreplay.app.progress import Progress, format_amount
 from rlreplay.app.settings import Settings
 from rlreplay.app.snapshot_table import ROCKSDB, SnapshotTable
@@ -252,7 +254,12 @@ def _export_from(
             f"no table {table!r} in snapshot {manifest.id}; its tables: {', '.join(only)}"
         )
     with tempfile.TemporaryDirectory(prefix="rlreplay-export-") as scratch:
-        if mode == "memory" or not any(f.path.startswith(f"{ROCKSDB}/") for f in manifest.files):
+        whole = mode == "memory" or not any(
+            f.path.startswith(f"{ROCKSDB}/") for f in manifest.files
+        )
+        if (manifest.meta.get("tables") or {}).get(table, {}).get("episodes"):
+            whole = True  # an episode table's rows are its steps: read through an engine
+        if whole:
             log.info(
                 "snapshot %s is one checkpoint file holding every table: fetching %s",
                 manifest.id,
@@ -360,6 +367,14 @@ async def _read_into(sink: _JsonlFile | _ParquetFile, data_dir: Path, table: str
                 f"no table {table!r}; the tables there: {', '.join(names) or 'none'}"
             )
         written = 0
+        episodes = engine.state.tables[table].episodes
+        if episodes is not None:  # one row per step (see rlreplay.app.episode_export)
+            with Progress("writing", episodes.steps, log=log, unit="rows") as writing:
+                for rows in step_rows(episodes, batch_rows=BATCH_ITEMS, batch_bytes=BATCH_BYTES):
+                    sink.write(rows)
+                    written += len(rows)
+                    writing.advance_to(written)
+            return written
         total = len(engine.state.tables[table].index)
         with Progress("writing", total, log=log, unit="rows") as writing:
             for keys in _key_batches(engine, table):
@@ -521,7 +536,12 @@ class _ParquetFile:
     def _table(self, rows: list[dict[str, Any]]) -> Any:
         """The rows as a table of the schema (fixed here by the first batch)."""
         pa = self._pa
-        where = f"keys {rows[0]['key']!r} to {rows[-1]['key']!r}"
+        first, last = rows[0], rows[-1]
+        where = (
+            f"keys {first['key']!r} to {last['key']!r}"
+            if "key" in first
+            else f"steps {first['episode']!r}@{first['step']} to {last['episode']!r}@{last['step']}"
+        )
         columns: dict[str, Any] = {}
         for name in dict.fromkeys(name for row in rows for name in row):
             try:

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from rlreplay.app import package_version
 from rlreplay.app.api import (
     changes,
+    episodes,
     health,
     items,
     reservations,
@@ -68,6 +69,10 @@ _TAGS = [
         "name": "rollouts",
         "description": "Rollout tables: fields patched by many tasks, claims under leases, "
         "acknowledgements, policy versions.",
+    },
+    {
+        "name": "episodes",
+        "description": "Episode tables: steps appended per episode, read and deleted.",
     },
     {"name": "snapshots", "description": "Snapshots to the backup URL, and the list of them."},
     {"name": "followers", "description": "A table's change feed and index (the GPU sidecar)."},
@@ -198,6 +203,7 @@ def create_app(
         items.router,
         rollouts.router,
         reservations.router,
+        episodes.router,
         tables.router,
         snapshots.router,
         changes.router,

@@ -9,7 +9,8 @@ sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
 sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
 + ack next to sample, patch next to push), bulk (big batches over TCP and a Unix socket
 next to the sockets' own bandwidth), ingest (sustained pushes with and without checkpoints:
-the event loop's stalls, recovery after kill -9).
+the event loop's stalls, recovery after kill -9), episodes (windows and n-step transitions
+of Atari-sized frames next to Reverb and TorchRL).
 With no section named, all run.
 """
 
@@ -36,6 +37,7 @@ SECTIONS = (
     "rollout_filters",
     "bulk",
     "ingest",
+    "episodes",
 )
 
 

@@ -19,17 +19,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Unpack, overload
 
 import httpx
 
 from rlreplay.clients.bodies import columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.episode_bodies import window_sample
+from rlreplay.clients.episodes import EpisodeCalls
 from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.requester import path_segment
-from rlreplay.clients.rollouts import RolloutCalls, new_request_id
-from rlreplay.clients.surface import ReplayCalls
+from rlreplay.clients.rollouts import new_request_id
+from rlreplay.clients.surface import ReplayCalls, WindowOptions
+from rlreplay.clients.windows import WindowBatch
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import ItemNotFound
 from rlreplay.wire.schemas import (
@@ -55,7 +58,7 @@ _SERVER_SAMPLE_TIMEOUT_S: Final = DEFAULT_TIMEOUT_MS / 1000
 _SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
 
 
-class ReplayClient(RolloutCalls):
+class ReplayClient(EpisodeCalls):
     """An async client of one replay server.
 
     Use it as an async context manager (or call :meth:`aclose`)::
@@ -112,6 +115,7 @@ class ReplayClient(RolloutCalls):
         delete_after_ack: Sequence[str] = (),
         admission: Mapping[str, Any] | None = None,
         ttl_s: float | None = None,
+        episodes: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create a table, or confirm that it exists with this configuration.
 
@@ -129,6 +133,9 @@ class ReplayClient(RolloutCalls):
             admission: ``{"max_ahead": n}``: reservations are granted while reserved slots
                 plus unconsumed items stay within n (None: every reservation is granted).
             ttl_s: Unconsumed items older than this are deleted, whole groups at a time.
+            episodes: Make it an episode table with this config (``{}``, or
+                ``{"compression": "zstd", "frame_stack": {"obs": 4}}``): it holds steps
+                appended per episode (``append_steps``) and samples windows of them.
 
         Returns:
             The server's answer (the table's config and stats).
@@ -154,6 +161,8 @@ class ReplayClient(RolloutCalls):
             config["admission"] = dict(admission)
         if ttl_s is not None:
             config["ttl_s"] = ttl_s
+        if episodes is not None:
+            config["episodes"] = dict(episodes)
         return self._as_dict(
             await self._call("PUT", self._table(name), body=config, idempotent=True)
         )
@@ -343,6 +352,15 @@ class ReplayClient(RolloutCalls):
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> ColumnBatch: ...
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> WindowBatch: ...
     async def sample(
         self,
         table: str,
@@ -351,8 +369,21 @@ class ReplayClient(RolloutCalls):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> list[Item] | ColumnBatch:
-        """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...).
+        **window: Unpack[WindowOptions],
+    ) -> list[Item] | ColumnBatch | WindowBatch:
+        """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...),
+        or windows of an episode table.
+
+        A call given any window option (``length``, ``burn_in``, ``start_every``, ``pad``,
+        ``fields``, ``n_step``, ``gamma``, ``reward_field``, ``next_fields``: see
+        :class:`~rlreplay.clients.surface.WindowOptions`) samples windows of consecutive
+        steps of an episode table and answers a
+        :class:`~rlreplay.clients.windows.WindowBatch` (``[B, W, ...]`` arrays); one given
+        none samples items. The client does not ask which kind of table it is: the route
+        is the same, and the options say what is asked::
+
+            windows = await rb.sample("episodes", 64, length=80, burn_in=40)
+            transitions = await rb.sample("episodes", 256, n_step=3, next_fields=["obs"])
 
         Args:
             table: The table.
@@ -362,13 +393,18 @@ class ReplayClient(RolloutCalls):
             include_values: Leave values out of the answer when False.
             layout: ``"columns"`` answers a :class:`ColumnBatch`: each field of the values
                 stacked along a new first axis, no per-item objects.
+            **window: Window options: sample windows of an episode table.
 
         Raises:
             DeadlineExceeded: The rate limiter did not allow the sample in time.
             ValidationFailed: With ``layout="columns"``, values that do not stack (naming
                 the field); the sample consumed nothing.
             TableNotFound, ValidationFailed: As the contract says.
+            TypeError: Window options with ``layout`` or ``include_values``, or an unknown
+                option (nothing is sent).
         """
+        if window_sample(window, layout, include_values):
+            return await self._sample_windows(table, batch_size, timeout_ms, window)
         body = SampleRequest(
             batch_size,
             DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms,
@@ -481,6 +517,16 @@ class ReplayClient(RolloutCalls):
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> AsyncIterator[ColumnBatch]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> AsyncIterator[WindowBatch]: ...
     async def stream(
         self,
         table: str,
@@ -490,7 +536,8 @@ class ReplayClient(RolloutCalls):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> AsyncIterator[list[Item] | ColumnBatch]:
+        **window: Unpack[WindowOptions],
+    ) -> AsyncIterator[list[Item] | ColumnBatch | WindowBatch]:
         """Sample batches without end, keeping ``prefetch`` sample requests in flight.
 
         The requests are tasks owned by the generator: while the caller works on one batch,
@@ -514,12 +561,18 @@ class ReplayClient(RolloutCalls):
             include_values: Passed to every :meth:`sample`.
             layout: Passed to every :meth:`sample`: ``"columns"`` yields
                 :class:`ColumnBatch` objects.
+            **window: Passed to every :meth:`sample`: window options yield
+                :class:`~rlreplay.clients.windows.WindowBatch` objects.
 
         Yields:
             One sampled batch at a time.
         """
 
-        async def sample() -> list[Item] | ColumnBatch:
+        windows = window_sample(window, layout, include_values)
+
+        async def sample() -> list[Item] | ColumnBatch | WindowBatch:
+            if windows:
+                return await self.sample(table, batch_size, timeout_ms=timeout_ms, **window)
             return await self.sample(
                 table,
                 batch_size,

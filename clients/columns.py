@@ -33,7 +33,7 @@ from rlreplay.wire.errors import ReplayError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ColumnBatch", "decode_views"]
+__all__ = ["Column", "ColumnBatch", "column_tensor", "decode_views"]
 
 #: A stacked field: a NumPy array, or the raw bits of a bfloat16 one.
 Column = npt.NDArray[Any] | BFloat16Array
@@ -86,24 +86,10 @@ class ColumnBatch:
         Raises:
             TypeError: A column's dtype has no torch dtype (strings, dates).
         """
-        import torch
-
-        tensors: dict[str, torch.Tensor] = {}
-        for name, column in self.columns.items():
-            if isinstance(column, BFloat16Array):
-                tensor = column.to_torch()
-            else:
-                array = column
-                if array.dtype.byteorder not in ("=", "|", _NATIVE):
-                    array = array.astype(array.dtype.newbyteorder("="))
-                try:
-                    tensor = torch.from_numpy(array)
-                except TypeError as exc:
-                    raise TypeError(f"column {name!r}: {exc}") from exc
-            tensors[name] = (
-                tensor if device is None else tensor.to(device, non_blocking=non_blocking)
-            )
-        return tensors
+        return {
+            name: column_tensor(name, column, device, non_blocking=non_blocking)
+            for name, column in self.columns.items()
+        }
 
     @classmethod
     def from_answer(cls, answer: Any) -> ColumnBatch:
@@ -133,6 +119,30 @@ class ColumnBatch:
 
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
+def column_tensor(
+    name: str, column: Column, device: Any = None, *, non_blocking: bool = False
+) -> torch.Tensor:
+    """One column as a torch tensor sharing its memory on the CPU (see
+    :meth:`ColumnBatch.as_torch`; ``name`` is for the error).
+
+    Raises:
+        TypeError: The column's dtype has no torch dtype.
+    """
+    import torch
+
+    if isinstance(column, BFloat16Array):
+        tensor = column.to_torch()
+    else:
+        array = column
+        if array.dtype.byteorder not in ("=", "|", _NATIVE):
+            array = array.astype(array.dtype.newbyteorder("="))
+        try:
+            tensor = torch.from_numpy(array)
+        except TypeError as exc:
+            raise TypeError(f"column {name!r}: {exc}") from exc
+    return tensor if device is None else tensor.to(device, non_blocking=non_blocking)
 
 
 def _array_view(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Array:

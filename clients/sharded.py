@@ -17,17 +17,18 @@ deterministic samplers, snapshots (docs/deployment.md, "Scaling out", lists them
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
 
 import numpy as np
-import numpy.typing as npt
 
 from rlreplay.clients.client import Item, Layout, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.episode_bodies import EndReason, WindowStart, window_sample
+from rlreplay.clients.episode_writer import EpisodeWriter
+from rlreplay.clients.episodes import Episode
 from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.rendezvous import Rendezvous, normalized_url
 from rlreplay.clients.rollouts import LeaseBase, Reservation
@@ -36,23 +37,20 @@ from rlreplay.clients.shard_merge import (
     Part,
     assemble_sample,
     column_rows,
-    draw_weights,
     merge_columns,
     merged_description,
-    shard_masses,
-    split_picks,
 )
+from rlreplay.clients.sharded_episodes import ShardedEpisodes
 from rlreplay.clients.sharded_reservations import push_spread, reserve_sharded, return_sharded
 from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
-from rlreplay.clients.surface import ClaimOptions, ReplayCalls
+from rlreplay.clients.sharded_sampling import ShardedDraw
+from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
+from rlreplay.clients.windows import WindowBatch
 from rlreplay.clients.writer import Writer
-from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
-from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS, ItemIn, PushRequest
+from rlreplay.wire.errors import TableNotFound, ValidationFailed
+from rlreplay.wire.schemas import ItemIn, PushRequest
 
 __all__ = ["ShardedReplayClient"]
-
-#: Polls of an empty sharded table while a sample waits for its first item.
-_EMPTY_POLL_S: Final = (0.01, 0.25)
 
 
 class ShardedReplayClient:
@@ -107,9 +105,10 @@ class ShardedReplayClient:
             [ReplayClient(url, api_key, **options) for url in self.urls],
             ring=Rendezvous(names),
         )
-        self._allow_partial = allow_partial
         self._rng = np.random.default_rng(seed)
+        self._draw = ShardedDraw(self._fan_out, allow_partial=allow_partial, rng=self._rng)
         self._rollouts = ShardedRollouts(self._fan_out, allow_partial=allow_partial, rng=self._rng)
+        self._episodes = ShardedEpisodes(self._fan_out, self._draw)
 
     async def __aenter__(self) -> Self:
         return self
@@ -145,6 +144,7 @@ class ShardedReplayClient:
         delete_after_ack: Sequence[str] = (),
         admission: Mapping[str, Any] | None = None,
         ttl_s: float | None = None,
+        episodes: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create the table on every server, or confirm it (``ReplayClient.create_table``).
 
@@ -165,6 +165,7 @@ class ShardedReplayClient:
                     delete_after_ack=delete_after_ack,
                     admission=admission,
                     ttl_s=ttl_s,
+                    episodes=episodes,
                 )
             ),
         )
@@ -364,6 +365,16 @@ class ShardedReplayClient:
         layout: Literal["columns"],
         allow_partial: bool | None = ...,
     ) -> ColumnBatch: ...
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        allow_partial: bool | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> WindowBatch: ...
     async def sample(
         self,
         table: str,
@@ -373,14 +384,12 @@ class ShardedReplayClient:
         include_values: bool = True,
         layout: Layout = "items",
         allow_partial: bool | None = None,
-    ) -> list[Item] | ColumnBatch:
+        **window: Unpack[WindowOptions],
+    ) -> list[Item] | ColumnBatch | WindowBatch:
         """Sample a batch over every server, as one server holding every item would.
 
-        First each server's share of the table is read (one request to each, concurrent),
-        then each pick is given to a server with probability its share, and each server
-        draws its picks (concurrent again). Each item's ``probability`` is its share times
-        its server's, and prioritized weights are recomputed over the batch, so both are
-        one server's figures. Picks stay in the order drawn.
+        Drawn as :mod:`rlreplay.clients.sharded_sampling` says: each item's ``probability``
+        and prioritized ``weight`` are one server's figures; picks stay in the order drawn.
 
         Args:
             table, batch_size, timeout_ms, include_values, layout: As
@@ -388,6 +397,8 @@ class ShardedReplayClient:
             allow_partial: When a server cannot be reached, sample from the others (the
                 probabilities are then those of the items they hold) rather than raise;
                 the client's default when None.
+            **window: Window options: windows of an episode table, drawn over the servers
+                (:mod:`rlreplay.clients.sharded_episodes` says how).
 
         Raises:
             Unavailable: A server cannot be reached (the message names it), or, with
@@ -395,9 +406,10 @@ class ShardedReplayClient:
             DeadlineExceeded: No server held an item within ``timeout_ms``, or a server's
                 rate limiter held its part past it.
         """
+        if window_sample(window, layout, include_values):
+            return await self._episodes.sample(table, batch_size, timeout_ms, allow_partial, window)
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
-
         if len(self._fan_out.shards) == 1:  # its share is the whole table: no need to ask
             call = self._fan_out.shards[0].sample(
                 table,
@@ -407,77 +419,16 @@ class ShardedReplayClient:
                 layout=layout,
             )
             return await self._fan_out.on(0, call)
-        partial = self._allow_partial if allow_partial is None else allow_partial
-        timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
-        deadline = time.monotonic() + timeout_s
-        live = list(range(len(self._fan_out.shards)))
-        infos = await self._reachable(live, table, partial)
-        masses = shard_masses([infos[s]["stats"] for s in live])
-        poll = _EMPTY_POLL_S[0]
-        while masses.sum() <= 0:  # nothing anywhere yet: wait for an item, as a server does
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DeadlineExceeded(
-                    f"table {table!r} had no item to sample on any of {len(live)} shards "
-                    f"within {timeout_s:g} s"
-                )
-            await asyncio.sleep(min(poll, left))
-            poll = min(2 * poll, _EMPTY_POLL_S[1])
-            infos = await self._reachable(live, table, partial)
-            masses = shard_masses([infos[s]["stats"] for s in live])
-        mass = dict(zip(live, masses.tolist(), strict=True))
-        beta = draw_weights(infos[live[0]]["config"])
 
-        answers: list[tuple[int, npt.NDArray[np.intp], Any]] = []
-        todo = np.arange(batch_size, dtype=np.intp)
-        while len(todo):
-            if not any(mass[s] > 0 for s in live):
-                raise Unavailable(f"no shard holding items of table {table!r} is reachable")
-            places = split_picks(self._rng, todo, {s: mass[s] for s in live})
-            calls: dict[int, Awaitable[Any]] = {}
-            for s in places:
-                calls[s] = self._fan_out.shards[s].sample(
-                    table,
-                    len(places[s]),
-                    timeout_ms=timeout_ms,
-                    include_values=include_values,
-                    layout=layout,
-                )
-            failed: list[npt.NDArray[np.intp]] = []
-            errors: list[BaseException] = []
-            for s, outcome in (await self._fan_out.outcomes(calls)).items():
-                if isinstance(outcome, Unavailable) and partial:
-                    live.remove(s)
-                    failed.append(places[s])
-                elif isinstance(outcome, BaseException):
-                    errors.append(outcome)
-                else:
-                    answers.append((s, places[s], outcome))
-            if errors:
-                raise errors[0]
-            todo = np.sort(np.concatenate(failed)) if failed else todo[:0]
-        total = sum(mass[s] for s in live)
-        return assemble_sample(
-            answers, {s: mass[s] / total for s in live}, beta, batch_size, layout
+        async def part(s: int, n: int) -> Any:
+            return await self._fan_out.shards[s].sample(
+                table, n, timeout_ms=timeout_ms, include_values=include_values, layout=layout
+            )
+
+        answers, share, beta = await self._draw.draw(
+            table, batch_size, part, timeout_ms=timeout_ms, allow_partial=allow_partial
         )
-
-    async def _reachable(self, live: list[int], table: str, partial: bool) -> dict[int, Any]:
-        """Each live shard's table description; with ``partial``, unreachable ones leave
-        ``live``."""
-        calls = {s: self._fan_out.shards[s].describe_table(table) for s in live}
-        if not partial:
-            return await self._fan_out.each(calls)
-        infos: dict[int, Any] = {}
-        for s, outcome in (await self._fan_out.outcomes(calls)).items():
-            if isinstance(outcome, Unavailable):
-                live.remove(s)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                infos[s] = outcome
-        if not live:
-            raise Unavailable(f"none of the {len(self.urls)} shards is reachable")
-        return infos
+        return assemble_sample(answers, share, beta, batch_size, layout)
 
     @overload
     def stream(
@@ -501,6 +452,16 @@ class ShardedReplayClient:
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> AsyncIterator[ColumnBatch]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> AsyncIterator[WindowBatch]: ...
     async def stream(
         self,
         table: str,
@@ -510,10 +471,15 @@ class ShardedReplayClient:
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> AsyncIterator[list[Item] | ColumnBatch]:
+        **window: Unpack[WindowOptions],
+    ) -> AsyncIterator[list[Item] | ColumnBatch | WindowBatch]:
         """Sharded samples without end, ``prefetch`` in flight (``ReplayClient.stream``)."""
 
-        async def sample() -> list[Item] | ColumnBatch:
+        windows = window_sample(window, layout, include_values)
+
+        async def sample() -> list[Item] | ColumnBatch | WindowBatch:
+            if windows:
+                return await self.sample(table, batch_size, timeout_ms=timeout_ms, **window)
             return await self.sample(
                 table,
                 batch_size,
@@ -569,6 +535,47 @@ class ShardedReplayClient:
         """Sharded leases one after another, ``prefetch`` claims in flight
         (``ShardedRollouts.consume``)."""
         return self._rollouts.consume(table, prefetch=prefetch, **options)
+
+    # --- episodes: the calls of the ShardedEpisodes part ------------------------------------
+
+    async def append_steps(
+        self,
+        table: str,
+        episode: str,
+        steps: Mapping[str, Any],
+        *,
+        start: int,
+        priorities: Any = None,
+        end: EndReason | None = None,
+        final: Mapping[str, Any] | None = None,
+        wait: bool = False,
+    ) -> int:
+        """Append steps to an episode on its server (``ReplayClient.append_steps``)."""
+        return await self._episodes.append_steps(
+            table, episode, steps, start, priorities, end, final, wait
+        )
+
+    async def get_episode(
+        self, table: str, episode: str, start: int | None = None, stop: int | None = None
+    ) -> Episode | None:
+        """An episode from its server, or None (``ReplayClient.get_episode``)."""
+        return await self._episodes.get_episode(table, episode, start, stop)
+
+    async def delete_episode(self, table: str, episode: str) -> None:
+        """Delete an episode on its server (``ReplayClient.delete_episode``)."""
+        await self._episodes.delete_episode(table, episode)
+
+    def episode_writer(self, table: str, *, max_in_flight: int = 8) -> EpisodeWriter:
+        """A pipelined episode writer, each append sent to its episode's server
+        (``ReplayClient.episode_writer``)."""
+        return self._episodes.episode_writer(table, max_in_flight=max_in_flight)
+
+    async def update_window_priorities(
+        self, table: str, windows: Iterable[WindowStart], *, eta: float | None = None
+    ) -> dict[str, int]:
+        """Set window starts' priorities on their episodes' servers
+        (``ReplayClient.update_window_priorities``)."""
+        return await self._episodes.update_window_priorities(table, windows, eta=eta)
 
     # --- service --------------------------------------------------------------------------
 

@@ -22,10 +22,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Required, TypedDict, U
 if TYPE_CHECKING:
     from rlreplay.clients.client import Item, Layout
     from rlreplay.clients.columns import ColumnBatch
+    from rlreplay.clients.episode_bodies import EndReason, WindowStart
+    from rlreplay.clients.episode_writer import EpisodeWriter
+    from rlreplay.clients.episodes import Episode
     from rlreplay.clients.rollouts import LeaseBase, Reservation
+    from rlreplay.clients.windows import WindowBatch
     from rlreplay.clients.writer import Writer
 
-__all__ = ["ClaimOptions", "ReplayCalls"]
+__all__ = ["ClaimOptions", "ReplayCalls", "WindowOptions"]
 
 
 class ClaimOptions(TypedDict, total=False):
@@ -64,6 +68,40 @@ class ClaimOptions(TypedDict, total=False):
     world_size: int | None
 
 
+class WindowOptions(TypedDict, total=False):
+    """What a window sample asks for: the keyword arguments of ``sample`` and ``stream``
+    that make them sample windows of an episode table (the contract's "Episode tables").
+
+    A call given any of them samples windows and answers a
+    :class:`~rlreplay.clients.windows.WindowBatch`; a call given none samples items. The
+    server's defaults apply to those left out.
+
+    Attributes:
+        length: ``T``, the steps trained on per window (1).
+        burn_in: Steps before them that only warm up a recurrent state (0); a window holds
+            ``W = burn_in + length`` steps.
+        start_every: Windows start only at steps that are a multiple of this (1).
+        pad: Let windows run past an episode's last stored step, zeros with ``mask`` false
+            (False: only windows wholly within stored steps).
+        fields: The step fields returned (all when None).
+        n_step: Add n-step ``returns``, ``discount`` and ``next`` with this ``n`` (None:
+            none).
+        gamma: The discount of the n-step returns (0.99).
+        reward_field: The step field the returns sum ("reward").
+        next_fields: The fields whose value ``n'`` steps on comes back in ``next``.
+    """
+
+    length: int
+    burn_in: int
+    start_every: int
+    pad: bool
+    fields: Sequence[str] | None
+    n_step: int | None
+    gamma: float
+    reward_field: str
+    next_fields: Sequence[str] | None
+
+
 class ReplayCalls(Protocol):
     """The calls that the one-server and the sharded async clients share.
 
@@ -83,6 +121,7 @@ class ReplayCalls(Protocol):
         delete_after_ack: Sequence[str] = (),
         admission: Mapping[str, Any] | None = None,
         ttl_s: float | None = None,
+        episodes: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]: ...
 
     async def list_tables(self) -> list[dict[str, Any]]: ...
@@ -152,6 +191,15 @@ class ReplayCalls(Protocol):
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> ColumnBatch: ...
+    @overload
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> WindowBatch: ...
     async def sample(
         self,
         table: str,
@@ -160,7 +208,8 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> list[Item] | ColumnBatch: ...
+        **window: Unpack[WindowOptions],
+    ) -> list[Item] | ColumnBatch | WindowBatch: ...
 
     @overload
     def stream(
@@ -184,6 +233,16 @@ class ReplayCalls(Protocol):
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> AsyncIterator[ColumnBatch]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> AsyncIterator[WindowBatch]: ...
     def stream(
         self,
         table: str,
@@ -193,7 +252,37 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> AsyncIterator[list[Item] | ColumnBatch]: ...
+        **window: Unpack[WindowOptions],
+    ) -> AsyncIterator[list[Item] | ColumnBatch | WindowBatch]: ...
+
+    async def append_steps(
+        self,
+        table: str,
+        episode: str,
+        steps: Mapping[str, Any],
+        *,
+        start: int,
+        priorities: Any = None,
+        end: EndReason | None = None,
+        final: Mapping[str, Any] | None = None,
+        wait: bool = False,
+    ) -> int: ...
+
+    async def get_episode(
+        self, table: str, episode: str, start: int | None = None, stop: int | None = None
+    ) -> Episode | None: ...
+
+    async def delete_episode(self, table: str, episode: str) -> None: ...
+
+    def episode_writer(self, table: str, *, max_in_flight: int = 8) -> EpisodeWriter: ...
+
+    async def update_window_priorities(
+        self,
+        table: str,
+        windows: Iterable[WindowStart],
+        *,
+        eta: float | None = None,
+    ) -> dict[str, int]: ...
 
     async def patch(
         self,

@@ -20,12 +20,16 @@ from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
 from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.episode_bodies import EndReason, WindowStart, window_sample
+from rlreplay.clients.episodes import Episode
 from rlreplay.clients.loop_thread import LoopThread
 from rlreplay.clients.rollouts import LeaseBase, Reservation
-from rlreplay.clients.surface import ClaimOptions, ReplayCalls
+from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
+from rlreplay.clients.sync_episode_writer import SyncEpisodeWriter
 from rlreplay.clients.sync_lease import SyncLease
 from rlreplay.clients.sync_stream import SyncStream
 from rlreplay.clients.sync_writer import SyncWriter
+from rlreplay.clients.windows import WindowBatch
 
 __all__ = ["BlockingCalls"]
 
@@ -102,6 +106,7 @@ class BlockingCalls(Generic[A]):
         delete_after_ack: Sequence[str] = (),
         admission: Mapping[str, Any] | None = None,
         ttl_s: float | None = None,
+        episodes: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create a table, or confirm it (:meth:`ReplayClient.create_table`); with no
         ``sampler``, the server's default (uniform), as ``PUT {}``."""
@@ -117,6 +122,7 @@ class BlockingCalls(Generic[A]):
                 delete_after_ack=delete_after_ack,
                 admission=admission,
                 ttl_s=ttl_s,
+                episodes=episodes,
             )
         )
 
@@ -210,6 +216,15 @@ class BlockingCalls(Generic[A]):
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> ColumnBatch: ...
+    @overload
+    def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> WindowBatch: ...
     def sample(
         self,
         table: str,
@@ -218,8 +233,14 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> list[Item] | ColumnBatch:
-        """Sample a batch, with replacement (:meth:`ReplayClient.sample`)."""
+        **window: Unpack[WindowOptions],
+    ) -> list[Item] | ColumnBatch | WindowBatch:
+        """Sample a batch, with replacement, or windows of an episode table given window
+        options (:meth:`ReplayClient.sample`)."""
+        if window_sample(window, layout, include_values):
+            return self._loop.run(
+                self._rb.sample(table, batch_size, timeout_ms=timeout_ms, **window)
+            )
         if layout == "columns":
             return self._loop.run(
                 self._rb.sample(
@@ -264,6 +285,16 @@ class BlockingCalls(Generic[A]):
         include_values: bool = ...,
         layout: Literal["columns"],
     ) -> SyncStream[ColumnBatch]: ...
+    @overload
+    def stream(
+        self,
+        table: str,
+        *,
+        batch_size: int = ...,
+        prefetch: int = ...,
+        timeout_ms: int | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> SyncStream[WindowBatch]: ...
     def stream(
         self,
         table: str,
@@ -273,7 +304,8 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
-    ) -> SyncStream[list[Item]] | SyncStream[ColumnBatch]:
+        **window: Unpack[WindowOptions],
+    ) -> SyncStream[list[Item]] | SyncStream[ColumnBatch] | SyncStream[WindowBatch]:
         """Sampled batches without end, ``prefetch`` requests kept in flight on the loop
         thread while the caller works (:meth:`ReplayClient.stream`). Close the iterator, or
         use it in a ``with`` block, to cancel them::
@@ -282,6 +314,11 @@ class BlockingCalls(Generic[A]):
                 for batch in batches:
                     ...
         """
+        if window_sample(window, layout, include_values):
+            windows = self._rb.stream(
+                table, batch_size=batch_size, prefetch=prefetch, timeout_ms=timeout_ms, **window
+            )
+            return SyncStream(self._loop, windows, _same)
         batches = self._rb.stream(
             table,
             batch_size=batch_size,
@@ -291,6 +328,58 @@ class BlockingCalls(Generic[A]):
             layout=layout,
         )
         return SyncStream(self._loop, batches, _same)
+
+    # --- episode tables ---------------------------------------------------------------------
+
+    def append_steps(
+        self,
+        table: str,
+        episode: str,
+        steps: Mapping[str, Any],
+        *,
+        start: int,
+        priorities: Any = None,
+        end: EndReason | None = None,
+        final: Mapping[str, Any] | None = None,
+        wait: bool = False,
+    ) -> int:
+        """Append steps to an episode (:meth:`ReplayClient.append_steps`); how many were
+        accepted."""
+        return self._loop.run(
+            self._rb.append_steps(
+                table,
+                episode,
+                steps,
+                start=start,
+                priorities=priorities,
+                end=end,
+                final=final,
+                wait=wait,
+            )
+        )
+
+    def get_episode(
+        self, table: str, episode: str, start: int | None = None, stop: int | None = None
+    ) -> Episode | None:
+        """An episode's steps, length and end, or None (:meth:`ReplayClient.get_episode`)."""
+        return self._loop.run(self._rb.get_episode(table, episode, start, stop))
+
+    def delete_episode(self, table: str, episode: str) -> None:
+        """Delete an episode and its steps (:meth:`ReplayClient.delete_episode`)."""
+        self._loop.run(self._rb.delete_episode(table, episode))
+
+    def episode_writer(self, table: str, *, max_in_flight: int = 8) -> SyncEpisodeWriter:
+        """A pipelined episode writer
+        (:class:`~rlreplay.clients.sync_episode_writer.SyncEpisodeWriter`)."""
+        return SyncEpisodeWriter(
+            self._loop, self._rb.episode_writer(table, max_in_flight=max_in_flight)
+        )
+
+    def update_window_priorities(
+        self, table: str, windows: Iterable[WindowStart], *, eta: float | None = None
+    ) -> dict[str, int]:
+        """Set window starts' priorities (:meth:`ReplayClient.update_window_priorities`)."""
+        return self._loop.run(self._rb.update_window_priorities(table, windows, eta=eta))
 
     # --- rollout tables ---------------------------------------------------------------------
 

@@ -10,12 +10,15 @@ ones are here (``tests/clients/test_surface.py`` compares the signatures).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, Unpack, overload
 
 from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import ColumnBatch
+from rlreplay.clients.episode_bodies import window_sample
 from rlreplay.clients.sharded import ShardedReplayClient
+from rlreplay.clients.surface import WindowOptions
 from rlreplay.clients.sync_calls import BlockingCalls
+from rlreplay.clients.windows import WindowBatch
 
 __all__ = ["ShardedClient"]
 
@@ -84,6 +87,16 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         layout: Literal["columns"],
         allow_partial: bool | None = ...,
     ) -> ColumnBatch: ...
+    @overload
+    def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout_ms: int | None = ...,
+        allow_partial: bool | None = ...,
+        **window: Unpack[WindowOptions],
+    ) -> WindowBatch: ...
     def sample(
         self,
         table: str,
@@ -93,9 +106,15 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         include_values: bool = True,
         layout: Layout = "items",
         allow_partial: bool | None = None,
-    ) -> list[Item] | ColumnBatch:
-        """Sample a batch over every server, with replacement
-        (:meth:`ShardedReplayClient.sample`)."""
+        **window: Unpack[WindowOptions],
+    ) -> list[Item] | ColumnBatch | WindowBatch:
+        """Sample a batch over every server, with replacement, or windows of an episode
+        table given window options (:meth:`ShardedReplayClient.sample`)."""
+        if window_sample(window, layout, include_values):
+            call = self._rb.sample(
+                table, batch_size, timeout_ms=timeout_ms, allow_partial=allow_partial, **window
+            )
+            return self._loop.run(call)
         if layout == "columns":
             return self._loop.run(
                 self._rb.sample(

@@ -31,6 +31,8 @@ __all__ = [
     "Client",
     "ColumnBatch",
     "DeadlineExceeded",
+    "Episode",
+    "EpisodeWriter",
     "Gone",
     "GpuSampler",
     "Item",
@@ -51,7 +53,9 @@ __all__ = [
     "ShardedLease",
     "ShardedReplayClient",
     "SnapshotNotFound",
+    "StepConflict",
     "StorageFull",
+    "SyncEpisodeWriter",
     "SyncLease",
     "SyncStream",
     "SyncWriter",
@@ -62,6 +66,9 @@ __all__ = [
     "UnsupportedMediaType",
     "ValidationFailed",
     "VersionConflict",
+    "WindowBatch",
+    "WindowOptions",
+    "WindowTensors",
     "Writer",
     "WrongEventLoop",
     "__version__",
@@ -73,16 +80,20 @@ if TYPE_CHECKING:
     from rlreplay.clients.client import Item, ReplayClient
     from rlreplay.clients.columns import ColumnBatch
     from rlreplay.clients.dataset import RolloutBatches, rollout_dataset
+    from rlreplay.clients.episode_writer import EpisodeWriter
+    from rlreplay.clients.episodes import Episode
     from rlreplay.clients.event_loop import WrongEventLoop
     from rlreplay.clients.rollouts import Lease
     from rlreplay.clients.sharded import ShardedReplayClient
     from rlreplay.clients.sharded_rollouts import ShardedLease
-    from rlreplay.clients.surface import ClaimOptions, ReplayCalls
+    from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
     from rlreplay.clients.sync_client import Client
+    from rlreplay.clients.sync_episode_writer import SyncEpisodeWriter
     from rlreplay.clients.sync_lease import SyncLease
     from rlreplay.clients.sync_sharded import ShardedClient
     from rlreplay.clients.sync_stream import SyncStream
     from rlreplay.clients.sync_writer import SyncWriter
+    from rlreplay.clients.windows import WindowBatch, WindowTensors
     from rlreplay.clients.writer import Writer
     from rlreplay.gpu.dataset import ReplayDataset
     from rlreplay.gpu.sampler import GpuSampler
@@ -101,6 +112,7 @@ if TYPE_CHECKING:
         PayloadTooLarge,
         ReplayError,
         SnapshotNotFound,
+        StepConflict,
         StorageFull,
         TableExists,
         TableNotFound,
@@ -116,6 +128,8 @@ _ORIGINS: Final = {
     "ClaimOptions": "rlreplay.clients.surface",
     "Client": "rlreplay.clients.sync_client",
     "ColumnBatch": "rlreplay.clients.columns",
+    "Episode": "rlreplay.clients.episodes",
+    "EpisodeWriter": "rlreplay.clients.episode_writer",
     "BFloat16Array": "rlreplay.wire.arrays",
     "GpuSampler": "rlreplay.gpu.sampler",  # needs torch, as ReplayDataset
     "Item": "rlreplay.clients.client",
@@ -127,9 +141,13 @@ _ORIGINS: Final = {
     "ShardedClient": "rlreplay.clients.sync_sharded",
     "ShardedLease": "rlreplay.clients.sharded_rollouts",
     "ShardedReplayClient": "rlreplay.clients.sharded",
+    "SyncEpisodeWriter": "rlreplay.clients.sync_episode_writer",
     "SyncLease": "rlreplay.clients.sync_lease",
     "SyncStream": "rlreplay.clients.sync_stream",
     "SyncWriter": "rlreplay.clients.sync_writer",
+    "WindowBatch": "rlreplay.clients.windows",
+    "WindowOptions": "rlreplay.clients.surface",
+    "WindowTensors": "rlreplay.clients.windows",
     "Writer": "rlreplay.clients.writer",
     "WrongEventLoop": "rlreplay.clients.event_loop",
     "rollout_dataset": "rlreplay.clients.dataset",

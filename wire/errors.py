@@ -14,6 +14,7 @@ Every error the HTTP contract names is one class here, keyed by its ``code``::
     ├── TableExists                  409 table_exists
     ├── VersionConflict              409 version_conflict   (a policy version going back)
     ├── NotConfigured                409 not_configured     (no --backup-url for snapshots)
+    ├── StepConflict                 409 step_conflict      (an episode append at a wrong start)
     ├── Gone                         410 gone
     ├── PayloadTooLarge              413 payload_too_large
     ├── UnsupportedMediaType         415 unsupported_media_type
@@ -45,6 +46,7 @@ __all__ = [
     "PayloadTooLarge",
     "ReplayError",
     "SnapshotNotFound",
+    "StepConflict",
     "StorageFull",
     "TableExists",
     "TableNotFound",
@@ -139,6 +141,13 @@ class NotConfigured(ReplayError):
     code, status = "not_configured", 409
 
 
+class StepConflict(ReplayError):
+    """An episode append whose ``start`` is not the episode's length (the message gives it),
+    or an append to an ended episode."""
+
+    code, status = "step_conflict", 409
+
+
 class Gone(ReplayError):
     """The change feed no longer holds the sequence number asked for."""
 
@@ -201,6 +210,7 @@ _BY_CODE: dict[str, type[ReplayError]] = {
         TableExists,
         VersionConflict,
         NotConfigured,
+        StepConflict,
         Gone,
         PayloadTooLarge,
         UnsupportedMediaType,

@@ -60,6 +60,7 @@ from rlreplay.wire.schemas import (
     SnapshotRequest,
     VersionRequest,
 )
+from rlreplay.wire.window_schemas import WindowPrioritiesRequest, WindowSampleRequest
 
 __all__ = [
     "PushBody",
@@ -78,6 +79,8 @@ __all__ = [
     "parse_snapshot",
     "parse_table_config",
     "parse_version",
+    "parse_window_priorities",
+    "parse_window_sample",
     "schema_refusal",
 ]
 
@@ -150,6 +153,8 @@ _PATCH = _Decoders(PatchRequest)
 _CLAIM = _Decoders(ClaimRequest, integral_floats=True)
 _LEASE_KEYS = _Decoders(LeaseKeysRequest)
 _VERSION = _Decoders(VersionRequest, integral_floats=True)
+_WINDOW_SAMPLE = _Decoders(WindowSampleRequest, integral_floats=True)
+_WINDOW_PRIORITIES = _Decoders(WindowPrioritiesRequest, integral_floats=True)
 _FIELD_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 
 
@@ -458,6 +463,19 @@ def parse_priorities(body: bytes, fmt: BodyFormat) -> PrioritiesRequest:
     keys = list(request.priorities)
     check_keys(keys, lambda i: "a key of priorities")
     check_finite(list(request.priorities.values()), lambda i: f"priorities[{keys[i]!r}]")
+    return request
+
+
+def parse_window_sample(body: bytes, fmt: BodyFormat) -> WindowSampleRequest:
+    """Parses an episode table's sample body (:class:`WindowSampleRequest`)."""
+    request: WindowSampleRequest = _decode(body, fmt, _WINDOW_SAMPLE)
+    return request
+
+
+def parse_window_priorities(body: bytes, fmt: BodyFormat) -> WindowPrioritiesRequest:
+    """Parses ``{"windows": [{"episode", "start", "priority" | "td"}], "eta"?}``."""
+    request: WindowPrioritiesRequest = _decode(body, fmt, _WINDOW_PRIORITIES)
+    check_keys([w.episode for w in request.windows], lambda i: f"windows[{i}].episode")
     return request
 
 

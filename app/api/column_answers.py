@@ -39,6 +39,8 @@ __all__ = [
     "item_columns_msgpack",
     "sample_columns_json",
     "sample_columns_msgpack",
+    "window_columns_json",
+    "window_columns_msgpack",
 ]
 
 
@@ -81,6 +83,8 @@ ALIGNMENT: Final = 8
 #: Large values' slices go to the socket where they lie (off: gathered into one buffer;
 #: ``python -m bench bulk --arms`` compares the two).
 SEND_AS_THEY_LIE = True
+#: A window answer whose arrays hold this many bytes is sent as they lie, not copied.
+WINDOWS_AS_THEY_LIE = 1 << 20
 
 
 def _str_forms(text: str) -> list[bytes]:
@@ -134,11 +138,14 @@ def aligned_array_head(dtype: str, shape: tuple[int, ...], nbytes: int, offset: 
     return best if best is not None else array_head(dtype, shape, nbytes)
 
 
-def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
+def _entries(
+    entries: Sequence[tuple[str, Any]], *, lie_bytes: int | None = None
+) -> memoryview | AnswerPieces:
     """A msgpack map of lists of strings, arrays and maps of columns, laid out by hand.
 
     An answer with large values (:class:`RowSlices`, not copied here) is left in pieces,
-    sent as they lie (:mod:`rlreplay.app.api.gathered_writes`). Any other is written into
+    sent as they lie (:mod:`rlreplay.app.api.gathered_writes`), and so is one whose arrays
+    hold ``lie_bytes`` or more (arrays nobody writes again). Any other is written into
     one buffer: each column's data is copied once, straight from where stacking left it,
     and everything between two columns is joined into one piece first.
     """
@@ -160,8 +167,8 @@ def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
 
     for name, value in entries:
         small.append(str_bytes(name))
-        if isinstance(value, list):
-            small.append(_LISTS.encode(value))  # strings, in C
+        if isinstance(value, list | int | float):
+            small.append(_LISTS.encode(value))  # strings (in C), or a plain number
         elif isinstance(value, dict):
             small.append(map_header(len(value)))
             for field, column in value.items():
@@ -170,11 +177,11 @@ def _entries(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
         else:
             array(Column.of(value))
     pieces.append(b"".join(small))
-    if (
-        SEND_AS_THEY_LIE
-        and any(type(piece) is RowSlices for piece in pieces)
-        and all(type(piece) is not np.ndarray or piece.flags.c_contiguous for piece in pieces)
-    ):
+    arrays = [piece for piece in pieces if type(piece) is np.ndarray]
+    large = any(type(piece) is RowSlices for piece in pieces) or (
+        lie_bytes is not None and sum(a.nbytes for a in arrays) >= lie_bytes
+    )
+    if SEND_AS_THEY_LIE and large and all(a.flags.c_contiguous for a in arrays):
         return _as_they_lie(pieces, written + len(pieces[-1]))
     sizes = [
         piece.nbytes if type(piece) is RowSlices else memoryview(piece).nbytes for piece in pieces
@@ -255,7 +262,7 @@ def _ndarray_form(column: Column) -> dict[str, Any]:
 def _json(entries: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in entries:
-        if isinstance(value, list):
+        if isinstance(value, list | int | float):
             out[name] = value
         elif isinstance(value, dict):
             out[name] = {field: _ndarray_form(column) for field, column in value.items()}
@@ -272,3 +279,17 @@ def sample_columns_json(batch: SampleBatch) -> dict[str, Any]:
 def item_columns_json(found: FoundColumns) -> dict[str, Any]:
     """The JSON answer of a batchGet with ``layout: "columns"``, as a JSON-able dict."""
     return _json(_item_entries(found))
+
+
+def window_columns_msgpack(entries: Sequence[tuple[str, Any]]) -> memoryview | AnswerPieces:
+    """The msgpack answer of an episode table's sample: ``entries`` are (name, value) with
+    a value a list of strings, a number, an array, or a map of :class:`Column` (see
+    :mod:`rlreplay.app.api.window_answers`). Arrays of :data:`WINDOWS_AS_THEY_LIE` bytes or
+    more go out where the window build wrote them (buffers it reuses only once nothing,
+    the transport included, holds them)."""
+    return _entries(entries, lie_bytes=WINDOWS_AS_THEY_LIE)
+
+
+def window_columns_json(entries: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The JSON answer of an episode table's sample, as a JSON-able dict."""
+    return _json(entries)

@@ -34,6 +34,7 @@ from rlreplay.app.api.encoding import (
 )
 from rlreplay.app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.window_answers import window_priorities_reply
 from rlreplay.app.api.write_status import status_of
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
@@ -58,6 +59,7 @@ from rlreplay.wire.schemas import (
     PushCommitted,
     PushRequest,
 )
+from rlreplay.wire.window_schemas import WindowPrioritiesRequest
 
 __all__ = [
     "batch_delete_reply",
@@ -238,9 +240,14 @@ async def delete_item(request: Request, table: TableName, key: ItemKey) -> Respo
 @router.post(
     "/priorities",
     response_model=None,
-    openapi_extra=request_body(PrioritiesRequest),
+    openapi_extra=request_body(PrioritiesRequest, WindowPrioritiesRequest),
     responses=answers(
-        {200: (PrioritiesUpdated, "Updated; unknown keys are skipped and counted.")},
+        {
+            200: (
+                PrioritiesUpdated,
+                "Updated; unknown keys (or window starts no longer held) are skipped and counted.",
+            )
+        },
         TableNotFound,
         Overloaded,
         *BODY_ERRORS,
@@ -248,7 +255,12 @@ async def delete_item(request: Request, table: TableName, key: ItemKey) -> Respo
     ),
 )
 async def update_priorities(request: Request, table: TableName) -> Response:
-    """Update the priorities of items."""
+    """Update the priorities of items, or of window starts of an episode table.
+
+    An episode table takes `{"windows": [{"episode", "start", "priority" | "td"}], "eta"?}`:
+    each window start's priority as given, or `eta·max|td| + (1 - eta)·mean|td|` of the TD
+    errors of the window sampled from it.
+    """
     return await serve_body(request, table, priorities_reply)
 
 
@@ -256,6 +268,8 @@ async def priorities_reply(
     engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
 ) -> Reply:
     """The work of :func:`update_priorities` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
+    if engine.windows.serves(table):
+        return await window_priorities_reply(engine, metrics, table, body, fmt, as_msgpack)
     priorities = parse_priorities(body, fmt).priorities
     updated, missing = await engine.admission.update_priorities(table, priorities)
     metrics.count_items("priorities", updated)

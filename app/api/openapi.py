@@ -101,6 +101,9 @@ BODY_ERRORS: tuple[type[ReplayError], ...] = (
 
 #: The components that are ``oneOf`` several Structs, by name (see :func:`_one_of`).
 _ONE_OF: dict[str, tuple[type[msgspec.Struct], ...]] = {}
+#: Those of them whose forms overlap (a body both forms take, the table's kind deciding
+#: which applies): ``anyOf``.
+_ANY_OF: set[str] = set()
 #: The Structs routes name in their bodies and answers, by name (see :func:`_ref`).
 _NAMED: dict[str, type[msgspec.Struct]] = {}
 
@@ -131,6 +134,7 @@ def request_body(
     *alternatives: type[msgspec.Struct],
     example: Any = None,
     required: bool = True,
+    overlapping: bool = False,
 ) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON or msgpack body shaped like ``schema``.
 
@@ -140,6 +144,8 @@ def request_body(
             them all, their examples listed in it).
         example: An example body; by default the Struct's ``EXAMPLE``.
         required: Whether the body may be left out.
+        overlapping: The forms overlap (``{"batch_size": 8}`` samples an item table and an
+            episode table alike): the schema is ``anyOf`` them.
 
     Returns:
         The ``openapi_extra`` mapping of the route.
@@ -147,6 +153,8 @@ def request_body(
     if example is None:
         example = schema.EXAMPLE
     forms: Forms = (schema, *alternatives) if alternatives else schema
+    if overlapping and alternatives:
+        _ANY_OF.add(_one_of((schema, *alternatives)))
     content = {media: {"schema": _ref(forms)} for media in _BODY_TYPES}
     content["application/json"]["example"] = example
     return {"requestBody": {"required": required, "content": content}}
@@ -281,7 +289,7 @@ def _struct_components() -> dict[str, Any]:
     for name, structs in _ONE_OF.items():
         examples = [getattr(s, "EXAMPLE", None) for s in structs]
         components[name] = {
-            "oneOf": [_ref(struct) for struct in structs],
+            "anyOf" if name in _ANY_OF else "oneOf": [_ref(struct) for struct in structs],
             **({"examples": examples} if None not in examples else {}),
         }
     # wire cannot name the server's pydantic TableConfig: the document links it here

@@ -176,7 +176,7 @@ class Admission:
         reservation: str | None = None,
     ) -> int:
         """Admit ``items`` (less those already stale); returns how many were admitted."""
-        t = self._core.table(table)
+        t = self._core.item_table(table, "push")
         if t.config.max_staleness is not None:
             fresh = fresh_items(t, items)
             if len(fresh) < len(items):  # the log must not bring the stale ones back

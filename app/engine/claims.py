@@ -126,7 +126,7 @@ class Claims:
         request: list[Any] | None,
         tags: Sequence[dict[str, Any] | None] | None = None,
     ) -> WriteAnswer:
-        t = self._core.table(table)
+        t = self._core.item_table(table, "items:patch")
         writer = self._core.writer()
         read: dict[tuple[int, int], bytes] = {}  # (slot, value version) → value from disk
         for _ in range(_PATCH_TRIES):
@@ -256,7 +256,7 @@ class Claims:
             raise ValidationFailed(
                 f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})"
             )
-        t = self._core.table(table)
+        t = self._core.item_table(table, "claim")
         timeout = wait_ms / 1000
         deadline = time.monotonic() + timeout
         # what was answered before the claim is applied first, however short its wait: a

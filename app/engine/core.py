@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 
+#: The routes that apply to an episode table, named when an item route refuses one.
+EPISODE_ROUTES = (
+    "POST /v1/tables/{table}/episodes/{episode}/steps, "
+    "GET and DELETE /v1/tables/{table}/episodes/{episode}, "
+    "POST /v1/tables/{table}/sample and POST /v1/tables/{table}/priorities"
+)
+
 
 class EngineCore:
     """The engine's state and the checks every call makes; the parts of
@@ -108,6 +115,17 @@ class EngineCore:
         table = self.state.tables.get(name)
         if table is None or table.dropping:
             raise TableNotFound(f"no table {name!r}")
+        return table
+
+    def item_table(self, name: str, route: str) -> Table:
+        """The table ``name`` for an item ``route``; ValidationFailed, naming the routes
+        that apply, when it is an episode table."""
+        table = self.table(name)
+        if table.episodes is not None:
+            raise ValidationFailed(
+                f"table {name!r} is an episode table: {route} does not apply to it; use "
+                + EPISODE_ROUTES
+            )
         return table
 
     @property

@@ -10,6 +10,10 @@ writer, the checks):
   the caller's task;
 - ``engine.claims`` (:class:`~rlreplay.app.engine.claims.Claims`): patches, claims, acks,
   releases and policy versions, with the lease expiry and field-learning tasks it owns;
+- ``engine.episodes`` (:class:`~rlreplay.app.engine.episodes.Episodes`): appends to,
+  deletes and reads of the episodes of episode tables;
+- ``engine.windows`` (:class:`~rlreplay.app.engine.windows.Windows`): window samples and
+  window priorities of episode tables, in the caller's task;
 - ``engine.snapshots`` (:class:`~rlreplay.app.engine.snapshots.Snapshots`, once started).
 
 The engine itself owns the lifetime (``start``/``stop``) and the tables (create, drop,
@@ -31,11 +35,13 @@ from rlreplay.app.engine.admission import Admission, WriteAnswer
 from rlreplay.app.engine.claim_shape import ClaimShape
 from rlreplay.app.engine.claims import ClaimedItem, Claims
 from rlreplay.app.engine.core import EngineCore
+from rlreplay.app.engine.episodes import Episodes
 from rlreplay.app.engine.item_expiry import ItemExpiry
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.engine.recovery import recover, release
 from rlreplay.app.engine.reservations import ReservationDesk
 from rlreplay.app.engine.snapshots import SnapshotInfo, Snapshots, restore_on_start
+from rlreplay.app.engine.windows import Windows
 from rlreplay.app.log import records
 from rlreplay.app.progress import RecoveryProgress
 from rlreplay.app.settings import Settings
@@ -93,6 +99,8 @@ class Engine:
         self.claims = Claims(self.core, self.reads, self.admission)
         self.reservations = ReservationDesk(self.core)
         self.item_expiry = ItemExpiry(self.core)
+        self.windows = Windows(self.core, self.reads)
+        self.episodes = Episodes(self.core, self.admission)
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None
 

@@ -58,7 +58,7 @@ class Reads:
 
     async def get_batch(self, table: str, keys: Sequence[str]) -> ItemBatch:
         """Items in the order asked, as columns (``values[i]`` None where missing)."""
-        t = self._core.table(table)
+        t = self._core.item_table(table, "get and items:batchGet")
         index, values = t.index, t.values
         if not t.pending.entries:  # the common case: one vectorised pass over cached items
             slots = list(map(index.get, keys))

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from rlreplay.app.engine.admission import write_answer
+from rlreplay.app.episodes.step_arrays import steps_from_msgpack
 from rlreplay.app.log import records
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.in_use import IN_USE
@@ -39,6 +40,9 @@ from rlreplay.app.writer.ops import (
     CreateTableOp,
     DeleteOp,
     DropTableOp,
+    EpisodeAppendOp,
+    EpisodeDeleteOp,
+    EpisodePriorityOp,
     Op,
     PatchOp,
     PriorityOp,
@@ -166,6 +170,10 @@ def remember_request(state: EngineState, record: list[Any]) -> None:
         request = rec.fields[2]
     elif rec.kind == records.PUSH_COLUMNS:
         request = rec.fields[3].get("request")
+    elif rec.kind == records.EPISODE_STEPS:
+        request = rec.fields[5]
+    elif rec.kind == records.EPISODE_DELETE:
+        request = rec.fields[1]
     elif rec.kind == records.PUSH_BODY:
         push = _PUSH_REQUEST.decode(rec.fields[1])
         if push.request_id is not msgspec.UNSET:
@@ -219,4 +227,25 @@ def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
         return VersionOp(lsn, table=table, version=int(fields[0]), weight=0)
     if rec.kind == records.PRIORITIES:
         return PriorityOp(lsn, table=table, keys=fields[0], priorities=fields[1], weight=0)
+    if rec.kind == records.EPISODE_STEPS:
+        return _episode_append(lsn, table, fields)
+    if rec.kind == records.EPISODE_DELETE:
+        return EpisodeDeleteOp(lsn, table=table, episode=fields[0], accepted=False, weight=0)
+    if rec.kind == records.EPISODE_PRIORITIES:
+        windows = [(str(n), int(s), float(p)) for n, s, p in fields[0]]
+        return EpisodePriorityOp(lsn, table=table, windows=windows, weight=0)
     return DropTableOp(lsn, table=table)
+
+
+def _episode_append(lsn: int, table: Any, fields: tuple[Any, ...]) -> EpisodeAppendOp:
+    """The op of an ``episode_steps`` record: its steps read back from the blob."""
+    episode, start, k, prios, end, _request, blob = fields
+    steps, _dtypes = steps_from_msgpack(blob)
+    if table.episodes is not None and k:
+        table.episodes.check_steps(steps, _dtypes)  # learns the fields of a first append
+    reason, final = (None, None) if end is None else (end[0], end[1])
+    final_arrays = steps_from_msgpack(final)[0] if final is not None else None
+    return EpisodeAppendOp(
+        lsn, table=table, episode=episode, start=int(start), steps=steps, k=int(k),
+        priorities=prios, end=reason, final=final_arrays, accepted=False, weight=0,
+    )  # fmt: skip

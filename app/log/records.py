@@ -26,6 +26,12 @@ Kinds and their fields:
                  and ``tags`` (each item's merged tags, nil where unchanged) when any are set
 ``ack``          ``task``, ``keys``: the task consumed those items
 ``version``      ``version``: the table's policy version moved forward
+``episode_steps`` ``episode``, ``start``, ``k``, ``priorities`` (or nil), ``end`` (nil or
+                 ``[reason, final]``, ``final`` the msgpack map of the final values or nil),
+                 ``request`` or nil, then the ``steps`` map (field -> array, msgpack) as
+                 the record's blob
+``episode_delete`` ``episode``, ``request`` or nil
+``episode_priorities`` ``windows``: ``[[episode, start, priority], ...]``
 ================ ==========================================================================
 
 A write's ``request`` is ``[request_id, status, answer]``: replay remembers the id and its
@@ -51,6 +57,9 @@ PRIORITIES = "priorities"
 PATCH = "patch"
 ACK = "ack"
 VERSION = "version"
+EPISODE_STEPS = "episode_steps"
+EPISODE_DELETE = "episode_delete"
+EPISODE_PRIORITIES = "episode_priorities"
 KINDS = frozenset(
     {
         CREATE_TABLE,
@@ -63,6 +72,9 @@ KINDS = frozenset(
         PATCH,
         ACK,
         VERSION,
+        EPISODE_STEPS,
+        EPISODE_DELETE,
+        EPISODE_PRIORITIES,
     }
 )
 
@@ -147,6 +159,29 @@ def version(table: str, value: int) -> list[Any]:
 def priorities(table: str, keys: list[str], values: list[float]) -> list[Any]:
     """Items' priorities were set."""
     return [PRIORITIES, RECORD_VERSION, table, keys, values]
+
+
+def episode_steps(
+    table: str,
+    episode: str,
+    start: int,
+    k: int,
+    priorities: list[float] | None,
+    end: list[Any] | None,
+    request: list[Any] | None,
+) -> list[Any]:
+    """Steps were appended to an episode: append the ``steps`` map as the record's blob."""
+    return [EPISODE_STEPS, RECORD_VERSION, table, episode, start, k, priorities, end, request]
+
+
+def episode_delete(table: str, episode: str, request: list[Any] | None) -> list[Any]:
+    """An episode was deleted."""
+    return [EPISODE_DELETE, RECORD_VERSION, table, episode, request]
+
+
+def episode_priorities(table: str, windows: list[list[Any]]) -> list[Any]:
+    """The priorities of windows ``[[episode, start, priority], ...]`` were set."""
+    return [EPISODE_PRIORITIES, RECORD_VERSION, table, windows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,13 @@ key                         value
                             metadata (msgpack ``[group, version, field names, names of
                             the tasks that acknowledged it]``), if it has any
 ``\x00request_ids``         the idempotency window's request ids and answers (msgpack)
+``e`` + table id            an episode table's own state (msgpack: its fields, chunk length,
+                            counters)
+``e`` + table id + name     an episode's record (msgpack: length, end, final values, per-step
+                            priority, append order and times sampled, its open tail)
+``c`` + table id + u64      a sealed chunk of an episode's steps: one field's values for a
+episode number + u16 field  run of steps, compressed when the table says so (the number:
+length + field + u32 chunk  the episode's ``created``, never reused, unlike its name)
 ==========================  ================================================================
 
 A table id is 4 big-endian bytes, so a table's values (and its metadata) are one key range.
@@ -57,8 +64,43 @@ def item_key_of(raw_key: bytes) -> str:
 
 
 def table_ranges(tid: int) -> list[tuple[bytes, bytes]]:
-    """The key ranges holding every value and metadata record of table ``tid``."""
-    return [(tag + table_id(tid), tag + table_id(tid + 1)) for tag in (b"v", b"m")]
+    """The key ranges holding every value and metadata record of table ``tid``, and its
+    episodes' records and chunks."""
+    return [(tag + table_id(tid), tag + table_id(tid + 1)) for tag in (b"v", b"m", b"e", b"c")]
+
+
+def episode_key(table_prefix: bytes, name: str) -> bytes:
+    """The key of an episode's record (``name`` empty: the episode table's own state)."""
+    return b"e" + table_prefix + name.encode()
+
+
+def episode_name_of(raw_key: bytes) -> str:
+    """The episode name of an episode record's key (empty: the table's own state)."""
+    return raw_key[5:].decode()
+
+
+def chunk_key(table_prefix: bytes, created: int, field: str, chunk: int) -> bytes:
+    """The key of sealed chunk ``chunk`` of field ``field`` of the episode numbered
+    ``created`` in its table."""
+    field_bytes = field.encode()
+    return (
+        episode_chunks_prefix(table_prefix, created)
+        + len(field_bytes).to_bytes(2, "big")
+        + field_bytes
+        + chunk.to_bytes(4, "big")
+    )
+
+
+def episode_chunks_prefix(table_prefix: bytes, created: int) -> bytes:
+    """The prefix of every chunk key of the episode numbered ``created``."""
+    return b"c" + table_prefix + created.to_bytes(8, "big")
+
+
+def chunk_of(raw_key: bytes, prefix_len: int) -> tuple[str, int]:
+    """(field, chunk number) of a chunk key whose episode prefix is ``prefix_len`` long."""
+    n = int.from_bytes(raw_key[prefix_len : prefix_len + 2], "big")
+    field = raw_key[prefix_len + 2 : prefix_len + 2 + n].decode()
+    return field, int.from_bytes(raw_key[prefix_len + 2 + n :], "big")
 
 
 def pack_meta(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from rlreplay.app.episodes.start_sampling import SUPPORTED as EPISODE_SAMPLERS
 from rlreplay.app.selection.rate_limiters import RateLimiter
 
 #: The largest count a config takes: the engine keeps counts in 64-bit signed integers.
@@ -94,6 +95,31 @@ class AdmissionSpec(BaseModel):
     max_ahead: Count = Field(..., ge=1, le=MAX_COUNT)
 
 
+class EpisodesSpec(BaseModel):
+    """An episode table's settings: ``{"compression"?: "none" | "zstd", "frame_stack"?:
+    {field: k}}``. A table with them holds episodes of steps instead of items, and its
+    ``max_size`` counts steps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compression: Literal["none", "zstd"] = Field(
+        "none", description="How sealed chunks of steps are stored."
+    )
+    frame_stack: dict[Annotated[str, Field(min_length=1, max_length=128)], Count] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Fields sampled as the last k frames ending at each step; each frame "
+        "is stored once.",
+    )
+
+    @model_validator(mode="after")
+    def _stacks_positive(self) -> EpisodesSpec:
+        for name, k in self.frame_stack.items():
+            if not 1 <= k <= 1024:
+                raise ValueError(f"frame_stack[{name!r}] ({k}) must be 1 to 1024")
+        return self
+
+
 RateLimiterSpec = Annotated[
     MinSizeLimiter | SampleToInsertRatioLimiter | QueueLimiter, Field(discriminator="type")
 ]
@@ -131,6 +157,21 @@ class TableConfig(BaseModel):
         allow_inf_nan=False,
         description="Unconsumed items older than this are deleted, whole groups at a time.",
     )
+    episodes: EpisodesSpec | None = Field(
+        None,
+        description="Makes an episode table: steps appended per episode, windows sampled; "
+        "``max_size`` counts steps.",
+    )
+
+    @model_validator(mode="after")
+    def _episodes_sampler(self) -> TableConfig:
+        """An episode table's sampler picks window starts: only the types that apply."""
+        if self.episodes is not None and self.sampler.type not in EPISODE_SAMPLERS:
+            raise ValueError(
+                f"sampler {self.sampler.type!r} does not apply to episode tables "
+                f"(they take: {', '.join(EPISODE_SAMPLERS)})"
+            )
+        return self
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able form (what is stored and answered); the rollout settings only
@@ -142,8 +183,8 @@ class TableConfig(BaseModel):
         return wire
 
 
-#: Settings of rollout tables, left out of a config's wire form while unset.
-_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack", "admission", "ttl_s")
+#: Settings of rollout and episode tables, left out of a config's wire form while unset.
+_ROLLOUT_FIELDS = ("max_staleness", "delete_after_ack", "admission", "ttl_s", "episodes")
 
 
 def check_numbers(value: Any, where: str) -> None:

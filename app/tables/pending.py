@@ -222,6 +222,20 @@ class PendingOps:
             return False
         return True
 
+    async def applied_after(self, seq: int, timeout_s: float) -> bool:
+        """Wait until the writer applies an op of this table after log position ``seq``
+        (an episode table's sample waiting for a window to start); False on timeout."""
+        if self._applied_seq > seq:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._barriers.append((seq + 1, fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
+        except TimeoutError:
+            fut.cancel()  # applied() and rebuild() skip it
+            return False
+        return True
+
     async def wait_nonempty(self, timeout_s: float) -> bool:
         """Wait until the applied state holds an item; False on timeout."""
         if self._index:

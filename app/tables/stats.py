@@ -69,6 +69,15 @@ def describe(t: Table) -> dict[str, Any]:
     stats["selectable"] = len(t.sampler)
     stats["draw_mass"] = t.sampler.draw_mass()
     stats["expired"] = t.rollouts.expired  # unconsumed items past the table's ttl_s
+    e = t.episodes
+    if e is not None:  # an episode table: its size counts steps; its cache, held chunks
+        stats.update(
+            size=e.accepted_steps,
+            episodes=e.episodes,
+            steps=e.steps,
+            stored_bytes=e.stored_bytes,
+            bytes_in_cache=e.residency.held_bytes,
+        )
     return {"name": t.name, "config": t.config.to_wire(), "stats": stats}
 
 

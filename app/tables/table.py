@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.selection.base import Selector
 from rlreplay.app.selection.rate_limiters import RateGate
 from rlreplay.app.selection.registry import make_selector
@@ -73,6 +74,8 @@ class Table:
         self.counters = TableCounters()
         #: The change feed, started by the first follower (see :meth:`follow`).
         self.changes: ChangeFeed | None = None
+        #: An episode table's episodes and steps (None: a table of items).
+        self.episodes = EpisodeTable(**config.episodes.model_dump()) if config.episodes else None
 
         self._index: dict[str, int] = {}
         self._pending = PendingOps(self._index)
@@ -585,5 +588,8 @@ class Table:
         return self.changes
 
     def visible_size(self) -> int:
-        """Items a reader sees now (see :meth:`PendingOps.visible_size`)."""
+        """Items a reader sees now (see :meth:`PendingOps.visible_size`); steps, accepted
+        ones included, in an episode table."""
+        if self.episodes is not None:
+            return self.episodes.accepted_steps
         return self._pending.visible_size()

@@ -19,6 +19,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from rlreplay.app.episodes.chunk_residency import ChunkResidency
 from rlreplay.app.storage.allocator import release_free_memory
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD
 from rlreplay.app.storage.faults import Backoff, storage_error
@@ -33,12 +34,23 @@ from rlreplay.app.storage.layout import (
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.checkpoints import Checkpointer
+from rlreplay.app.writer.episodes import (
+    apply_episode_append,
+    apply_episode_delete,
+    apply_episode_priorities,
+    chunk_puts,
+    chunks_evicted,
+    chunks_kept,
+)
 from rlreplay.app.writer.ops import (
     AckOp,
     CheckpointOp,
     CreateTableOp,
     DeleteOp,
     DropTableOp,
+    EpisodeAppendOp,
+    EpisodeDeleteOp,
+    EpisodePriorityOp,
     EvictOp,
     Op,
     PatchOp,
@@ -213,6 +225,13 @@ class OpApplier:
             apply_ack(op)
         elif isinstance(op, VersionOp):
             apply_version(op)
+        elif isinstance(op, EpisodeAppendOp):
+            await apply_episode_append(op, self._state)
+            await self._evict_if_over(replay)
+        elif isinstance(op, EpisodeDeleteOp):
+            apply_episode_delete(op, self._state)
+        elif isinstance(op, EpisodePriorityOp):
+            apply_episode_priorities(op)
         elif isinstance(op, PopulateOp):
             self._populate(op)
         elif isinstance(op, EvictOp):
@@ -397,8 +416,15 @@ class OpApplier:
             return
         if not self.evict_retry.due():
             return  # failing: the retry is queued when due
-        victims = s.ledger.victims(int(s.ledger.limit_bytes * EVICT_LOW_WATERMARK))
-        puts: list[tuple[bytes, bytes]] = []
+        picked = s.ledger.victims(int(s.ledger.limit_bytes * EVICT_LOW_WATERMARK))
+        victims: list[tuple[Table, int]] = []
+        chunks: list[tuple[ChunkResidency, int]] = []  # episode tables' sealed chunks
+        for owner, slot in picked:
+            if isinstance(owner, ChunkResidency):
+                chunks.append((owner, slot))
+            else:
+                victims.append((owner, slot))
+        puts: list[tuple[bytes, bytes]] = chunk_puts(chunks)
         for t, slot in victims:
             key, value = t.keys[slot], t.values[slot]
             if t.dropped or key is None or value is None:
@@ -415,10 +441,11 @@ class OpApplier:
         except OSError as exc:  # the values stay in the cache, over its limit, until a retry
             rocks.give_back_deletes(deletes)
             self._requeue(victims)
+            chunks_kept(s, chunks)
             self._background_failed("evict", exc, self.evict_retry)
             return
         self.evict_retry.succeeded()
-        evicted = 0
+        evicted = chunks_evicted(s, chunks)
         for t, slot in victims:  # only now: readers find the value in RocksDB from here on
             if t.dropped or t.keys[slot] is None or t.values[slot] is None:
                 continue
@@ -447,6 +474,9 @@ class OpApplier:
             return
         table = Table(op.name, s.next_tid, op.config)
         s.next_tid += 1
+        if table.episodes is not None and self._rocks is not None:  # where its chunks go
+            table.episodes.residency.store = self._rocks.db
+            table.episodes.residency.prefix = table.prefix
         if self._rocks is not None:
             await self._store_write_or_defer(
                 [
@@ -464,6 +494,8 @@ class OpApplier:
         s.tables.pop(table.name, None)
         s.dropped_counters.add(table.counters)
         s.ledger.drop_table(table)
+        if table.episodes is not None:
+            s.ledger.drop_table(table.episodes.residency)
         table.fail_waiters(TableNotFound(f"table {table.name!r} was deleted"))
         table.rollouts.changed.notify()  # waiting claims look again, and find no table
         table.gate.close(TableNotFound(f"table {table.name!r} was deleted"))

@@ -191,6 +191,7 @@ class Checkpointer:
                 t.name: {
                     "items": len(t.index),
                     "bytes": t.bytes_on_disk if in_rocksdb else t.bytes_in_cache,
+                    **({"episodes": True} if t.episodes is not None else {}),
                 }
                 for t in s.tables.values()
                 if not t.dropped

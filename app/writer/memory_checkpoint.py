@@ -7,7 +7,9 @@ holds them.
 
 The file (format 2) is :data:`MAGIC`, then chunks ``<kind:u8><length:u32><xxh3_64:u64>
 <payload>``: the header (``H``: a msgpack map of the tables' state and the log position
-covered), rows (``R``: msgpack rows back to back, about 1 MiB a chunk) and an end marker
+covered), rows (``R``: msgpack rows back to back, about 1 MiB a chunk; an episode table's
+rows have no key, and the blobs of :func:`~rlreplay.app.episodes.persistence.episode_blobs`
+as values) and an end marker
 (``E``: how many chunks and rows came before it, and their bytes). So a file cut short, a
 flipped byte, an empty file or a header cut short are each found, and named with their
 bytes, before anything is loaded. A file of format 1 (an older server's: a msgpack header
@@ -25,6 +27,7 @@ import msgpack
 import numpy as np
 from xxhash import xxh3_64_intdigest
 
+from rlreplay.app.episodes.persistence import episode_blobs
 from rlreplay.app.log.framing import LogRecoveryError
 
 if TYPE_CHECKING:
@@ -114,6 +117,13 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table], upto: in
                     if len(rows) >= _CHUNK_BYTES:
                         out.chunk(ROWS, rows)
                         rows = bytearray()
+            # an episode table's rows: key None, the value a blob of its state or an episode
+            for blob in episode_blobs(t.episodes) if t.episodes is not None else ():
+                rows += packer.pack((t.tid, None, blob, 0.0, 0.0, 0, 0))
+                out.rows += 1
+                if len(rows) >= _CHUNK_BYTES:
+                    out.chunk(ROWS, rows)
+                    rows = bytearray()
         if rows:
             out.chunk(ROWS, rows)
         out.chunk(END, packer.pack([out.chunks, out.rows, out.bytes]))

@@ -1,7 +1,8 @@
 """The ops the single writer applies. Routes build them; only the writer executes them.
 
 Urgent: :class:`PutOp`, :class:`DeleteOp`, :class:`PriorityOp`, :class:`PatchOp`,
-:class:`AckOp`, :class:`VersionOp`, :class:`CreateTableOp`, :class:`DropTableOp`,
+:class:`AckOp`, :class:`VersionOp`, :class:`EpisodeAppendOp`, :class:`EpisodeDeleteOp`,
+:class:`EpisodePriorityOp`, :class:`CreateTableOp`, :class:`DropTableOp`,
 :class:`CheckpointOp`, :class:`SnapshotOp`.
 Housekeeping: :class:`EvictOp`, :class:`PopulateOp`.
 """
@@ -12,7 +13,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, PatchedItem
@@ -98,6 +99,40 @@ class VersionOp(Op):
 
     table: Table
     version: int
+
+
+@dataclass(slots=True, eq=False)
+class EpisodeAppendOp(Op):
+    """Append ``k`` steps at ``start`` to an episode of an episode table (ending it with
+    ``end``, with ``final`` values); ``accepted``: counted by the table's admission (False
+    when the log is replayed)."""
+
+    table: Table
+    episode: str
+    start: int
+    steps: dict[str, Any]  # field -> ndarray, first axis k
+    k: int
+    priorities: list[float] | None = None
+    end: str | None = None
+    final: dict[str, Any] | None = None
+    accepted: bool = True
+
+
+@dataclass(slots=True, eq=False)
+class EpisodeDeleteOp(Op):
+    """Delete an episode of an episode table."""
+
+    table: Table
+    episode: str
+    accepted: bool = True
+
+
+@dataclass(slots=True, eq=False)
+class EpisodePriorityOp(Op):
+    """Set the priorities of windows: ``(episode, start, priority)`` each."""
+
+    table: Table
+    windows: list[tuple[str, int, float]]
 
 
 @dataclass(slots=True, eq=False)

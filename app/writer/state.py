@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
+from rlreplay.app.episodes.chunk_residency import ChunkResidency
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.settings import Settings
@@ -30,7 +31,7 @@ class EngineState:
 
     settings: Settings
     io: BlockingIO
-    ledger: CacheLedger[Table]
+    ledger: CacheLedger[Table | ChunkResidency]
     #: The storage mode's object (:mod:`rlreplay.app.writer.storage`), chosen once at start.
     storage: Storage
     wal: WriteAheadLog | None = None

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
+from rlreplay.app.episodes.persistence import load_blob, load_rocks, rocks_writes
 from rlreplay.app.storage import layout
 from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
@@ -146,7 +147,11 @@ class MemoryStorage(Storage):
             if header is None:
                 return None, []
             by_tid: dict[int, list[tuple[Any, ...]]] = {}
+            episode_blobs: dict[int, list[bytes]] = {}
             for tid, key, value, prio, ts, sampled, order, *meta in rows:
+                if key is None:  # an episode table's state or one of its episodes
+                    episode_blobs.setdefault(tid, []).append(value)
+                    continue
                 by_tid.setdefault(tid, []).append(
                     (key, value, prio, ts, sampled, len(value) + len(key), order, *meta)
                 )
@@ -160,6 +165,9 @@ class MemoryStorage(Storage):
                     else []
                 )
                 restore_rows(state, table, mine, on_disk=False, fields=fields)
+                if table.episodes is not None:
+                    for blob in episode_blobs.get(table.tid, []):
+                        load_blob(table.episodes, blob)
                 tables.append(table)
             return header, tables
 
@@ -259,6 +267,8 @@ class RocksStorage(Storage):
                     if table.index_fields:
                         fields.append(indexed)
                 restore_rows(state, table, rows, on_disk=True, fields=fields)
+                if table.episodes is not None:
+                    load_rocks(table.episodes, table.prefix, store)
                 tables.append(table)
             ids = store.get(layout.REQUEST_IDS_KEY)
             state.request_ids.load(msgpack.unpackb(ids, raw=False) if ids else [])
@@ -325,6 +335,13 @@ class RocksStorage(Storage):
                     await between()
         # each table's own state (rate limiter counts, counters) as of this checkpoint
         puts = [(table_key(t.name), table_record(t)) for t in state.tables.values()]
+        # episode tables: their episodes' records and the chunks sealed since
+        episode_writes = [
+            rocks_writes(t.episodes, t.prefix) for t in state.tables.values() if t.episodes
+        ]
+        for e_puts, e_deletes, _ in episode_writes:
+            puts.extend(e_puts)
+            self.deletes.extend(e_deletes)
         ids = await io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
         puts.append((REQUEST_IDS_KEY, ids))
         puts.append((LSN_KEY, pack_count(upto)))
@@ -332,8 +349,10 @@ class RocksStorage(Storage):
         try:
             await steps.write(puts, deletes, [])
         except OSError:
-            self.give_back_deletes(deletes)
+            self.give_back_deletes(deletes)  # episodes' deletes among them
             raise
+        for _, _, written in episode_writes:
+            written()
         await io.run(store.flush)  # if it fails, the log is not cut: it still covers all
         return steps.bytes
 

@@ -31,10 +31,14 @@ from rlreplay.app.storage.faults import storage_error
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.apply import OpApplier, raise_into
 from rlreplay.app.writer.checkpoints import Checkpointer, CheckpointStats
+from rlreplay.app.writer.episodes import rebuild_accepted
 from rlreplay.app.writer.ops import (
     AckOp,
     DeleteOp,
     DropTableOp,
+    EpisodeAppendOp,
+    EpisodeDeleteOp,
+    EpisodePriorityOp,
     Op,
     PatchOp,
     PriorityOp,
@@ -418,10 +422,27 @@ class TaskProcessor:
                     t.rebuild_pending([current, *waiting])
             else:
                 t.rebuild_pending(waiting)
+            if t.episodes is not None:  # what appends are numbered against, without the refused
+                unapplied = (
+                    [current]
+                    if current is not None and not current.refused and not self._applying
+                    else []
+                )
+                rebuild_accepted(t, [*unapplied, *kept])
 
 
 def _item_op_of(op: Op, table: Table) -> bool:
-    """Whether ``op`` is one of ``table``'s item ops (those its pending index counts)."""
-    return isinstance(op, PutOp | DeleteOp | PriorityOp | PatchOp | AckOp | VersionOp) and (
-        op.table is table
-    )
+    """Whether ``op`` is one of ``table``'s ops that its pending index counts (item ops,
+    and an episode table's appends, deletes and window priorities)."""
+    return isinstance(
+        op,
+        PutOp
+        | DeleteOp
+        | PriorityOp
+        | PatchOp
+        | AckOp
+        | VersionOp
+        | EpisodeAppendOp
+        | EpisodeDeleteOp
+        | EpisodePriorityOp,
+    ) and (op.table is table)

@@ -337,7 +337,7 @@ async def test_columnar_bodies_and_answers_match_the_documented_schemas(
     r = await client.post("/v1/tables/default/items", json=body)
     assert r.status_code == 200
     r = await client.post("/v1/tables/default/sample", json={"batch_size": 3, "layout": "columns"})
-    check(r.json(), "SampleResponseOrSampleColumns")
+    check(r.json(), "SampleResponseOrSampleColumnsOrWindowColumns")
     r = await client.post(
         "/v1/tables/default/items:batchGet", json={"keys": ["a", "x"], "layout": "columns"}
     )

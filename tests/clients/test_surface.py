@@ -63,11 +63,14 @@ def parameters(call: Callable[..., Any]) -> list[str]:
 
 
 def shared_part(cls: type, name: str, call: Callable[..., Any]) -> list[str]:
-    """``call``'s parameters less the keyword-only extras ``cls`` adds at their end."""
+    """``call``'s parameters less the keyword-only extras ``cls`` adds after the shared
+    ones (before a ``**`` parameter, which stays last)."""
     extra = EXTRA.get((cls.__name__, name), [])
     params = parameters(call)
-    assert [p.split(":")[0] for p in params[len(params) - len(extra) :]] == extra or not extra
-    return params[: len(params) - len(extra)]
+    tail = 1 if params and params[-1].startswith("**") else 0
+    added = params[len(params) - len(extra) - tail : len(params) - tail]
+    assert [p.split(":")[0] for p in added] == extra or not extra
+    return params[: len(params) - len(extra) - tail] + params[len(params) - tail :]
 
 
 def test_each_client_has_the_shared_calls_and_only_its_own_beside_them() -> None:

@@ -32,9 +32,10 @@ from tests.clients.replay_fake import FakeServer
 #: Calls whose answer the synchronous client turns into a blocking form.
 BLOCKING_ANSWERS = {
     "writer": ("Writer", "SyncWriter"),
+    "episode_writer": ("EpisodeWriter", "SyncEpisodeWriter"),
     "stream": (
-        "AsyncIterator[list[Item] | ColumnBatch]",
-        "SyncStream[list[Item]] | SyncStream[ColumnBatch]",
+        "AsyncIterator[list[Item] | ColumnBatch | WindowBatch]",
+        "SyncStream[list[Item]] | SyncStream[ColumnBatch] | SyncStream[WindowBatch]",
     ),
     "claim": ("Lease", "SyncLease"),
     "sharded claim": ("ShardedLease", "SyncLease"),
