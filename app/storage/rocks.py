@@ -33,6 +33,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import os
 import re
 import shutil
 import threading
@@ -66,6 +67,25 @@ _NAMED_FILE = re.compile(r"(/[^\s:,]+?\.sst)\b|The file (\S+) may be corrupted|(
 
 class _WriteStalled(Exception):
     """A write with ``no_slowdown`` that RocksDB would have made wait (nothing written)."""
+
+
+def lock_still_open(lock: Path) -> bool:
+    """Whether this process still has ``lock`` (a database's ``LOCK`` file) open: a dropped
+    handle that something in a reference cycle still holds (an iterator in a traceback).
+    True where ``/proc/self/fd`` cannot tell."""
+    target = os.path.realpath(lock)
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return True
+    for fd in fds:
+        try:
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listing the folder, or one closed meanwhile
+            continue
+        if opened in (target, f"{target} (deleted)"):
+            return True
+    return False
 
 
 def is_corruption(exc: BaseException) -> bool:
@@ -139,8 +159,7 @@ class RocksStore:
                     self._db.close()
                 except Exception as exc:  # a compaction may have met the same damage
                     log.info("RocksDB in %s closed with its error: %s", path, exc)
-                self._db = None
-                gc.collect()  # the handle's lock on the folder goes with it
+                self._drop_handle()
                 raise
         self._opened = True
 
@@ -177,6 +196,17 @@ class RocksStore:
         table.set_cache_index_and_filter_blocks(True)
         opts.set_block_based_table_factory(table)
         return Rdict(str(path), opts)
+
+    def _drop_handle(self) -> None:
+        """Let go of the closed database, so that its lock on the folder goes with it.
+
+        ``close()`` releases the lock unless an iterator still holds the database; one
+        held by a reference cycle goes only with a full collection, which costs time in
+        proportion to every object the process holds, so it runs only when needed.
+        """
+        self._db = None
+        if lock_still_open(self._path / "LOCK"):
+            gc.collect()
 
     def _live(self) -> Rdict:
         """The open database (the writer's calls; readers go through _reading)."""
@@ -386,8 +416,7 @@ class RocksStore:
                     self._db.close()
             except Exception as exc:  # it tries a last flush, which fails the same way
                 log.info("RocksDB in %s closed with its error: %s", self._path, exc)
-            self._db = None
-            gc.collect()  # the old handle's lock on the folder goes with it
+            self._drop_handle()
             try:
                 self._db = self._open()
             except Exception as exc:
@@ -442,5 +471,4 @@ class RocksStore:
                 self._db.close()
             except Exception as exc:
                 log.error("RocksDB in %s: close failed: %s", self._path, exc)
-            self._db = None
-            gc.collect()  # the handle's lock on the folder goes with it
+            self._drop_handle()
