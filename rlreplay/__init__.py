@@ -48,6 +48,7 @@ __all__ = [
     "ReplayClient",
     "ReplayDataset",
     "ReplayError",
+    "Reservation",
     "RolloutBatches",
     "ShardedClient",
     "ShardedLease",
@@ -83,7 +84,7 @@ if TYPE_CHECKING:
     from rlreplay.clients.episode_writer import EpisodeWriter
     from rlreplay.clients.episodes import Episode
     from rlreplay.clients.event_loop import WrongEventLoop
-    from rlreplay.clients.rollouts import Lease
+    from rlreplay.clients.rollouts import Lease, Reservation
     from rlreplay.clients.sharded import ShardedReplayClient
     from rlreplay.clients.sharded_rollouts import ShardedLease
     from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
@@ -137,6 +138,7 @@ _ORIGINS: Final = {
     "ReplayCalls": "rlreplay.clients.surface",
     "ReplayClient": "rlreplay.clients.client",
     "ReplayDataset": "rlreplay.gpu.dataset",
+    "Reservation": "rlreplay.clients.rollouts",
     "RolloutBatches": "rlreplay.clients.dataset",
     "ShardedClient": "rlreplay.clients.sync_sharded",
     "ShardedLease": "rlreplay.clients.sharded_rollouts",

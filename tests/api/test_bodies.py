@@ -229,13 +229,22 @@ class Reference:
         fields = self._map()
         if fields is None:
             return
+        # a field given twice in an item: the decoder (msgspec) checks each one's type and
+        # bounds as it reads, and keeps the last; a key's length is checked on that last one
         key: str | None = None
+        key_given = False
         value: bytes | None = None
         priority = 1.0
         for _ in range(fields):
             name = self._unpacker.unpack()
             if name == "key":
-                key = self._key(self._unpacker.unpack())
+                raw = self._unpacker.unpack()
+                key_given = True
+                if type(raw) is str:
+                    key = raw
+                else:
+                    self.problems.add(BAD)
+                    key = None
             elif name == "value":
                 start = self._unpacker.tell()
                 self._unpacker.skip()
@@ -245,6 +254,8 @@ class Reference:
             else:
                 self._name(name)
                 self._unpacker.skip()
+        if key_given and key is not None:
+            key = self._key(key)
         if key is None or value is None:
             self.problems.add(INVALID)  # a missing field (or a key refused above)
         else:
