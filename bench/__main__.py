@@ -9,7 +9,8 @@ sharded (the sharded client over 1, 2 and 3 local servers), sidecar (the GPU
 sidecar's selection, collection, feed cost and trainer batches/s), rollouts (claim
 + ack next to sample, patch next to push), bulk (big batches over TCP and a Unix socket
 next to the sockets' own bandwidth), episodes (windows and n-step transitions of Atari-sized
-frames next to Reverb and TorchRL).
+frames next to Reverb and TorchRL), ray_path (rlreplay.ray's client, in the driver and in a
+Ray task, next to a plain client; start and shutdown).
 With no section named, all run.
 """
 
@@ -35,6 +36,7 @@ SECTIONS = (
     "rollouts",
     "bulk",
     "episodes",
+    "ray_path",
 )
 
 
