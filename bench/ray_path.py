@@ -7,7 +7,8 @@ client's reconnect. This section measures, with one server each, on a local one-
 * push (64 items of 4 KiB) and sample (256 of them), calls/s: a plain ``rlreplay.Client``
   against a server started by ``rlreplay serve``; ``rlreplay.ray.client(name)`` against the
   server ``rlreplay.ray.start`` placed, from the driver and from inside a Ray task (the client
-  handed to it pickled); each the median of ``--repeats`` runs of ``--duration`` seconds;
+  handed to it pickled), and ``rlreplay.ray.async_client(name)`` on the task's own event
+  loop; each the median of ``--repeats`` runs of ``--duration`` seconds;
 * one-off costs, in seconds: ``start`` (a server actor ready), a client by name, a client
   unpickled in a task (the task's round trip included), ``shutdown``.
 
@@ -20,6 +21,7 @@ Run: ``python -m bench.ray_path [--duration 2] [--repeats 3] [--quick]``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import tempfile
@@ -63,6 +65,34 @@ def _calls(rb: Any, duration_s: float, repeats: int) -> dict[str, float]:
     return out
 
 
+async def _async_calls(name: str, duration_s: float, repeats: int) -> dict[str, float]:
+    """:func:`_calls` with ``rlreplay.ray.async_client`` on the caller's event loop."""
+    import rlreplay.ray
+
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 256, (PUSH_ITEMS, ITEM_BYTES), dtype=np.uint8)
+    out = {}
+    async with rlreplay.ray.async_client(name) as rb:
+        for name_, make in (
+            (
+                "push",
+                lambda i: rb.push_columns(
+                    TABLE, [f"a{i}-{j}" for j in range(PUSH_ITEMS)], {"x": rows}
+                ),
+            ),
+            ("sample", lambda i: rb.sample(TABLE, SAMPLE_ITEMS, layout="columns")),
+        ):
+            rates = []
+            for _ in range(repeats):
+                done, started = 0, time.perf_counter()
+                while (elapsed := time.perf_counter() - started) < duration_s:
+                    await make(done % 300)
+                    done += 1
+                rates.append(done / elapsed)
+            out[name_] = statistics.median(rates)
+    return out
+
+
 def _rate(call: Callable[[], None], duration_s: float) -> float:
     done, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < duration_s:
@@ -85,7 +115,7 @@ def _plain(workdir: Path, duration_s: float, repeats: int) -> dict[str, float]:
         stop_process(proc)
 
 
-def _ray(workdir: Path, duration_s: float, repeats: int) -> tuple[dict[str, float], ...]:
+def _ray(workdir: Path, duration_s: float, repeats: int) -> tuple[Any, ...]:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
@@ -94,6 +124,10 @@ def _ray(workdir: Path, duration_s: float, repeats: int) -> tuple[dict[str, floa
     @ray.remote(num_cpus=0)
     def in_task(rb: Any, duration_s: float, repeats: int) -> dict[str, float]:
         return _calls(rb, duration_s, repeats)
+
+    @ray.remote(num_cpus=0)
+    def in_task_async(name: str, duration_s: float, repeats: int) -> dict[str, float]:
+        return asyncio.run(_async_calls(name, duration_s, repeats))
 
     @ray.remote(num_cpus=0)
     def touch(rb: Any) -> int:
@@ -116,13 +150,14 @@ def _ray(workdir: Path, duration_s: float, repeats: int) -> tuple[dict[str, floa
         once["client unpickled in a task"] = time.perf_counter() - began
         driver = _calls(rb, duration_s, repeats)
         task = ray.get(in_task.remote(rb, duration_s, repeats))
+        task_async = ray.get(in_task_async.remote("bench", duration_s, repeats))
         rb.close()
         began = time.perf_counter()
         rlreplay.ray.shutdown("bench", snapshot=False)
         once["shutdown"] = time.perf_counter() - began
     finally:
         ray.shutdown()
-    return driver, task, once
+    return driver, task, task_async, once
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,11 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         plain = _plain(workdir, args.duration, args.repeats)
-        driver, task, once = _ray(workdir, args.duration, args.repeats)
+        driver, task, task_async, once = _ray(workdir, args.duration, args.repeats)
     rows = [
         ["rlreplay.Client, rlreplay serve", plain["push"], plain["sample"]],
         ["rlreplay.ray.client, in the driver", driver["push"], driver["sample"]],
         ["rlreplay.ray.client, in a Ray task", task["push"], task["sample"]],
+        ["rlreplay.ray.async_client, in a Ray task", task_async["push"], task_async["sample"]],
     ]
     print_table(
         f"Ray path: calls/s, one server ({PUSH_ITEMS} x {ITEM_BYTES} B pushes, "

@@ -92,6 +92,10 @@ def test_three_servers_on_three_nodes_survive_a_sigkill(ray_cluster: Any, tmp_pa
         )
         assert back["restarted"] and back["node_id"] == victim["node_id"]
         assert back["data_dir"] == victim["data_dir"]
+        # the registry holds the restarted server's address
+        registry = rlreplay_ray.find_registry("rb")
+        assert ray.get(registry.placement.remote(), timeout=60)["starts"] == [1, 2, 1]
+        assert rlreplay_ray.shards("rb")["urls"][1] == back["url"]
         rb.close()
         # every write that was answered is back, through a client found by name again
         with rlreplay_ray.client("rb") as again:

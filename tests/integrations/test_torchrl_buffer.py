@@ -224,3 +224,23 @@ def test_push_columns_takes_a_tensordict(client: rlreplay.Client) -> None:
     back = client.get_many("td-columns", ["a", "b", "c"], layout="columns").to_tensordict()
     assert back.batch_size == torch.Size([3])
     assert torch.equal(back["obs"], td["obs"]) and torch.equal(back["next", "r"], td["next", "r"])
+
+
+def test_sequences_from_an_episode_table(client: rlreplay.Client) -> None:
+    import rlreplay.torchrl
+
+    client.create_table("td-episodes", sampler={"type": "uniform"}, episodes={})
+    steps = {"obs": torch.arange(10.0).view(10, 1).numpy(), "reward": torch.ones(10).numpy()}
+    client.append_steps(
+        "td-episodes", "e0", steps, start=0, end="terminated", final={"obs": [10.0]}, wait=True
+    )
+    rb = rlreplay.torchrl.TableReplayBuffer(client, "td-episodes", batch_size=5)
+    windows = rb.sample_windows(length=4)
+    assert windows.batch_size == torch.Size([5, 4])
+    first = windows["start"][:, :1]
+    assert torch.equal(windows["obs"][..., 0], first + torch.arange(4.0))
+    assert windows["mask"].all() and (windows["_weight"] == 1).all()
+    nstep = rb.sample_windows(length=1, n_step=2, gamma=0.5, next_fields=["obs"])
+    start = nstep["start"][:, 0]
+    assert torch.equal(nstep["next", "obs"][:, 0, 0], (start + 2).clamp(max=10).double())
+    assert torch.allclose(nstep["returns"][:, 0], torch.where(start < 9, 1.5, 1.0).double())
