@@ -8,9 +8,11 @@ client's reconnect. This section measures, with one server each, on a local one-
   against a server started by ``rlreplay serve``; ``rlreplay.ray.client(name)`` against the
   server ``rlreplay.ray.start`` placed, from the driver and from inside a Ray task (the client
   handed to it pickled), and ``rlreplay.ray.async_client(name)`` on the task's own event
-  loop; each the median of ``--repeats`` runs of ``--duration`` seconds;
-* one-off costs, in seconds: ``start`` (a server actor ready), a client by name, a client
-  unpickled in a task (the task's round trip included), ``shutdown``.
+  loop; each the median of ``--repeats`` runs of ``--duration`` seconds, the four arms
+  interleaved in each repeat with both servers up;
+* one-off costs, in seconds: Ray's own start, ``start`` (a server actor ready), a client by
+  name, a task handed the client (unpickled there: the task's round trip included),
+  ``shutdown``.
 
 Servers run ``--durability none`` (hybrid), so a push's answer waits for no fsync. Ray binds
 loopback here (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set before Ray is imported).
@@ -26,7 +28,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,123 +42,129 @@ TABLE = "ray_bench"
 ITEM_BYTES = 4096
 PUSH_ITEMS = 64
 SAMPLE_ITEMS = 256
+CAPACITY = 20_000
 FLAGS = ("--no-default-table", "--durability", "none")
 
 
-def _calls(rb: Any, duration_s: float, repeats: int) -> dict[str, float]:
-    """Median calls/s of push and of sample made through ``rb`` (any synchronous client)."""
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, 256, (PUSH_ITEMS, ITEM_BYTES), dtype=np.uint8)
-    counter = iter(range(10**9))
+def _push(rb: Any, rows: np.ndarray, call: int) -> Any:
+    base = call * PUSH_ITEMS % CAPACITY
+    return rb.push_columns(TABLE, [f"k{base + i}" for i in range(PUSH_ITEMS)], {"x": rows})
 
-    def push() -> None:
-        base = next(counter) * PUSH_ITEMS % 20_000
-        rb.push_columns(TABLE, [f"k{base + i}" for i in range(PUSH_ITEMS)], {"x": rows})
 
-    def sample() -> None:
-        rb.sample(TABLE, SAMPLE_ITEMS, layout="columns")
+def _rows() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (PUSH_ITEMS, ITEM_BYTES), dtype=np.uint8)
 
-    for _ in range(20_000 // PUSH_ITEMS):  # fill, so samples draw from a full table
-        push()
+
+def _fill(rb: Any) -> None:
+    """Create the table and fill it, so that samples draw from a full table."""
+    rb.create_table(TABLE, sampler={"type": "uniform"})
+    rows = _rows()
+    for call in range(CAPACITY // PUSH_ITEMS):
+        _push(rb, rows, call)
+
+
+def _once(rb: Any, duration_s: float) -> dict[str, float]:
+    """Calls/s of push and of sample through ``rb`` (any synchronous client), one run each."""
+    rows = _rows()
     out = {}
-    for name, call in (("push", push), ("sample", sample)):
-        out[name] = statistics.median(_rate(call, duration_s) for _ in range(repeats))
+    for name, call in (
+        ("push", lambda i: _push(rb, rows, i)),
+        ("sample", lambda i: rb.sample(TABLE, SAMPLE_ITEMS, layout="columns")),
+    ):
+        done, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < duration_s:
+            call(done)
+            done += 1
+        out[name] = done / elapsed
     return out
 
 
-async def _async_calls(name: str, duration_s: float, repeats: int) -> dict[str, float]:
-    """:func:`_calls` with ``rlreplay.ray.async_client`` on the caller's event loop."""
+async def _once_async(name: str, duration_s: float) -> dict[str, float]:
+    """:func:`_once` with ``rlreplay.ray.async_client(name)`` on the caller's event loop."""
     import rlreplay.ray
 
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, 256, (PUSH_ITEMS, ITEM_BYTES), dtype=np.uint8)
+    rows = _rows()
     out = {}
     async with rlreplay.ray.async_client(name) as rb:
-        for name_, make in (
-            (
-                "push",
-                lambda i: rb.push_columns(
-                    TABLE, [f"a{i}-{j}" for j in range(PUSH_ITEMS)], {"x": rows}
-                ),
-            ),
+        for kind, call in (
+            ("push", lambda i: _push(rb, rows, i)),
             ("sample", lambda i: rb.sample(TABLE, SAMPLE_ITEMS, layout="columns")),
         ):
-            rates = []
-            for _ in range(repeats):
-                done, started = 0, time.perf_counter()
-                while (elapsed := time.perf_counter() - started) < duration_s:
-                    await make(done % 300)
-                    done += 1
-                rates.append(done / elapsed)
-            out[name_] = statistics.median(rates)
+            done, started = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - started) < duration_s:
+                await call(done)
+                done += 1
+            out[kind] = done / elapsed
     return out
 
 
-def _rate(call: Callable[[], None], duration_s: float) -> float:
-    done, started = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < duration_s:
-        call()
-        done += 1
-    return done / elapsed
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(run[k] for run in runs) for k in runs[0]}
 
 
-def _plain(workdir: Path, duration_s: float, repeats: int) -> dict[str, float]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_process(
-        serve_command(port, workdir / "plain", *FLAGS), url, "/readyz", workdir / "plain.log"
-    )
-    try:
-        with Client(url) as rb:
-            rb.create_table(TABLE, sampler={"type": "uniform"})
-            return _calls(rb, duration_s, repeats)
-    finally:
-        stop_process(proc)
-
-
-def _ray(workdir: Path, duration_s: float, repeats: int) -> tuple[Any, ...]:
+def _measure(workdir: Path, duration_s: float, repeats: int) -> tuple[Any, ...]:
+    """Both servers up, the arms interleaved in each repeat; the medians and one-off costs."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     import rlreplay.ray
 
     @ray.remote(num_cpus=0)
-    def in_task(rb: Any, duration_s: float, repeats: int) -> dict[str, float]:
-        return _calls(rb, duration_s, repeats)
+    def in_task(rb: Any, duration_s: float) -> dict[str, float]:
+        return _once(rb, duration_s)
 
     @ray.remote(num_cpus=0)
-    def in_task_async(name: str, duration_s: float, repeats: int) -> dict[str, float]:
-        return asyncio.run(_async_calls(name, duration_s, repeats))
+    def in_task_async(name: str, duration_s: float) -> dict[str, float]:
+        return asyncio.run(_once_async(name, duration_s))
 
     @ray.remote(num_cpus=0)
     def touch(rb: Any) -> int:
         return len(rb.urls)
 
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_process(
+        serve_command(port, workdir / "plain", *FLAGS), url, "/readyz", workdir / "plain.log"
+    )
+    began = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="bench")
+    once = {"ray.init (a local Ray, 2 CPUs)": time.perf_counter() - began}
     try:
+        plain = Client(url)
+        _fill(plain)
         began = time.perf_counter()
         rlreplay.ray.start(
             "bench", num_cpus=0.5, memory_mb=256, data_root=str(workdir), serve_flags=FLAGS
         )
-        once = {"start": time.perf_counter() - began}
+        once["rlreplay.ray.start (one server ready)"] = time.perf_counter() - began
         began = time.perf_counter()
         rb = rlreplay.ray.client("bench")
         once["client by name"] = time.perf_counter() - began
-        rb.create_table(TABLE, sampler={"type": "uniform"})
+        _fill(rb)
         ray.get(touch.remote(rb))  # the worker's first task: not counted
         began = time.perf_counter()
         ray.get(touch.remote(rb))
-        once["client unpickled in a task"] = time.perf_counter() - began
-        driver = _calls(rb, duration_s, repeats)
-        task = ray.get(in_task.remote(rb, duration_s, repeats))
-        task_async = ray.get(in_task_async.remote("bench", duration_s, repeats))
+        once["task given the client (round trip)"] = time.perf_counter() - began
+        runs: dict[str, list[dict[str, float]]] = {
+            "plain": [],
+            "driver": [],
+            "task": [],
+            "async": [],
+        }
+        for _ in range(repeats):
+            runs["plain"].append(_once(plain, duration_s))
+            runs["driver"].append(_once(rb, duration_s))
+            runs["task"].append(ray.get(in_task.remote(rb, duration_s)))
+            runs["async"].append(ray.get(in_task_async.remote("bench", duration_s)))
         rb.close()
+        plain.close()
         began = time.perf_counter()
         rlreplay.ray.shutdown("bench", snapshot=False)
-        once["shutdown"] = time.perf_counter() - began
+        once["rlreplay.ray.shutdown"] = time.perf_counter() - began
     finally:
         ray.shutdown()
-    return driver, task, task_async, once
+        stop_process(proc)
+    return {k: _median(v) for k, v in runs.items()}, once
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,14 +182,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        plain = _plain(workdir, args.duration, args.repeats)
-        driver, task, task_async, once = _ray(workdir, args.duration, args.repeats)
-    rows = [
-        ["rlreplay.Client, rlreplay serve", plain["push"], plain["sample"]],
-        ["rlreplay.ray.client, in the driver", driver["push"], driver["sample"]],
-        ["rlreplay.ray.client, in a Ray task", task["push"], task["sample"]],
-        ["rlreplay.ray.async_client, in a Ray task", task_async["push"], task_async["sample"]],
-    ]
+        medians, once = _measure(workdir, args.duration, args.repeats)
+    names = {
+        "plain": "rlreplay.Client, rlreplay serve",
+        "driver": "rlreplay.ray.client, in the driver",
+        "task": "rlreplay.ray.client, in a Ray task",
+        "async": "rlreplay.ray.async_client, in a Ray task",
+    }
+    rows = [[names[k], m["push"], m["sample"]] for k, m in medians.items()]
     print_table(
         f"Ray path: calls/s, one server ({PUSH_ITEMS} x {ITEM_BYTES} B pushes, "
         f"{SAMPLE_ITEMS}-item samples)",

@@ -1,15 +1,18 @@
 """A Gymnasium vector env collecting into an rlreplay episode table, and a learner sampling it.
 
 The collector steps ``--envs`` CartPole environments at once (``gymnasium.vector``, reset
-in the same step an episode ends) with an epsilon-greedy policy over a linear Q-function,
-and appends each environment's steps to its running episode through the synchronous
-client's pipelined episode writer, ending it as Gymnasium says (``terminated`` or
-``truncated``, the last observation as ``final``). A learner thread, sharing the client,
-samples 3-step transitions that the server builds (``n_step=3, next_fields=["obs"]``) and
-fits the linear Q-function by TD(3); the collector reads its weights at each step.
+in the same step an episode ends) with a fixed behaviour policy (push the cart the way the
+pole falls, a random action with probability ``--epsilon``), and appends each environment's
+steps to its running episode through the synchronous client's pipelined episode writer,
+ending it as Gymnasium says (``terminated`` or ``truncated``, the last observation as
+``final``). A learner thread, sharing the client, samples 3-step transitions that the server
+builds (``n_step=3, next_fields=["obs"]``) and fits a linear state-value function of that
+policy by TD(3): ``V(s) <- returns + discount * V(s')``, where ``discount`` is 0 past a
+terminated episode's end.
 
 Needs gymnasium and numpy (no torch). Prints a progress line now and then and, last, one
-JSON line: steps, episodes, what the table holds, learner updates, recent mean return.
+JSON line: steps, episodes, what the table holds, the learner's updates and its mean
+absolute TD error over its first and its last 50 batches.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import rlreplay
 
 TABLE = "gym_episodes"
 N_STEP = 3
-GAMMA = 0.99
+GAMMA = 0.9
 
 
 def features(obs: np.ndarray) -> np.ndarray:
@@ -37,13 +40,22 @@ def features(obs: np.ndarray) -> np.ndarray:
     return np.concatenate([obs, obs * obs, np.ones((*obs.shape[:-1], 1))], axis=-1)
 
 
+def behaviour(obs: np.ndarray, rng: np.random.Generator, epsilon: float) -> np.ndarray:
+    """Push the cart the way the pole falls (angle plus angular velocity); a random action
+    with probability ``epsilon``."""
+    lean = (obs[:, 2] + 0.5 * obs[:, 3] > 0).astype(np.int64)
+    explore = rng.random(len(obs)) < epsilon
+    return np.where(explore, rng.integers(0, 2, len(obs)), lean)
+
+
 class Learner(threading.Thread):
-    """Samples n-step transitions and fits ``Q(s, a) = w[a] . features(s)`` by TD(n)."""
+    """Samples n-step transitions and fits ``V(s) = w . features(s)`` by TD(n)."""
 
     def __init__(self, client: rlreplay.Client, args: argparse.Namespace) -> None:
         super().__init__(name="learner", daemon=True)
         self.client, self.args = client, args
-        self.weights = np.zeros((2, 9))
+        self.weights = np.zeros(9)
+        self.errors: list[float] = []
         self.updates = 0
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -60,19 +72,14 @@ class Learner(threading.Thread):
 
     def update(self) -> None:
         batch = self.client.sample(
-            TABLE, self.args.batch_size, length=1, n_step=N_STEP, next_fields=["obs"]
+            TABLE, self.args.batch_size, length=1, n_step=N_STEP, gamma=GAMMA, next_fields=["obs"]
         )
-        obs, action = batch["obs"][:, 0], batch["action"][:, 0].astype(np.int64)
         assert batch.returns is not None and batch.discount is not None
-        phi, phi_next = features(obs), features(batch.next["obs"][:, 0])
-        w = self.weights.copy()
-        target = batch.returns[:, 0] + batch.discount[:, 0] * (phi_next @ w.T).max(axis=1)
-        error = target - np.einsum("bf,bf->b", phi, w[action])
-        for a in (0, 1):
-            rows = action == a
-            if rows.any():
-                w[a] += self.args.lr * (error[rows, None] * phi[rows]).mean(axis=0)
-        self.weights = w  # the collector reads the whole array at once
+        phi, phi_next = features(batch["obs"][:, 0]), features(batch.next["obs"][:, 0])
+        target = batch.returns[:, 0] + batch.discount[:, 0] * (phi_next @ self.weights)
+        error = target - phi @ self.weights
+        self.weights = self.weights + self.args.lr * (error[:, None] * phi).mean(axis=0)
+        self.errors.append(float(np.abs(error).mean()))
         self.updates += 1
 
 
@@ -94,9 +101,7 @@ def collect(client: rlreplay.Client, args: argparse.Namespace) -> dict[str, Any]
     obs, _ = envs.reset(seed=args.seed)
     with client.episode_writer(TABLE, max_in_flight=8) as writer:
         for step in range(args.env_steps):
-            q = features(obs) @ learner.weights.T
-            explore = rng.random(args.envs) < args.epsilon
-            actions = np.where(explore, rng.integers(0, 2, args.envs), q.argmax(axis=1))
+            actions = behaviour(obs, rng, args.epsilon)
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
             running += rewards
             for i in range(args.envs):
@@ -142,6 +147,8 @@ def collect(client: rlreplay.Client, args: argparse.Namespace) -> dict[str, Any]
         "table_size": int(stats["size"]),
         "learner_updates": learner.updates,
         "mean_return_last_20": float(np.mean(returns[-20:])) if returns else 0.0,
+        "td_error_first_50": float(np.mean(learner.errors[:50])) if learner.errors else None,
+        "td_error_last_50": float(np.mean(learner.errors[-50:])) if learner.errors else None,
     }
 
 
@@ -153,8 +160,8 @@ def main() -> None:
     parser.add_argument("--append-every", type=int, default=16, help="steps per append")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--replay-size", type=int, default=50_000, help="the table's max_size")
-    parser.add_argument("--epsilon", type=float, default=0.1)
-    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--epsilon", type=float, default=0.2, help="random actions' share")
+    parser.add_argument("--lr", type=float, default=0.05, help="the learner's step size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=500, help="0: no progress lines")
     parser.add_argument("--keep-table", action="store_true", help="leave the table behind")
