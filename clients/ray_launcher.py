@@ -95,7 +95,7 @@ def _free_per_node() -> dict[str, dict[str, float]]:
         from ray._private.state import state
 
         return dict(state.available_resources_per_node())  # type: ignore[no-untyped-call]
-    except Exception:  # a private API: without it, the totals are checked alone
+    except (ImportError, AttributeError, RuntimeError):  # a private API: the totals alone
         return {}
 
 

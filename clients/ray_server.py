@@ -11,7 +11,9 @@ first, so clients that hold the old address usually reach it again; the registry
 
 The subprocess is started with ``PR_SET_PDEATHSIG`` (Linux), so a SIGKILL of the actor's
 process takes the server with it, and the next start waits for the last one's pid to be
-gone before it takes the data directory's lock.
+gone before it takes the data directory's lock. The other way round, a server that exits
+while the actor has not asked it to (a crash, the OOM killer) ends the actor's process
+too, so that Ray restarts both.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,7 +118,12 @@ class ReplayServerActor:
         (self._data_dir / _PORT_FILE).write_text(str(self._port))
         self.url = f"http://{_url_host(self._host)}:{self._port}"
         self._process = self._start(serve_flags)
+        self._stopping = threading.Event()
         self._wait_ready(deadline)
+        self._watcher = threading.Thread(
+            target=self._exit_with_server, name="rlreplay-server-watcher", daemon=True
+        )
+        self._watcher.start()
         self._restarts = context.was_current_actor_reconstructed
         ray.get(registry.register.remote(index, self.url, self._node_id), timeout=30)
 
@@ -155,6 +163,12 @@ class ReplayServerActor:
             )
         (self._data_dir / _PID_FILE).write_text(str(process.pid))
         return process
+
+    def _exit_with_server(self) -> None:
+        """Ends the actor's process when its server exits unasked, so Ray restarts it."""
+        self._process.wait()
+        if not self._stopping.is_set():
+            os._exit(1)
 
     def _wait_ready(self, deadline: float) -> None:
         with httpx.Client(timeout=2.0, trust_env=False) as http:
@@ -205,6 +219,7 @@ class ReplayServerActor:
         """
         taken = None
         killed = False
+        self._stopping.set()
         if self._process.poll() is None and snapshot and self._backup_url:
             from rlreplay.clients.sync_client import Client
 

@@ -79,23 +79,17 @@ def test_three_servers_on_three_nodes_survive_a_sigkill(ray_cluster: Any, tmp_pa
 
         victim = infos[1]
         os.kill(victim["actor_pid"], signal.SIGKILL)
-        back = _wait(
-            lambda: next(
-                (
-                    i
-                    for i in _infos()
-                    if i["name"] == victim["name"] and i["actor_pid"] != victim["actor_pid"]
-                ),
-                None,
-            ),
-            "Ray to restart the killed server actor",
-        )
+        back = _restarted(victim)
         assert back["restarted"] and back["node_id"] == victim["node_id"]
         assert back["data_dir"] == victim["data_dir"]
         # the registry holds the restarted server's address
         registry = rlreplay_ray.find_registry("rb")
         assert ray.get(registry.placement.remote(), timeout=60)["starts"] == [1, 2, 1]
         assert rlreplay_ray.shards("rb")["urls"][1] == back["url"]
+        # a server process that dies takes its actor with it, and Ray restarts both
+        os.kill(infos[2]["server_pid"], signal.SIGKILL)
+        assert _restarted(infos[2])["node_id"] == infos[2]["node_id"]
+        assert ray.get(registry.placement.remote(), timeout=60)["starts"] == [1, 2, 2]
         rb.close()
         # every write that was answered is back, through a client found by name again
         with rlreplay_ray.client("rb") as again:
@@ -109,6 +103,21 @@ def test_three_servers_on_three_nodes_survive_a_sigkill(ray_cluster: Any, tmp_pa
     assert sorted(p.name for p in backups.iterdir()) == ["rb-0", "rb-1", "rb-2"]
     with pytest.raises(ValueError, match="no replay deployment"):
         rlreplay_ray.client("rb")
+
+
+def _restarted(before: dict[str, Any]) -> dict[str, Any]:
+    """Server ``before["name"]``'s info once an actor process other than ``before``'s runs it."""
+    return _wait(  # type: ignore[no-any-return]
+        lambda: next(
+            (
+                i
+                for i in _infos()
+                if i["name"] == before["name"] and i["actor_pid"] != before["actor_pid"]
+            ),
+            None,
+        ),
+        f"Ray to restart server actor {before['name']}",
+    )
 
 
 def _infos() -> list[dict[str, Any]]:
