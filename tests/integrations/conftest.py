@@ -8,7 +8,6 @@ starts, and the workers inherit it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,17 +24,18 @@ def ray_cluster() -> Iterator[Any]:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False},
-    )
-    try:
-        for _ in range(3):
-            cluster.add_node(num_cpus=1, resources={REPLAY: 1})
-        ray.init(address=cluster.address, log_to_driver=False, namespace="rlreplay-tests")
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": False},
+        )
+        try:
+            for _ in range(3):
+                cluster.add_node(num_cpus=1, resources={REPLAY: 1})
+            ray.init(address=cluster.address, log_to_driver=False, namespace="rlreplay-tests")
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
