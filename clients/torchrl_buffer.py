@@ -2,11 +2,12 @@
 
 :class:`TableReplayBuffer` speaks the calls TorchRL code makes of a
 ``TensorDictReplayBuffer`` or ``TensorDictPrioritizedReplayBuffer``: ``extend`` and ``add``
-with TensorDicts, ``sample`` answering a TensorDict with ``index`` (and ``_weight`` from a
-prioritized table), ``update_priority``, ``update_tensordict_priority``, ``len``,
-``write_count``, ``empty`` and ``state_dict``/``load_state_dict`` of what the buffer itself
-holds. The items live on the server, so many collectors may extend one table and many
-learners sample it.
+with TensorDicts, ``sample`` answering a TensorDict with ``index`` and the importance
+weights (as ``priority_weight``, which TorchRL's losses read, and ``_weight``, its older
+name), ``update_priority``, ``update_tensordict_priority``, ``len``, ``write_count``,
+``empty`` and ``state_dict``/``load_state_dict`` of what the buffer itself holds. The
+items live on the server, so many collectors may extend one table and many learners
+sample it.
 
 TorchRL's index is an integer position in local storage; here it names an item. Each
 buffer writes keys ``td:<index>`` where ``index`` is ``writer_id << 40 | n`` (``n`` counts
@@ -77,6 +78,9 @@ class TableReplayBuffer:
             of one table need different ids.
         wait: Pushes answer only once the server applied them (samples see them at once).
         device: Where sampled TensorDicts go (the CPU when None).
+        item_batch_dims: Batch dimensions each item keeps past the first (a trajectory of
+            ``[T]`` steps per item: 1), so that a sample's batch size is ``[B, T]`` as in
+            TorchRL; learned from ``extend`` when None (0 until then).
 
     Raises:
         ValueError: A writer id out of range.
@@ -93,6 +97,7 @@ class TableReplayBuffer:
         writer_id: int | None = None,
         wait: bool = True,
         device: Any = None,
+        item_batch_dims: int | None = None,
     ) -> None:
         if writer_id is None:
             writer_id = random.SystemRandom().randrange(_MAX_WRITER + 1)
@@ -106,6 +111,7 @@ class TableReplayBuffer:
         self._written = 0
         self._wait = wait
         self._device = device
+        self._item_dims = item_batch_dims
         if create is not None and table not in {t["name"] for t in client.list_tables()}:
             client.create_table(table, **create)
 
@@ -154,10 +160,12 @@ class TableReplayBuffer:
         if data.batch_dims == 0:
             raise ValueError("extend takes a TensorDict with a batch dimension (add: one item)")
         count = int(data.shape[0])
+        if self._item_dims is None:
+            self._item_dims = data.batch_dims - 1
         index = self._next_indices(count)
         if count == 0:
             return index
-        fields = data.exclude("index", "_weight")
+        fields = data.exclude("index", "_weight", "priority_weight", "priority")
         self._client.push_columns(
             self.table,
             self._keys(index),
@@ -165,8 +173,9 @@ class TableReplayBuffer:
             priorities=self._priorities(data),
             wait=self._wait,
         )
-        if not data.is_locked:
-            data.set("index", index.to(data.device) if data.device else index)
+        if not data.is_locked:  # each step of an item of [T] steps shares its index
+            shown = index.reshape(-1, *[1] * (data.batch_dims - 1)).expand(data.shape)
+            data.set("index", shown.to(data.device) if data.device else shown)
         return index
 
     def add(self, data: TensorDictBase) -> int:
@@ -176,9 +185,10 @@ class TableReplayBuffer:
     def sample(
         self, batch_size: int | None = None, return_info: bool = False
     ) -> TensorDictBase | tuple[TensorDictBase, dict[str, Any]]:
-        """Sample a batch: a TensorDict of ``[batch_size]`` with the fields, ``index``,
+        """Sample a batch: a TensorDict of ``[batch_size]`` (``[batch_size, T]`` for items
+        of ``item_batch_dims`` 1) with the fields, ``index``, ``priority_weight`` and
         ``_weight`` (the table's importance weights: 1.0 but from a prioritized table)
-        and ``priority``; with ``return_info``, also ``{"index": ..., "_weight": ...}``.
+        and ``priority``; with ``return_info``, also those as a dict of ``[batch_size]``.
 
         Raises:
             RuntimeError: No ``batch_size`` here nor at construction.
@@ -191,12 +201,17 @@ class TableReplayBuffer:
         out = batch.to_tensordict()
         index = torch.tensor([_index(key) for key in batch.keys], dtype=torch.int64)
         weights = np.ones(len(batch)) if batch.weights is None else batch.weights
+        weight = torch.from_numpy(np.asarray(weights, dtype=np.float32))
         info = {
             "index": index,
-            "_weight": torch.from_numpy(np.asarray(weights, dtype=np.float32)),
+            "priority_weight": weight,
+            "_weight": weight,
             "priority": torch.from_numpy(batch.priorities.astype(np.float32)),
         }
-        out.update(info)
+        if self._item_dims:
+            out.auto_batch_size_(batch_dims=1 + self._item_dims)
+        for name, value in info.items():
+            out.set(name, value.reshape(-1, *[1] * (out.batch_dims - 1)).expand(out.shape))
         if self._device is not None:
             out = out.to(self._device)
         return (out, info) if return_info else out
@@ -228,7 +243,10 @@ class TableReplayBuffer:
         priorities = self._priorities(data)
         if priorities is None:
             raise KeyError(f"the TensorDict has no {self.priority_key!r} entry")
-        self.update_priority(data.get("index"), priorities)
+        index = torch.as_tensor(data.get("index"))
+        while index.ndim > 1:  # an item's steps share its index
+            index = index[..., 0]
+        self.update_priority(index, priorities)
 
     def empty(self) -> None:
         """Delete every item of the table (every writer's), and reset the write count."""
@@ -246,6 +264,7 @@ class TableReplayBuffer:
             "write_count": self._written,
             "priority_key": self.priority_key,
             "batch_size": self._batch_size,
+            "item_batch_dims": self._item_dims,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -256,6 +275,7 @@ class TableReplayBuffer:
         self._written = int(state_dict["write_count"])
         self.priority_key = str(state_dict["priority_key"])
         self._batch_size = state_dict.get("batch_size")
+        self._item_dims = state_dict.get("item_batch_dims")
 
 
 def _index(key: str) -> int:

@@ -10,7 +10,7 @@
         create={"sampler": {"type": "prioritized", "exponent": 0.6}, "max_size": 100_000},
     )
     rb.extend(tensordict_of_transitions)
-    batch = rb.sample()                       # batch["index"], batch["_weight"]
+    batch = rb.sample()                       # batch["index"], batch["priority_weight"]
     rb.update_tensordict_priority(batch)      # after the loss set batch["td_error"]
 
 ``ColumnBatch.to_tensordict()`` gives any columnar sample as a TensorDict, and

@@ -198,6 +198,36 @@ def test_update_priority_by_index(client: rlreplay.Client, priority_key: str) ->
     assert set(rb.sample()["a"].tolist()) == {3.0}
 
 
+# --- test_replay_buffer_trajectories (test_prioritized.py): items of [T] steps -----------
+
+
+@pytest.mark.parametrize("stack", [False, True])
+def test_replay_buffer_trajectories(client: rlreplay.Client, stack: bool) -> None:
+    # TorchRL's "tb" datatype; its reduction "max" (the table keeps one priority per item,
+    # the largest of its steps'; TorchRL's min, median and mean reductions are not offered)
+    traj_td = TensorDict(
+        {"obs": torch.randn(3, 4, 5), "actions": torch.randn(3, 4, 2)}, batch_size=[3, 4]
+    )
+    if stack:
+        traj_td = torch.stack(list(traj_td), 0)
+    rb = make_rb(client, "prioritized", size=5, batch_size=3)
+    rb.extend(traj_td)
+    sampled_td = rb.sample()
+    assert sampled_td.batch_size == torch.Size([3, 4])
+    sampled_td.set("td_error", torch.rand(sampled_td.shape))
+    rb.update_tensordict_priority(sampled_td)
+    sampled_td = rb.sample()
+    assert (sampled_td.get("priority_weight") > 0).all()
+    assert sampled_td.batch_size == torch.Size([3, 4])
+    # and the priority set is the largest of the steps' TD errors
+    errors = torch.rand(sampled_td.shape)
+    sampled_td.set("td_error", errors)
+    rb.update_tensordict_priority(sampled_td)
+    again = client.get_many(rb.table, rb._keys(sampled_td["index"][:, 0]), layout="columns")
+    expected = dict(zip(again.keys, errors.amax(dim=1).double().tolist(), strict=False))
+    assert again.priorities.tolist() == pytest.approx([expected[k] for k in again.keys])
+
+
 # --- what TorchRL code reads of a buffer --------------------------------------------------
 
 
@@ -209,6 +239,7 @@ def test_index_weight_and_state_dict(client: rlreplay.Client) -> None:
     s, info = rb.sample(return_info=True)
     assert s["next", "obs"].shape == (4, 3)
     assert torch.equal(s["index"], info["index"]) and (s["_weight"] == 1).all()
+    assert torch.equal(s["priority_weight"], s["_weight"])
     for i, row in zip(s["index"].tolist(), s, strict=True):
         assert torch.equal(row["obs"], data[i - (7 << 40)]["obs"])
     state = rb.state_dict()
