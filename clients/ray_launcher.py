@@ -38,7 +38,14 @@ def find_registry(name: str, namespace: str | None = None) -> Any:
 
     Raises:
         ValueError: No deployment of that name in the namespace.
+        RuntimeError: This process is not connected to Ray (rather than start a new,
+            empty local Ray, as Ray's calls would).
     """
+    if not ray.is_initialized():
+        raise RuntimeError(
+            f"looking for replay deployment {name!r}: connect to its Ray cluster first "
+            "(ray.init(address=...))"
+        )
     try:
         return ray.get_actor(registry_name(name), namespace=namespace)
     except ValueError as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.integrations.conftest import REPLAY
+from tests.live import REPO
 
 ray = pytest.importorskip("ray")
 rlreplay_ray = pytest.importorskip("rlreplay.ray")
@@ -155,3 +158,19 @@ def test_a_cluster_without_the_resources_is_refused_at_once(
     assert "replay servers" in str(outcome[0])
     with pytest.raises(ValueError, match="no replay deployment"):
         rlreplay_ray.find_registry("short")
+
+
+def test_a_client_by_name_outside_ray_says_to_connect_first() -> None:
+    # in a process of its own: this one is connected to the module's cluster
+    code = "import rlreplay.ray; rlreplay.ray.client('rb')"
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert run.returncode == 1
+    assert "connect to its Ray cluster first" in run.stderr.splitlines()[-1]
+    assert "Started a local Ray instance" not in run.stderr
