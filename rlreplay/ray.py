@@ -7,11 +7,11 @@
     ray.init()
     rlreplay.ray.start("replay", resource="replay_node", backup_url="s3://bucket/replay")
     rb = rlreplay.ray.client("replay")          # in the driver or any task or actor
-    rb.create_table("default", sampler={"type": "uniform"})
+    rb.create_table("transitions", sampler={"type": "uniform"})
 
     @ray.remote
     def actor_loop(rb):                        # a client pickles as its name
-        rb.push("default", [...])
+        rb.push("transitions", [...])
 
     rlreplay.ray.shutdown("replay")            # final snapshots, then SIGTERM
 
