@@ -10,7 +10,8 @@ sidecar's selection, collection, feed cost and trainer batches/s), rollouts (cla
 + ack next to sample, patch next to push), bulk (big batches over TCP and a Unix socket
 next to the sockets' own bandwidth), ingest (sustained pushes with and without checkpoints:
 the event loop's stalls, recovery after kill -9), episodes (windows and n-step transitions
-of Atari-sized frames next to Reverb and TorchRL).
+of Atari-sized frames next to Reverb and TorchRL), ray_path (rlreplay.ray's client, in the
+driver and in a Ray task, next to a plain client; start and shutdown).
 With no section named, all run.
 """
 
@@ -38,6 +39,7 @@ SECTIONS = (
     "bulk",
     "ingest",
     "episodes",
+    "ray_path",
 )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
+from rlreplay.clients.columns import flat_columns
 from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import ValidationFailed
@@ -161,6 +162,7 @@ def columns_request(
     Raises:
         TypeError: A column has no wire form.
     """
+    columns = flat_columns(columns)  # a TensorDict, flattened
     packed = msgspec.Raw(packb({name: _column(values) for name, values in columns.items()}))
     given: Any = msgspec.UNSET
     if priorities is not None:

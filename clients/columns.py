@@ -32,8 +32,9 @@ from rlreplay.wire.errors import ReplayError
 
 if TYPE_CHECKING:
     import torch
+    from tensordict import TensorDict
 
-__all__ = ["Column", "ColumnBatch", "column_tensor", "decode_views"]
+__all__ = ["Column", "ColumnBatch", "column_tensor", "decode_views", "flat_columns"]
 
 #: A stacked field: a NumPy array, or the raw bits of a bfloat16 one.
 Column = npt.NDArray[Any] | BFloat16Array
@@ -91,6 +92,29 @@ class ColumnBatch:
             for name, column in self.columns.items()
         }
 
+    def to_tensordict(self, device: Any = None, *, separator: str = ".") -> TensorDict:
+        """The columns as a ``tensordict.TensorDict`` of batch size ``[len(self)]`` (imports
+        tensordict): a field named ``"a.b"`` becomes the nested key ``("a", "b")``, as
+        :func:`flat_columns` names a nested TensorDict's fields when it is pushed. The
+        tensors are :meth:`as_torch`'s (sharing the columns' memory on the CPU).
+
+        Raises:
+            TypeError: A column has no torch dtype, or is a packed varying-length field
+                (``"<field>.cu_seqlens"``), which has no ``[len(self), ...]`` shape: use
+                :meth:`as_torch` for those.
+        """
+        from tensordict import TensorDict
+
+        ragged = [name for name in self.columns if name.endswith(".cu_seqlens")]
+        if ragged:
+            raise TypeError(
+                f"columns {ragged} pack varying-length fields, which a TensorDict of batch "
+                f"size [{len(self)}] cannot hold; use as_torch()"
+            )
+        flat = TensorDict(self.as_torch(), batch_size=[len(self)])
+        tensors = flat.unflatten_keys(separator) if separator else flat
+        return tensors if device is None else tensors.to(device)
+
     @classmethod
     def from_answer(cls, answer: Any) -> ColumnBatch:
         """The batch of a decoded columnar answer (``SampleColumns`` or ``ItemColumns``).
@@ -119,6 +143,17 @@ class ColumnBatch:
 
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
+def flat_columns(columns: Any, separator: str = ".") -> Mapping[str, Any]:
+    """``columns`` as a mapping of field -> array: a ``tensordict`` ``TensorDict`` (known by
+    its ``flatten_keys``) is flattened, a nested key ``("a", "b")`` named ``"a.b"``, its
+    tensors moved to the CPU; any other mapping is returned as it is."""
+    flatten = getattr(columns, "flatten_keys", None)
+    if flatten is None or not hasattr(columns, "batch_size"):
+        return columns  # type: ignore[no-any-return]
+    flat = flatten(separator)
+    return {str(name): flat.get(name).cpu() for name in flat.keys(include_nested=False)}
 
 
 def column_tensor(

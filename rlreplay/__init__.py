@@ -4,7 +4,9 @@ Users import the client from here (``from rlreplay import ReplayClient``); the s
 ``rlreplay serve``. Importing this package loads nothing but this file: each public name is
 loaded on first use, so ``import rlreplay.app`` (the service, and its log writer process)
 pays nothing for the client, and nothing global changes. ``GpuSampler`` (the GPU sidecar's
-library form, :mod:`rlreplay.gpu`) loads torch on first use.
+library form, :mod:`rlreplay.gpu`) loads torch on first use. Two modules are imported by
+name and load their framework: :mod:`rlreplay.ray` (servers as Ray actors, clients by name)
+and :mod:`rlreplay.torchrl` (a TorchRL replay buffer over a table).
 
 ``__all__`` below is the public API, the one list of it: what is not in it (the modules of
 :mod:`rlreplay.clients`, :mod:`rlreplay.wire`, :mod:`rlreplay.app`, :mod:`rlreplay.workers`,
