@@ -328,6 +328,7 @@ class ReplayClient(RolloutCalls):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
     ) -> list[Item]: ...
     @overload
     async def sample(
@@ -338,6 +339,7 @@ class ReplayClient(RolloutCalls):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
     ) -> ColumnBatch: ...
     async def sample(
         self,
@@ -347,6 +349,7 @@ class ReplayClient(RolloutCalls):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
     ) -> list[Item] | ColumnBatch:
         """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...).
 
@@ -358,6 +361,9 @@ class ReplayClient(RolloutCalls):
             include_values: Leave values out of the answer when False.
             layout: ``"columns"`` answers a :class:`ColumnBatch`: each field of the values
                 stacked along a new first axis, no per-item objects.
+            where: Draw only among items whose tags meet every condition (``{tag: value |
+                {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``), waiting up to
+                ``timeout_ms`` for a match.
 
         Raises:
             DeadlineExceeded: The rate limiter did not allow the sample in time.
@@ -371,6 +377,8 @@ class ReplayClient(RolloutCalls):
             include_values,
             layout,
         )
+        if where is not None:
+            body.where = dict(where)
         waits_s = (timeout_ms / 1000) if timeout_ms is not None else _SERVER_SAMPLE_TIMEOUT_S
         answer = await self._call(
             "POST",

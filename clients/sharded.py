@@ -44,6 +44,7 @@ from rlreplay.clients.shard_merge import (
 )
 from rlreplay.clients.sharded_reservations import push_spread, reserve_sharded, return_sharded
 from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
+from rlreplay.clients.sharded_where import sample_where
 from rlreplay.clients.surface import ClaimOptions, ReplayCalls
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import DeadlineExceeded, TableNotFound, Unavailable, ValidationFailed
@@ -351,6 +352,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> list[Item]: ...
     @overload
@@ -362,6 +364,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> ColumnBatch: ...
     async def sample(
@@ -372,6 +375,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         allow_partial: bool | None = None,
     ) -> list[Item] | ColumnBatch:
         """Sample a batch over every server, as one server holding every item would.
@@ -383,8 +387,8 @@ class ShardedReplayClient:
         one server's figures. Picks stay in the order drawn.
 
         Args:
-            table, batch_size, timeout_ms, include_values, layout: As
-                ``ReplayClient.sample``.
+            table, batch_size, timeout_ms, include_values, layout, where: As
+                ``ReplayClient.sample`` (shares of ``where``'s matches: ``sharded_where``).
             allow_partial: When a server cannot be reached, sample from the others (the
                 probabilities are then those of the items they hold) rather than raise;
                 the client's default when None.
@@ -397,17 +401,19 @@ class ShardedReplayClient:
         """
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
-
-        if len(self._fan_out.shards) == 1:  # its share is the whole table: no need to ask
-            call = self._fan_out.shards[0].sample(
+        partial = self._allow_partial if allow_partial is None else allow_partial
+        if len(self._fan_out.shards) == 1 or where is not None:  # see ``sharded_where``
+            return await sample_where(
+                self._fan_out,
+                self._rng,
                 table,
                 batch_size,
+                where,
                 timeout_ms=timeout_ms,
                 include_values=include_values,
                 layout=layout,
+                partial=partial,
             )
-            return await self._fan_out.on(0, call)
-        partial = self._allow_partial if allow_partial is None else allow_partial
         timeout_s = (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
         deadline = time.monotonic() + timeout_s
         live = list(range(len(self._fan_out.shards)))

@@ -141,6 +141,7 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
     ) -> list[Item]: ...
     @overload
     async def sample(
@@ -151,6 +152,7 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
     ) -> ColumnBatch: ...
     async def sample(
         self,
@@ -160,6 +162,7 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
     ) -> list[Item] | ColumnBatch: ...
 
     @overload

@@ -199,6 +199,7 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
     ) -> list[Item]: ...
     @overload
     def sample(
@@ -209,6 +210,7 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
     ) -> ColumnBatch: ...
     def sample(
         self,
@@ -218,6 +220,7 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
     ) -> list[Item] | ColumnBatch:
         """Sample a batch, with replacement (:meth:`ReplayClient.sample`)."""
         if layout == "columns":
@@ -228,10 +231,13 @@ class BlockingCalls(Generic[A]):
                     timeout_ms=timeout_ms,
                     include_values=include_values,
                     layout="columns",
+                    where=where,
                 )
             )
         return self._loop.run(
-            self._rb.sample(table, batch_size, timeout_ms=timeout_ms, include_values=include_values)
+            self._rb.sample(
+                table, batch_size, timeout_ms=timeout_ms, include_values=include_values, where=where
+            )
         )
 
     def update_priorities(self, table: str, priorities: Mapping[str, float]) -> dict[str, int]:

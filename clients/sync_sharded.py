@@ -9,7 +9,7 @@ ones are here (``tests/clients/test_surface.py`` compares the signatures).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
 from rlreplay.clients.client import Item, Layout
@@ -71,6 +71,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> list[Item]: ...
     @overload
@@ -82,6 +83,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> ColumnBatch: ...
     def sample(
@@ -92,6 +94,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         allow_partial: bool | None = None,
     ) -> list[Item] | ColumnBatch:
         """Sample a batch over every server, with replacement
@@ -105,6 +108,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
                     include_values=include_values,
                     layout="columns",
                     allow_partial=allow_partial,
+                    where=where,
                 )
             )
         return self._loop.run(
@@ -114,6 +118,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
                 timeout_ms=timeout_ms,
                 include_values=include_values,
                 allow_partial=allow_partial,
+                where=where,
             )
         )
 

@@ -37,12 +37,25 @@ _MAX_WAIT_MS = 600_000
 TagName = Annotated[str, Meta(min_length=1, max_length=128, examples=["dataset"])]
 #: A tag's value: a string, an int, a float or a bool.
 TagValue = str | int | float | bool
+#: Decoded as any value and checked by the server, so that a tag of another kind (a list,
+#: a map, null) is 422 ``validation_error`` like 17 tags: a well-formed body the contract
+#: refuses, not a malformed one.
 Tags = Annotated[
-    dict[TagName, TagValue],
+    dict[TagName, Any],
     Meta(
         max_length=MAX_TAGS,
         description="At most 16 tags: name -> string, int, float or bool.",
         examples=[{"dataset": "math", "difficulty": 3}],
+        extra_json_schema={
+            "additionalProperties": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "integer"},
+                    {"type": "number"},
+                    {"type": "boolean"},
+                ]
+            }
+        },
     ),
 ]
 #: ``{tag: value | {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``: every condition must
