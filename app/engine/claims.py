@@ -271,11 +271,10 @@ class Claims:
         rereads = 0
         while True:
             want = r.want(fields)  # None until some item has each field
-            among = None if shape.where is None else r.tag_index.match(shape.where)
             slots = (
                 []
                 if want is None
-                else r.pick(state, want, batch_size, group_size, min_version, among)
+                else r.pick(state, want, batch_size, group_size, min_version, shape.where)
             )
             if shape.max_tokens is not None and slots:
                 assert shape.length_field is not None

@@ -626,3 +626,54 @@ async def test_live_ttl_expires_whole_groups_and_tasks_show_it(server_url: str) 
         assert tasks["tasks"]["a"]["ready"] == 0 and tasks["tasks"]["a"]["acked"] == 1
         assert tasks["tasks"]["a"]["leased"] == 0
         assert tasks["reserved"] == 0
+
+
+async def test_a_rare_filter_walks_its_matches_oldest_first(tmp_path: Path) -> None:
+    """Few matches among many items: the claim walks the index's matches in insertion
+    order (kept between claims), past acknowledged ones, with releases, replacements and
+    patched tags seen."""
+    async with serving(tmp_path) as c:
+        await create(c, "t")
+        await push(
+            c,
+            "t",
+            [
+                {"key": f"k{i}", "value": {"x": i}, "tags": {"ds": "m" if i % 10 == 0 else "c"}}
+                for i in range(100)
+            ],
+        )
+
+        async def keys(task: str, n: int, **body: Any) -> tuple[str, list[str]]:
+            got = await claim(
+                c, "t", task=task, batch_size=n, where={"ds": "m"}, wait_ms=0, partial=True, **body
+            )
+            return got["lease"], [it["key"] for it in got["items"]]
+
+        lease, got = await keys("a", 3)
+        assert got == ["k0", "k10", "k20"]
+        await c.post(f"/v1/tables/t/leases/{lease}:ack")
+        lease, got = await keys("a", 3)
+        assert got == ["k30", "k40", "k50"]
+        r = await c.post(f"/v1/tables/t/leases/{lease}:release")
+        assert r.json() == {"released": 3}
+        lease, got = await keys("a", 3)
+        assert got == ["k30", "k40", "k50"]
+        await c.post(f"/v1/tables/t/leases/{lease}:ack")
+        # k0 pushed again is a new rollout, the newest; k5 patched into the filter
+        await push(c, "t", [{"key": "k0", "value": {"x": 0}, "tags": {"ds": "m"}}])
+        r = await c.post(
+            "/v1/tables/t/items:patch",
+            json={"items": [{"key": "k5", "tags": {"ds": "m"}}], "wait": True},
+        )
+        assert r.status_code == 200
+        lease, got = await keys("a", 10)
+        assert got == ["k5", "k60", "k70", "k80", "k90", "k0"]
+        await c.post(f"/v1/tables/t/leases/{lease}:ack")
+        assert (await keys("a", 10))[1] == []
+        _, got = await keys("b", 20)
+        assert got == ["k5", *(f"k{i}" for i in range(10, 100, 10)), "k0"]
+        # a deleted match is gone from the walk
+        r = await c.post("/v1/tables/t/items:batchDelete", json={"keys": ["k20", "k5"]})
+        assert r.status_code == 202
+        _, got = await keys("c", 20)
+        assert got == [f"k{i}" for i in range(10, 100, 10) if i != 20] + ["k0"]
