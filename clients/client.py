@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 import httpx
 
-from rlreplay.clients.bodies import columns_request, push_request
+from rlreplay.clients.bodies import ColumnsMeta, columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.event_loop import bound_loop
 from rlreplay.clients.prefetch import prefetched
@@ -217,6 +217,10 @@ class ReplayClient(RolloutCalls):
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items given as columns, in one request.
 
@@ -232,6 +236,9 @@ class ReplayClient(RolloutCalls):
                 first axis ``len(keys)``.
             priorities: One per key (a sequence or a 1-D array); 1.0 each when None.
             wait: Answer only once the writer has applied the items.
+            tags, groups, versions: One entry per key (None where an item has none), as
+                :meth:`push`'s items carry them.
+            reservation: The reservation whose slots these items fill.
 
         Returns:
             As :meth:`push`; 0 without a request when ``keys`` is empty.
@@ -241,7 +248,13 @@ class ReplayClient(RolloutCalls):
                 priority (the message names the field).
             TypeError: A column has no wire form (said before sending).
         """
-        body = columns_request(keys, columns, priorities, wait)
+        meta: ColumnsMeta = {
+            "tags": tags,
+            "groups": groups,
+            "versions": versions,
+            "reservation": reservation,
+        }
+        body = columns_request(keys, columns, priorities, wait, meta)
         if not body.keys:
             return 0
         return await self._push_body(table, body)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, Unpack, overload
 import numpy as np
 import numpy.typing as npt
 
+from rlreplay.clients.bodies import ColumnsMeta
 from rlreplay.clients.client import Item, Layout, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.prefetch import prefetched
@@ -35,14 +36,18 @@ from rlreplay.clients.shard_fan_out import ShardFanOut
 from rlreplay.clients.shard_merge import (
     Part,
     assemble_sample,
-    column_rows,
     draw_weights,
     merge_columns,
     merged_description,
     shard_masses,
     split_picks,
 )
-from rlreplay.clients.sharded_reservations import push_spread, reserve_sharded, return_sharded
+from rlreplay.clients.sharded_reservations import (
+    push_columns_spread,
+    push_spread,
+    reserve_sharded,
+    return_sharded,
+)
 from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
 from rlreplay.clients.sharded_where import sample_where
 from rlreplay.clients.surface import ClaimOptions, ReplayCalls
@@ -234,23 +239,17 @@ class ShardedReplayClient:
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items given as columns (``ReplayClient.push_columns``); each
-        server gets the rows of its keys."""
-        keys = list(keys)
-        if not keys:
-            return 0
-        prios = None if priorities is None else np.asarray(priorities, dtype=np.float64)
-        calls = {}
-        for s, places in self._fan_out.split(keys).items():
-            calls[s] = self._fan_out.shards[s].push_columns(
-                table,
-                [keys[i] for i in places.tolist()],
-                {name: column_rows(values, places) for name, values in columns.items()},
-                priorities=None if prios is None else prios[places],
-                wait=wait,
-            )
-        return sum((await self._fan_out.each(calls)).values())
+        server gets the rows of its keys (``push_columns_spread``)."""
+        meta = ColumnsMeta(tags=tags, groups=groups, versions=versions, reservation=reservation)
+        return await push_columns_spread(
+            self._fan_out, table, keys, columns, priorities, wait, meta
+        )
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
         """A pipelined writer (``ReplayClient.writer``, errors included); each batch is

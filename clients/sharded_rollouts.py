@@ -217,8 +217,8 @@ class ShardedRollouts:
         }
 
     async def tasks(self, table: str) -> dict[str, Any]:
-        """``ReplayClient.tasks`` over every server: each task's counts and
-        ``dropped_stale`` summed, ``version`` the highest."""
+        """``ReplayClient.tasks`` over every server: each task's counts, ``dropped_stale``
+        and ``reserved`` summed, ``version`` the highest."""
         merged: dict[str, dict[str, int]] = {}
         answers = await self._fan_out.every(lambda c: c.tasks(table))
         for answer in answers:
@@ -230,6 +230,7 @@ class ShardedRollouts:
             "tasks": merged,
             "version": max(int(a.get("version", 0)) for a in answers),
             "dropped_stale": sum(int(a.get("dropped_stale", 0)) for a in answers),
+            "reserved": sum(int(a.get("reserved", 0)) for a in answers),
         }
 
     async def claim(

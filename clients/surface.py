@@ -108,6 +108,10 @@ class ReplayCalls(Protocol):
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int: ...
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer: ...

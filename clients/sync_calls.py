@@ -153,10 +153,24 @@ class BlockingCalls(Generic[A]):
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items given as columns (:meth:`ReplayClient.push_columns`)."""
         return self._loop.run(
-            self._rb.push_columns(table, keys, columns, priorities=priorities, wait=wait)
+            self._rb.push_columns(
+                table,
+                keys,
+                columns,
+                priorities=priorities,
+                wait=wait,
+                tags=tags,
+                groups=groups,
+                versions=versions,
+                reservation=reservation,
+            )
         )
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> SyncWriter:

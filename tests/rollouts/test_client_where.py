@@ -96,3 +96,48 @@ async def test_sharded_sample_where_is_one_servers_draw(
         assert [p["key"] for p in picks] == ["late", "late"]
         with pytest.raises(DeadlineExceeded):
             await rb.sample(table, 1, where={"ds": "never"}, timeout_ms=100)
+
+
+async def test_push_columns_with_tags_and_a_reservation_on_every_client(
+    two: list[LiveServer], server_url: str
+) -> None:
+    import numpy as np
+
+    from rlreplay import Client
+
+    keys = [f"{{g{i // 2}}}/{i}" for i in range(8)]
+    meta: dict[str, Any] = {
+        "tags": [{"ds": "math" if i % 2 else "code"} for i in range(8)],
+        "groups": [f"g{i // 2}" for i in range(8)],
+        "versions": [1] * 8,
+    }
+    columns = {"tokens": np.arange(16, dtype=np.int32).reshape(8, 2)}
+    async with ShardedReplayClient([s.url for s in two]) as rb:
+        await rb.create_table("cols", sampler={"type": "fifo"}, admission={"max_ahead": 100})
+        got = await rb.reserve("cols", 8, version=1)
+        n = await rb.push_columns("cols", keys, columns, wait=True, reservation=got.id, **meta)
+        # each server granted 4 slots and fills them with the items it holds
+        held = [sum(rb.owner(k) == s.url for k in keys) for s in two]
+        unfilled = sum(max(0, 4 - h) for h in held)
+        assert n == 8 and (await rb.tasks("cols"))["reserved"] == unfilled
+        lease = await rb.claim(
+            "cols", task="t", batch_size=8, where={"ds": "math"}, partial=True, wait_ms=0
+        )
+        assert sorted(lease.keys) == sorted(keys[1::2])
+        assert all(it["version"] == 1 and it["tags"] == {"ds": "math"} for it in lease.items)
+    with Client(server_url) as sync:
+        sync.create_table("cols_sync", sampler={"type": "fifo"})
+        got = sync.reserve("cols_sync", 2, version=0)
+        assert (
+            sync.push_columns(
+                "cols_sync",
+                ["a", "b"],
+                {"x": np.zeros((2, 3))},
+                wait=True,
+                tags=[{"k": 1}, None],
+                reservation=got.id,
+            )
+            == 2
+        )
+        assert sync.tasks("cols_sync")["reserved"] == 0
+        assert sync.get("cols_sync", "a")["tags"] == {"k": 1}

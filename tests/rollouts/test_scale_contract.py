@@ -677,3 +677,40 @@ async def test_a_rare_filter_walks_its_matches_oldest_first(tmp_path: Path) -> N
         assert r.status_code == 202
         _, got = await keys("c", 20)
         assert got == [f"k{i}" for i in range(10, 100, 10) if i != 20] + ["k0"]
+
+
+# -- columnar pushes --------------------------------------------------------------------
+
+
+async def test_a_columnar_push_carries_tags_groups_versions_and_a_reservation(
+    tmp_path: Path,
+) -> None:
+    import base64
+
+    data = base64.b64encode(bytes(range(4))).decode()
+    body = {
+        "keys": ["a", "b"],
+        "columns": {"t": {"$ndarray": {"dtype": "|u1", "shape": [2, 2], "data": data}}},
+        "tags": [{"ds": "math"}, None],
+        "groups": ["g", "g"],
+        "versions": [3, None],
+        "wait": True,
+    }
+    async with serving(tmp_path) as c:
+        await create(c, "t", admission={"max_ahead": 5})
+        rid = (await c.post("/v1/tables/t/reservations", json={"count": 3, "version": 0})).json()
+        r = await c.post("/v1/tables/t/items", json={**body, "reservation": rid["reservation"]})
+        assert r.status_code == 200 and r.json() == {"committed": 2}, r.text
+        assert (await _tasks(c))["reserved"] == 1
+        a = (await c.get("/v1/tables/t/items/a")).json()
+        assert a["tags"] == {"ds": "math"} and a["group"] == "g" and a["version"] == 3
+        b = (await c.get("/v1/tables/t/items/b")).json()
+        assert "tags" not in b and b["group"] == "g" and "version" not in b
+        for bad in ({"tags": [{"ds": 1}]}, {"groups": ["g"] * 3}, {"tags": [{"x": [1]}, None]}):
+            r = await c.post("/v1/tables/t/items", json={**body, **bad})
+            _error(r, 422, "validation_error")
+    async with serving(tmp_path) as c:  # replayed from the log
+        a = (await c.get("/v1/tables/t/items/a")).json()
+        assert a["tags"] == {"ds": "math"} and a["group"] == "g" and a["version"] == 3
+        got = await claim(c, "t", task="x", batch_size=2, where={"ds": "math"}, partial=True)
+        assert [it["key"] for it in got["items"]] == ["a"]
