@@ -714,3 +714,14 @@ async def test_a_columnar_push_carries_tags_groups_versions_and_a_reservation(
         assert a["tags"] == {"ds": "math"} and a["group"] == "g" and a["version"] == 3
         got = await claim(c, "t", task="x", batch_size=2, where={"ds": "math"}, partial=True)
         assert [it["key"] for it in got["items"]] == ["a"]
+
+
+async def test_a_msgpack_push_of_items_and_a_reservation_alone(tmp_path: Path) -> None:
+    async with serving(tmp_path) as c:
+        await create(c, "t", admission={"max_ahead": 4})
+        status, got = await _mp(c, "POST", "/v1/tables/t/reservations", {"count": 2, "version": 0})
+        assert status == 201
+        body = {"items": [{"key": "a", "value": 1}], "reservation": got["reservation"]}
+        status, answer = await _mp(c, "POST", "/v1/tables/t/items", body)
+        assert status == 202 and answer == {"accepted": 1}, answer
+        assert (await _tasks(c))["reserved"] == 1
