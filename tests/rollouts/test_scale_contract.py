@@ -725,3 +725,20 @@ async def test_a_msgpack_push_of_items_and_a_reservation_alone(tmp_path: Path) -
         status, answer = await _mp(c, "POST", "/v1/tables/t/items", body)
         assert status == 202 and answer == {"accepted": 1}, answer
         assert (await _tasks(c))["reserved"] == 1
+
+
+async def test_a_waiting_reservation_that_becomes_stale_is_refused(tmp_path: Path) -> None:
+    async with serving(tmp_path) as c:
+        await create(c, "t", admission={"max_ahead": 1}, max_staleness=1)
+        r = await c.post("/v1/tables/t/reservations", json={"count": 1, "version": 0})
+        assert r.status_code == 201
+        waiting = asyncio.create_task(
+            c.post("/v1/tables/t/reservations", json={"count": 1, "version": 0, "wait_ms": 30_000})
+        )
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        r = await c.put("/v1/tables/t/version", json={"version": 2})
+        assert r.status_code == 200
+        _error(await asyncio.wait_for(waiting, 20), 409, "version_conflict")
+        r = await c.post("/v1/tables/t/reservations", json={"count": 1, "version": 1, "wait_ms": 0})
+        _error(r, 504, "deadline_exceeded")  # fresh enough, but no room
