@@ -561,6 +561,13 @@ class Claims:
             if t.rollouts.tasks and not t.dropping
         }
 
+    async def tasks_now(self, table: str) -> dict[str, Any]:
+        """:meth:`tasks` once the writer applied the writes accepted before (a read of
+        ``/tasks`` sees a delete or a push that was answered)."""
+        t = self._core.table(table)
+        await self._reads.caught_up(t, time.monotonic() + DEFAULT_TIMEOUT_S, DEFAULT_TIMEOUT_S)
+        return self.tasks(table)
+
     def tasks(self, table: str) -> dict[str, Any]:
         """``/tasks``: per task ready, leased, acknowledged and expired; the version."""
         r = self._core.table(table).rollouts

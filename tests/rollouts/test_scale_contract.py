@@ -742,3 +742,38 @@ async def test_a_waiting_reservation_that_becomes_stale_is_refused(tmp_path: Pat
         _error(await asyncio.wait_for(waiting, 20), 409, "version_conflict")
         r = await c.post("/v1/tables/t/reservations", json={"count": 1, "version": 1, "wait_ms": 0})
         _error(r, 504, "deadline_exceeded")  # fresh enough, but no room
+
+
+async def test_without_delete_after_ack_every_item_expires(tmp_path: Path) -> None:
+    async with serving(tmp_path) as c:
+        await create(c, "t", ttl_s=3600)
+        await push(c, "t", [{"key": f"k{i}", "value": i} for i in range(3)])
+        lease = await claim(c, "t", task="a", batch_size=2)
+        await c.post(f"/v1/tables/t/leases/{lease['lease']}:ack")
+        engine = c.app.state.engine  # type: ignore[attr-defined]
+        assert engine.item_expiry.sweep(now=time.time() + 7200) == 3
+        end = time.monotonic() + 20
+        while (await _tasks(c))["tasks"]["a"]["ready"] and time.monotonic() < end:
+            await asyncio.sleep(0.05)  # the deletes are applied by the writer
+        stats = (await c.get("/v1/tables/t")).json()["stats"]
+        assert stats["size"] == 0 and stats["expired"] == 3
+        tasks = await _tasks(c)
+        assert tasks["tasks"]["a"] == {"ready": 0, "leased": 0, "acked": 2, "expired": 0}
+
+
+async def test_tasks_read_the_writes_answered_before(tmp_path: Path) -> None:
+    async with serving(tmp_path) as c:
+        await create(c, "t")
+        await push(c, "t", [{"key": f"k{i}", "value": i} for i in range(4)])
+        await claim(c, "t", task="a", batch_size=1)
+        for i in range(3):  # answered 202 before the writer applies them
+            r = await c.post("/v1/tables/t/items", json={"items": [{"key": f"n{i}", "value": i}]})
+            assert r.status_code == 202
+        r = await c.post("/v1/tables/t/items:batchDelete", json={"keys": ["k1", "k2"]})
+        assert r.status_code == 202
+        assert (await _tasks(c))["tasks"]["a"] == {
+            "ready": 4,
+            "leased": 1,
+            "acked": 0,
+            "expired": 0,
+        }
