@@ -11,7 +11,7 @@ codec too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import msgspec
 import numpy as np
@@ -23,7 +23,7 @@ from rlreplay.wire.errors import ValidationFailed
 from rlreplay.wire.packing import array_ext, is_plain
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest, ItemIn, PushRequest
 
-__all__ = ["columns_request", "encode_body", "packed_item", "push_request"]
+__all__ = ["ColumnsMeta", "columns_request", "encode_body", "packed_item", "push_request"]
 
 
 def _pack_raw(obj: Any) -> msgspec.Raw:
@@ -149,6 +149,7 @@ def columns_request(
     columns: Mapping[str, Any],
     priorities: Any,
     wait: bool,
+    meta: ColumnsMeta | None = None,
 ) -> ColumnsPushRequest:
     """A columnar push body: item ``i`` is ``keys[i]`` with ``{field: columns[field][i]}``.
 
@@ -158,6 +159,7 @@ def columns_request(
             axis is ``len(keys)``; packed in one go, each as one array.
         priorities: One per key (a sequence or a 1-D array), or None for 1.0 each.
         wait: Whether the server answers once the writer applied the items.
+        meta: Per-key ``tags``, ``groups``, ``versions`` and the ``reservation`` filled.
 
     Raises:
         TypeError: A column has no wire form.
@@ -167,4 +169,25 @@ def columns_request(
     given: Any = msgspec.UNSET
     if priorities is not None:
         given = msgspec.Raw(packb(np.ascontiguousarray(priorities, dtype=np.float64)))
-    return ColumnsPushRequest(list(keys), packed, given, wait)
+    body = ColumnsPushRequest(list(keys), packed, given, wait)
+    meta = meta or {}
+    if (tags := meta.get("tags")) is not None:
+        body.tags = [None if tg is None else dict(tg) for tg in tags]
+    if (groups := meta.get("groups")) is not None:
+        body.groups = list(groups)
+    if (versions := meta.get("versions")) is not None:
+        body.versions = [None if v is None else int(v) for v in versions]
+    if (reservation := meta.get("reservation")) is not None:
+        body.reservation = reservation
+    return body
+
+
+class ColumnsMeta(TypedDict, total=False):
+    """What a columnar push may carry beside its columns: one entry per key in ``tags``,
+    ``groups`` and ``versions`` (None where an item has none), and the reservation whose
+    slots the items fill."""
+
+    tags: Sequence[Mapping[str, Any] | None] | None
+    groups: Sequence[str | None] | None
+    versions: Sequence[int | None] | None
+    reservation: str | None

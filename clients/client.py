@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Unpack, overload
 
 import httpx
 
-from rlreplay.clients.bodies import columns_request, push_request
+from rlreplay.clients.bodies import ColumnsMeta, columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.episode_bodies import window_sample
 from rlreplay.clients.episodes import EpisodeCalls
@@ -230,6 +230,10 @@ class ReplayClient(EpisodeCalls):
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items given as columns, in one request.
 
@@ -245,6 +249,9 @@ class ReplayClient(EpisodeCalls):
                 first axis ``len(keys)``.
             priorities: One per key (a sequence or a 1-D array); 1.0 each when None.
             wait: Answer only once the writer has applied the items.
+            tags, groups, versions: One entry per key (None where an item has none), as
+                :meth:`push`'s items carry them.
+            reservation: The reservation whose slots these items fill.
 
         Returns:
             As :meth:`push`; 0 without a request when ``keys`` is empty.
@@ -254,7 +261,13 @@ class ReplayClient(EpisodeCalls):
                 priority (the message names the field).
             TypeError: A column has no wire form (said before sending).
         """
-        body = columns_request(keys, columns, priorities, wait)
+        meta: ColumnsMeta = {
+            "tags": tags,
+            "groups": groups,
+            "versions": versions,
+            "reservation": reservation,
+        }
+        body = columns_request(keys, columns, priorities, wait, meta)
         if not body.keys:
             return 0
         return await self._push_body(table, body)
@@ -341,6 +354,7 @@ class ReplayClient(EpisodeCalls):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
     ) -> list[Item]: ...
     @overload
     async def sample(
@@ -351,6 +365,7 @@ class ReplayClient(EpisodeCalls):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
     ) -> ColumnBatch: ...
     @overload
     async def sample(
@@ -369,6 +384,7 @@ class ReplayClient(EpisodeCalls):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         **window: Unpack[WindowOptions],
     ) -> list[Item] | ColumnBatch | WindowBatch:
         """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...),
@@ -393,6 +409,9 @@ class ReplayClient(EpisodeCalls):
             include_values: Leave values out of the answer when False.
             layout: ``"columns"`` answers a :class:`ColumnBatch`: each field of the values
                 stacked along a new first axis, no per-item objects.
+            where: Draw only among items whose tags meet every condition (``{tag: value |
+                {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``), waiting up to
+                ``timeout_ms`` for a match.
             **window: Window options: sample windows of an episode table.
 
         Raises:
@@ -411,6 +430,8 @@ class ReplayClient(EpisodeCalls):
             include_values,
             layout,
         )
+        if where is not None:
+            body.where = dict(where)
         waits_s = (timeout_ms / 1000) if timeout_ms is not None else _SERVER_SAMPLE_TIMEOUT_S
         answer = await self._call(
             "POST",

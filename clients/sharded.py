@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
 
 import numpy as np
 
+from rlreplay.clients.bodies import ColumnsMeta
 from rlreplay.clients.client import Item, Layout, ReplayClient
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.episode_bodies import EndReason, WindowStart, window_sample
@@ -36,14 +37,19 @@ from rlreplay.clients.shard_fan_out import ShardFanOut
 from rlreplay.clients.shard_merge import (
     Part,
     assemble_sample,
-    column_rows,
     merge_columns,
     merged_description,
 )
 from rlreplay.clients.sharded_episodes import ShardedEpisodes
-from rlreplay.clients.sharded_reservations import push_spread, reserve_sharded, return_sharded
+from rlreplay.clients.sharded_reservations import (
+    push_columns_spread,
+    push_spread,
+    reserve_sharded,
+    return_sharded,
+)
 from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
 from rlreplay.clients.sharded_sampling import ShardedDraw
+from rlreplay.clients.sharded_where import sample_where
 from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
 from rlreplay.clients.windows import WindowBatch
 from rlreplay.clients.writer import Writer
@@ -106,6 +112,7 @@ class ShardedReplayClient:
             ring=Rendezvous(names),
         )
         self._rng = np.random.default_rng(seed)
+        self._allow_partial = allow_partial
         self._draw = ShardedDraw(self._fan_out, allow_partial=allow_partial, rng=self._rng)
         self._rollouts = ShardedRollouts(self._fan_out, allow_partial=allow_partial, rng=self._rng)
         self._episodes = ShardedEpisodes(self._fan_out, self._draw)
@@ -234,23 +241,17 @@ class ShardedReplayClient:
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items given as columns (``ReplayClient.push_columns``); each
-        server gets the rows of its keys."""
-        keys = list(keys)
-        if not keys:
-            return 0
-        prios = None if priorities is None else np.asarray(priorities, dtype=np.float64)
-        calls = {}
-        for s, places in self._fan_out.split(keys).items():
-            calls[s] = self._fan_out.shards[s].push_columns(
-                table,
-                [keys[i] for i in places.tolist()],
-                {name: column_rows(values, places) for name, values in columns.items()},
-                priorities=None if prios is None else prios[places],
-                wait=wait,
-            )
-        return sum((await self._fan_out.each(calls)).values())
+        server gets the rows of its keys (``push_columns_spread``)."""
+        meta = ColumnsMeta(tags=tags, groups=groups, versions=versions, reservation=reservation)
+        return await push_columns_spread(
+            self._fan_out, table, keys, columns, priorities, wait, meta
+        )
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
         """A pipelined writer (``ReplayClient.writer``, errors included); each batch is
@@ -352,6 +353,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> list[Item]: ...
     @overload
@@ -363,6 +365,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> ColumnBatch: ...
     @overload
@@ -383,6 +386,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         allow_partial: bool | None = None,
         **window: Unpack[WindowOptions],
     ) -> list[Item] | ColumnBatch | WindowBatch:
@@ -392,8 +396,8 @@ class ShardedReplayClient:
         and prioritized ``weight`` are one server's figures; picks stay in the order drawn.
 
         Args:
-            table, batch_size, timeout_ms, include_values, layout: As
-                ``ReplayClient.sample``.
+            table, batch_size, timeout_ms, include_values, layout, where: As
+                ``ReplayClient.sample`` (shares of ``where``'s matches: ``sharded_where``).
             allow_partial: When a server cannot be reached, sample from the others (the
                 probabilities are then those of the items they hold) rather than raise;
                 the client's default when None.
@@ -410,6 +414,19 @@ class ShardedReplayClient:
             return await self._episodes.sample(table, batch_size, timeout_ms, allow_partial, window)
         if batch_size < 1:
             raise ValidationFailed(f"batch_size ({batch_size}) must be >= 1")
+        if where is not None:  # see ``sharded_where``
+            partial = self._allow_partial if allow_partial is None else allow_partial
+            return await sample_where(
+                self._fan_out,
+                self._rng,
+                table,
+                batch_size,
+                where,
+                timeout_ms=timeout_ms,
+                include_values=include_values,
+                layout=layout,
+                partial=partial,
+            )
         if len(self._fan_out.shards) == 1:  # its share is the whole table: no need to ask
             call = self._fan_out.shards[0].sample(
                 table,

@@ -16,11 +16,21 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from rlreplay.clients.bodies import ColumnsMeta
 from rlreplay.clients.rollouts import Reservation
 from rlreplay.clients.shard_fan_out import ShardFanOut
+from rlreplay.clients.shard_merge import column_rows
 from rlreplay.wire.errors import DeadlineExceeded, LeaseNotFound, ValidationFailed
 
-__all__ = ["push_spread", "reserve_sharded", "return_sharded", "server_reservations"]
+__all__ = [
+    "push_columns_spread",
+    "push_spread",
+    "reserve_sharded",
+    "return_sharded",
+    "server_reservations",
+]
 
 
 def server_reservations(reservation: str | None) -> dict[int, str]:
@@ -115,6 +125,44 @@ async def push_spread(
         for s, places in groups.items()
     }
     return sum((await fan_out.each(calls)).values())
+
+
+async def push_columns_spread(
+    fan_out: ShardFanOut,
+    table: str,
+    keys: Sequence[str],
+    columns: Mapping[str, Any],
+    priorities: Any,
+    wait: bool,
+    meta: ColumnsMeta,
+) -> int:
+    """Push columns on the keys' servers: each gets the rows of its keys, its entries of
+    the per-key ``tags``, ``groups`` and ``versions``, and its part of the reservation."""
+    keys = list(keys)
+    if not keys:
+        return 0
+    prios = None if priorities is None else np.asarray(priorities, dtype=np.float64)
+    ids = server_reservations(meta.get("reservation"))
+    calls = {}
+    for s, places in fan_out.split(keys).items():
+        rows = places.tolist()
+        calls[s] = fan_out.shards[s].push_columns(
+            table,
+            [keys[i] for i in rows],
+            {name: column_rows(values, places) for name, values in columns.items()},
+            priorities=None if prios is None else prios[places],
+            wait=wait,
+            tags=_rows(meta.get("tags"), rows),
+            groups=_rows(meta.get("groups"), rows),
+            versions=_rows(meta.get("versions"), rows),
+            reservation=ids.get(s),
+        )
+    return sum((await fan_out.each(calls)).values())
+
+
+def _rows(given: Sequence[Any] | None, rows: list[int]) -> list[Any] | None:
+    """The entries ``rows`` of a per-key list (None when not given)."""
+    return None if given is None else [given[i] for i in rows]
 
 
 def _key(item: Mapping[str, Any], i: int) -> str:

@@ -29,9 +29,11 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
+from rlreplay.clients.claim_budget import balance_ranks, fit_tokens, item_length
 from rlreplay.clients.rollouts import Lease, LeaseBase, claim_request, consume_leases
 from rlreplay.clients.surface import ClaimOptions
 from rlreplay.wire.errors import DeadlineExceeded, LeaseNotFound, Unavailable, ValidationFailed
+from rlreplay.wire.schemas import ClaimRequest
 
 if TYPE_CHECKING:
     from rlreplay.clients.shard_fan_out import ShardFanOut
@@ -68,6 +70,9 @@ class ShardedLease(LeaseBase):
         self.id = ",".join(lease.id for _, lease in self._parts)
         self.expires_at = min((p.expires_at for _, p in self._parts), default=0.0)
         self.items: list[dict[str, Any]] = [i for _, p in self._parts for i in p.items]
+        #: With ``world_size``: indices into ``items``, one list per rank, split by the
+        #: client over the merged items (groups whole, longest first).
+        self.ranks: list[list[int]] | None = None
         self.done = not self.items
 
     async def _each_part(self, action: str, keys: Sequence[str] | None) -> int:
@@ -119,6 +124,17 @@ def _fitting(items: list[dict[str, Any]], room: int, by_group: bool) -> list[int
         if len(keep) + len(places) <= room:
             keep.extend(places)
     return sorted(keep)
+
+
+def _measuring(request: ClaimRequest, field: str | None) -> tuple[ClaimRequest, bool]:
+    """The request each server gets: no ``world_size`` (the client splits the merged
+    items), and ``field`` among the fields returned when the caller's ``select`` (or
+    ``fields``) leaves it out, so that the client can measure it; and whether it was added
+    (it is taken out of the answer again)."""
+    returned = request.select if request.select is not UNSET else request.fields
+    add = field is not None and returned is not UNSET and field not in returned
+    select = [*returned, field] if add and returned is not UNSET and field else request.select
+    return msgspec.structs.replace(request, world_size=UNSET, select=select), add
 
 
 def _expired(lease: Lease, lapse: Mapping[str, float]) -> bool:
@@ -201,8 +217,8 @@ class ShardedRollouts:
         }
 
     async def tasks(self, table: str) -> dict[str, Any]:
-        """``ReplayClient.tasks`` over every server: each task's counts and
-        ``dropped_stale`` summed, ``version`` the highest."""
+        """``ReplayClient.tasks`` over every server: each task's counts, ``dropped_stale``
+        and ``reserved`` summed, ``version`` the highest."""
         merged: dict[str, dict[str, int]] = {}
         answers = await self._fan_out.every(lambda c: c.tasks(table))
         for answer in answers:
@@ -214,6 +230,7 @@ class ShardedRollouts:
             "tasks": merged,
             "version": max(int(a.get("version", 0)) for a in answers),
             "dropped_stale": sum(int(a.get("dropped_stale", 0)) for a in answers),
+            "reserved": sum(int(a.get("reserved", 0)) for a in answers),
         }
 
     async def claim(
@@ -240,6 +257,11 @@ class ShardedRollouts:
         """
         request = claim_request(options, partial=partial)
         task, batch_size, wait_ms = request.task, request.batch_size, request.wait_ms
+        budget = None if request.max_tokens is UNSET else request.max_tokens
+        field = None if request.length_field is UNSET else request.length_field
+        world = None if request.world_size is UNSET else request.world_size
+        request, added = _measuring(request, field)
+        tokens, full = 0, False  # the kept items' tokens; a group was left out for them
         group_size = None if request.group_size is UNSET else request.group_size
         if group_size is not None and group_size > 0 and batch_size % group_size:
             raise ValidationFailed(
@@ -262,6 +284,9 @@ class ShardedRollouts:
                     ask = math.ceil(ask / unit / len(live)) * unit
                 sent = time.monotonic()
                 part = msgspec.structs.replace(request, batch_size=ask, wait_ms=wait, partial=True)
+                if budget is not None:  # the servers' budgets: shares of what is left
+                    left = max(1, budget - tokens)
+                    part.max_tokens = math.ceil(left / len(live)) if spread else left
                 calls = {s: self._fan_out.shards[s]._claim(table, part) for s in live}
                 answers = list((await self._answers(calls, live)).items())
                 for _, lease in answers:
@@ -272,10 +297,22 @@ class ShardedRollouts:
                 while answers:
                     s, lease = answers[0]
                     if not _expired(lease, lapse):
-                        held += await self._keep(s, lease, batch_size - held, group_size, kept)
+                        room, by_group = batch_size - held, group_size is not None
+                        if budget is None or field is None:
+                            keep = _fitting(lease.items, room, by_group)
+                        else:
+                            keep, used, cut = fit_tokens(
+                                lease.items, field, room, budget - tokens, by_group, not held
+                            )
+                            tokens, full = tokens + used, full or cut
+                        held += await self._keep(s, lease, keep, kept)
                     answers.pop(0)
-                held -= _drop_expired(kept, lapse)  # their items are the server's again
-                if held >= batch_size:
+                dropped = _drop_expired(kept, lapse)  # their items are the server's again
+                if dropped:
+                    held -= dropped
+                    tokens = sum(item_length(it, field) for _, p in kept for it in p.items)
+                    full = False
+                if held >= batch_size or full:
                     break
                 if spread:  # short: ask every server at once for all that is missing
                     spread = False
@@ -285,7 +322,7 @@ class ShardedRollouts:
                     break
                 wait = min(slice_ms, left_ms)
                 slice_ms = min(slice_ms * 2, max_slice_ms)
-            if held < batch_size and not partial:
+            if held < batch_size and not full and not partial:
                 raise DeadlineExceeded(
                     f"{held} of {batch_size} items were ready for task {task!r} over "
                     f"{len(live)} shards within {wait_ms} ms"
@@ -296,7 +333,17 @@ class ShardedRollouts:
                 return_exceptions=True,
             )
             raise
-        return ShardedLease(self._fan_out, table, kept)
+        merged = ShardedLease(self._fan_out, table, kept)
+        if world is not None:
+            lengths = [item_length(it, field) for it in merged.items] if field else []
+            merged.ranks = balance_ranks(
+                lengths or [1] * len(merged.items), [it.get("group") for it in merged.items], world
+            )
+        for item in merged.items if added and field is not None else []:
+            item_fields = item.get("lengths") if "lengths" in item else item.get("value")
+            if isinstance(item_fields, dict):
+                item_fields.pop(field, None)
+        return merged
 
     def consume(
         self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
@@ -342,16 +389,10 @@ class ShardedRollouts:
             pass
 
     async def _keep(
-        self,
-        s: int,
-        lease: Lease,
-        room: int,
-        group_size: int | None,
-        kept: list[tuple[int, Lease]],
+        self, s: int, lease: Lease, keep: list[int], kept: list[tuple[int, Lease]]
     ) -> int:
-        """Keep what fits of ``lease`` in ``room`` (whole groups), release the rest at once,
+        """Keep the items of ``lease`` at the positions ``keep``, release the rest at once,
         and return how many were kept."""
-        keep = _fitting(lease.items, room, group_size is not None)
         if len(keep) < len(lease.items):
             if not keep:
                 await self._release_surplus(s, lease, None)

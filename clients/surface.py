@@ -147,6 +147,10 @@ class ReplayCalls(Protocol):
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int: ...
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer: ...
@@ -180,6 +184,7 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
     ) -> list[Item]: ...
     @overload
     async def sample(
@@ -190,6 +195,7 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
     ) -> ColumnBatch: ...
     @overload
     async def sample(
@@ -208,6 +214,7 @@ class ReplayCalls(Protocol):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         **window: Unpack[WindowOptions],
     ) -> list[Item] | ColumnBatch | WindowBatch: ...
 

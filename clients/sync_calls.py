@@ -159,10 +159,24 @@ class BlockingCalls(Generic[A]):
         *,
         priorities: Any = None,
         wait: bool = False,
+        tags: Sequence[Mapping[str, Any] | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        versions: Sequence[int | None] | None = None,
+        reservation: str | None = None,
     ) -> int:
         """Insert or replace items given as columns (:meth:`ReplayClient.push_columns`)."""
         return self._loop.run(
-            self._rb.push_columns(table, keys, columns, priorities=priorities, wait=wait)
+            self._rb.push_columns(
+                table,
+                keys,
+                columns,
+                priorities=priorities,
+                wait=wait,
+                tags=tags,
+                groups=groups,
+                versions=versions,
+                reservation=reservation,
+            )
         )
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> SyncWriter:
@@ -205,6 +219,7 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
     ) -> list[Item]: ...
     @overload
     def sample(
@@ -215,6 +230,7 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
     ) -> ColumnBatch: ...
     @overload
     def sample(
@@ -233,6 +249,7 @@ class BlockingCalls(Generic[A]):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         **window: Unpack[WindowOptions],
     ) -> list[Item] | ColumnBatch | WindowBatch:
         """Sample a batch, with replacement, or windows of an episode table given window
@@ -249,10 +266,13 @@ class BlockingCalls(Generic[A]):
                     timeout_ms=timeout_ms,
                     include_values=include_values,
                     layout="columns",
+                    where=where,
                 )
             )
         return self._loop.run(
-            self._rb.sample(table, batch_size, timeout_ms=timeout_ms, include_values=include_values)
+            self._rb.sample(
+                table, batch_size, timeout_ms=timeout_ms, include_values=include_values, where=where
+            )
         )
 
     def update_priorities(self, table: str, priorities: Mapping[str, float]) -> dict[str, int]:

@@ -9,7 +9,7 @@ ones are here (``tests/clients/test_surface.py`` compares the signatures).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Unpack, overload
 
 from rlreplay.clients.client import Item, Layout
@@ -74,6 +74,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["items"] = ...,
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> list[Item]: ...
     @overload
@@ -85,6 +86,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         timeout_ms: int | None = ...,
         include_values: bool = ...,
         layout: Literal["columns"],
+        where: Mapping[str, Any] | None = ...,
         allow_partial: bool | None = ...,
     ) -> ColumnBatch: ...
     @overload
@@ -105,6 +107,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
         timeout_ms: int | None = None,
         include_values: bool = True,
         layout: Layout = "items",
+        where: Mapping[str, Any] | None = None,
         allow_partial: bool | None = None,
         **window: Unpack[WindowOptions],
     ) -> list[Item] | ColumnBatch | WindowBatch:
@@ -124,6 +127,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
                     include_values=include_values,
                     layout="columns",
                     allow_partial=allow_partial,
+                    where=where,
                 )
             )
         return self._loop.run(
@@ -133,6 +137,7 @@ class ShardedClient(BlockingCalls[ShardedReplayClient]):
                 timeout_ms=timeout_ms,
                 include_values=include_values,
                 allow_partial=allow_partial,
+                where=where,
             )
         )
 

@@ -37,24 +37,68 @@ _MAX_WAIT_MS = 600_000
 TagName = Annotated[str, Meta(min_length=1, max_length=128, examples=["dataset"])]
 #: A tag's value: a string, an int, a float or a bool.
 TagValue = str | int | float | bool
+#: Decoded as any value and checked by the server, so that a tag of another kind (a list,
+#: a map, null) is 422 ``validation_error`` like 17 tags: a well-formed body the contract
+#: refuses, not a malformed one.
 Tags = Annotated[
-    dict[TagName, TagValue],
+    dict[TagName, Any],
     Meta(
         max_length=MAX_TAGS,
         description="At most 16 tags: name -> string, int, float or bool.",
         examples=[{"dataset": "math", "difficulty": 3}],
+        extra_json_schema={
+            "additionalProperties": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "integer"},
+                    {"type": "number"},
+                    {"type": "boolean"},
+                ]
+            }
+        },
     ),
 ]
 #: ``{tag: value | {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``: every condition must
 #: hold (checked by the server's filter, which names a bad condition in a 422).
+_SCALAR_SCHEMA: dict[str, Any] = {
+    "anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]
+}
+
+
+def _range_schema(kind: str) -> dict[str, Any]:
+    """A range of ``kind`` bounds: at most one lower and one upper bound, at least one."""
+    return {
+        "type": "object",
+        "properties": {op: {"type": kind} for op in ("gte", "gt", "lte", "lt")},
+        "minProperties": 1,
+        "additionalProperties": False,
+        "not": {"anyOf": [{"required": ["gt", "gte"]}, {"required": ["lt", "lte"]}]},
+    }
+
+
 Where = Annotated[
     dict[TagName, Any],
     Meta(
         description=(
             'Tag conditions, all of which must hold: a value (equal), `{"in": [...]}`, or '
-            'a range `{"gte"?, "gt"?, "lte"?, "lt"?}`.'
+            'a range `{"gte"?, "gt"?, "lte"?, "lt"?}` of numbers or of strings.'
         ),
         examples=[{"dataset": {"in": ["math", "code"]}, "difficulty": {"gte": 2}}],
+        extra_json_schema={
+            "additionalProperties": {
+                "anyOf": [
+                    _SCALAR_SCHEMA,
+                    {
+                        "type": "object",
+                        "properties": {"in": {"type": "array", "items": _SCALAR_SCHEMA}},
+                        "required": ["in"],
+                        "additionalProperties": False,
+                    },
+                    _range_schema("number"),
+                    _range_schema("string"),
+                ]
+            }
+        },
     ),
 ]
 

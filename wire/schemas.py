@@ -243,6 +243,20 @@ class ColumnsPushRequest(_Request):
     ] = UNSET
     wait: Annotated[bool, Meta(description=_WAIT_DOC)] = False
     request_id: RequestId | UnsetType = UNSET
+    tags: Annotated[
+        list[Tags | None] | UnsetType, Meta(description="One map of tags (or null) per key.")
+    ] = UNSET
+    groups: Annotated[
+        list[str | None] | UnsetType, Meta(description="One group (or null) per key.")
+    ] = UNSET
+    versions: Annotated[
+        list[PolicyVersion | None] | UnsetType,
+        Meta(description="One policy version (or null) per key."),
+    ] = UNSET
+    reservation: (
+        Annotated[str, Meta(max_length=64, description="A reservation these items fill.")]
+        | UnsetType
+    ) = UNSET
 
     EXAMPLE: ClassVar[dict[str, Any]] = {
         "keys": ["r1", "r2"],

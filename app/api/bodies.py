@@ -361,15 +361,15 @@ def _decode_msgpack_push(body: bytes) -> PushRequest:
 
 
 def _decode_items_and_id(body: bytes) -> PushRequest:
-    """A msgpack push body of two entries without ``wait``: ``items`` and ``request_id``,
-    or ``items`` twice (refused)."""
+    """A msgpack push body of two entries without ``wait``: ``items`` and ``request_id``
+    or ``reservation``, or ``items`` twice (refused)."""
     try:
         push: PushRequest = _MSGPACK_PUSH.decode(body)
     except msgspec.ValidationError as exc:
         raise schema_refusal(exc) from None
     except _UNREADABLE as exc:
         raise BadRequest(f"malformed msgpack push body: {exc}") from exc
-    if push.request_id is UNSET:
+    if push.request_id is UNSET and push.reservation is UNSET:
         raise ValidationFailed("duplicate field in the body: items")
     return push
 

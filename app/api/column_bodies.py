@@ -36,6 +36,7 @@ from rlreplay.app.api.bodies import (
 )
 from rlreplay.app.api.encoding import BodyFormat
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.tables.tag_index import check_tags
 from rlreplay.app.tables.unstacking import (
     ColumnIn,
     checked_column,
@@ -159,7 +160,38 @@ def parse_columns_push(
     values = unstack_values(columns, n)
     rid = None if request.request_id is msgspec.UNSET else request.request_id
     raw = memoryview(request.columns) if fmt is BodyFormat.MSGPACK else None
-    return PushBody(list(map(NewItem, keys, values, priorities)), request.wait, None, rid, raw)
+    tags, groups, versions = _per_key(request.tags, "tags", n), None, None
+    if tags is not None:
+        tags = [
+            None if tg is None else check_tags(tg, f"tags[{i}]") or None
+            for i, tg in enumerate(tags)
+        ]
+    groups = _per_key(request.groups, "groups", n)
+    versions = _per_key(request.versions, "versions", n)
+    if tags is None and groups is None and versions is None:
+        items = list(map(NewItem, keys, values, priorities))
+    else:
+        nones: list[Any] = [None] * n
+        items = list(
+            map(
+                NewItem, keys, values, priorities, groups or nones, versions or nones, tags or nones
+            )
+        )
+    reservation = None if request.reservation is msgspec.UNSET else request.reservation
+    return PushBody(items, request.wait, None, rid, raw, reservation)
+
+
+def _per_key(given: list[Any] | msgspec.UnsetType, name: str, n: int) -> list[Any] | None:
+    """A per-key list of a columnar push (None when not given).
+
+    Raises:
+        ValidationFailed: Its length is not the number of keys.
+    """
+    if isinstance(given, msgspec.UnsetType):
+        return None
+    if len(given) != n:
+        raise ValidationFailed(f"{name} has {len(given)} entries, but there are {n} keys")
+    return given
 
 
 class _Pairs(list[tuple[Any, Any]]):

@@ -257,7 +257,7 @@ async def release(
 )
 async def tasks(table: TableName, engine: EngineDep, msgpack_out: AcceptsMsgpack) -> Response:
     """Per task: items ready now, leased, acknowledged, and lease expiries; the version."""
-    return encode(engine.claims.tasks(table), msgpack_body=msgpack_out)
+    return encode(await engine.claims.tasks_now(table), msgpack_body=msgpack_out)
 
 
 @router.put(

@@ -52,7 +52,7 @@ class ClaimShape:
         if max_tokens is not None and length_field is None:
             raise ValidationFailed('max_tokens needs "length_field": the field it counts')
         return cls(
-            parse_where(where) if where is not None else None,
+            (parse_where(where) or None) if where is not None else None,  # {}: every item
             select,
             values,
             max_tokens,

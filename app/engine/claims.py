@@ -271,11 +271,10 @@ class Claims:
         rereads = 0
         while True:
             want = r.want(fields)  # None until some item has each field
-            among = None if shape.where is None else r.tag_index.match(shape.where)
             slots = (
                 []
                 if want is None
-                else r.pick(state, want, batch_size, group_size, min_version, among)
+                else r.pick(state, want, batch_size, group_size, min_version, shape.where)
             )
             if shape.max_tokens is not None and slots:
                 assert shape.length_field is not None
@@ -561,6 +560,13 @@ class Claims:
             for name, t in state.tables.items()
             if t.rollouts.tasks and not t.dropping
         }
+
+    async def tasks_now(self, table: str) -> dict[str, Any]:
+        """:meth:`tasks` once the writer applied the writes accepted before (a read of
+        ``/tasks`` sees a delete or a push that was answered)."""
+        t = self._core.table(table)
+        await self._reads.caught_up(t, time.monotonic() + DEFAULT_TIMEOUT_S, DEFAULT_TIMEOUT_S)
+        return self.tasks(table)
 
     def tasks(self, table: str) -> dict[str, Any]:
         """``/tasks``: per task ready, leased, acknowledged and expired; the version."""

@@ -198,7 +198,7 @@ class Reads:
             await t.gate.acquire_sample(batch_size, timeout)
         try:
             await self.caught_up(t, deadline, timeout)
-            if where is not None:
+            if where:  # an empty filter holds for every item
                 drawn, size = await self._draw_where(t, batch_size, where, deadline, timeout)
             else:
                 while len(t.sampler) == 0:

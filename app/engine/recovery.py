@@ -210,9 +210,12 @@ def op_from_record(state: EngineState, record: list[Any]) -> Op | None:
         ts, body = fields
         return PutOp(lsn, table=table, items=push_body_items(body), inserted_at=ts, weight=0)
     if rec.kind == records.PUSH_COLUMNS:  # the values, built from the columns as the API did
-        keys, prios, ts, _extras, columns = fields
+        keys, prios, ts, extras, columns = fields
         values = unstack_values(msgpack_columns(columns, len(keys)), len(keys))
-        items = list(map(NewItem, keys, values, prios))
+        nones = [None] * len(keys)
+        groups, versions = extras.get("groups") or nones, extras.get("versions") or nones
+        tags = extras.get("tags") or nones
+        items = list(map(NewItem, keys, values, prios, groups, versions, tags))
         return PutOp(lsn, table=table, items=items, inserted_at=ts, weight=0)
     if rec.kind == records.DELETE:
         return DeleteOp(lsn, table=table, keys=fields[0], weight=0)

@@ -36,7 +36,7 @@ from rlreplay.app.tables.items import PatchedItem
 from rlreplay.app.tables.name_masks import LOW, Names, SlotMasks
 from rlreplay.app.tables.reservations import Reservations
 from rlreplay.app.tables.signal import Signal
-from rlreplay.app.tables.tag_index import TagIndex
+from rlreplay.app.tables.tag_index import Condition, TagIndex
 from rlreplay.wire.errors import ValidationFailed
 
 if TYPE_CHECKING:
@@ -361,12 +361,12 @@ class Rollouts:
         batch_size: int,
         group_size: int | None,
         min_version: int | None,
-        among: set[int] | None = None,
+        where: list[Condition] | None = None,
     ) -> list[int]:
         """The slots of the oldest items ready for ``task``: they have every field of
         ``want``, it neither acknowledged nor holds them, their version is recent enough;
-        whole groups of ``group_size`` when given. At most ``batch_size``. ``among``: only
-        these slots (those a ``where`` filter matched)."""
+        whole groups of ``group_size`` when given. At most ``batch_size``. ``where``: only
+        the items this filter matches."""
         t = self.table
         versions, leased, groups = t.policy_version, task.leased, self.groups
         # the first 64 names' bits are checked in the table's column; later ones, where a
@@ -378,7 +378,7 @@ class Rollouts:
             low = min_version if low is None else max(low, min_version)
         out: list[int] = []
         partial: dict[str, list[int]] = {}
-        for order, slot in self._walk(task, among):
+        for order, slot in self._walk(task, where):
             if order in leased or (fmask[slot] & want_u) != want_u:
                 continue
             if want_high and (high.get(slot, 0) & want_high) != want_high:
@@ -404,23 +404,23 @@ class Rollouts:
                     break
         return out
 
-    def _walk(self, task: TaskState, among: set[int] | None) -> Any:
-        """(order, slot) of the task's unacknowledged items, oldest first; of ``among``
-        alone when given, sorted by insertion order when it is the smaller."""
+    def _walk(self, task: TaskState, where: list[Condition] | None) -> Any:
+        """(order, slot) of the task's unacknowledged items, oldest first; of those the
+        filter ``where`` matches alone when given: from the index's matches oldest first
+        (kept while their tags do not change) less those the task's acknowledged-mask
+        bit marks, when they are the smaller, else a walk of the task's items."""
         unacked = task.unacked
-        if among is None:
+        if where is None:
             return unacked.items()
+        among = self.tag_index.match(where)
         if len(among) * 4 >= len(unacked):
             return ((o, s) for o, s in unacked.items() if s in among)
-        slots = np.fromiter(among, dtype=np.int64, count=len(among))
-        orders = self.table.order[slots]
-        by_age = np.argsort(orders, kind="stable")
-        get = unacked.get
-        return (
-            (o, s)
-            for o, s in zip(orders[by_age].tolist(), slots[by_age].tolist(), strict=True)
-            if get(o) == s
-        )
+        orders, slots = self.tag_index.by_order(where, self.table.order)
+        bit = self.task_bits.known(task.name)
+        if bit is not None and bit <= LOW and len(slots):
+            fresh = (self.acked_masks.low[slots] & np.uint64(bit)) == 0
+            orders, slots = orders[fresh], slots[fresh]
+        return _chunked(orders, slots, unacked.get)
 
     def ready_count(self, task: TaskState) -> int:
         """Items ready for ``task`` with the fields its last claim asked for."""
@@ -506,3 +506,17 @@ class Rollouts:
             }
             for name, task in sorted(self.tasks.items())
         }
+
+
+def _chunked(orders: Any, slots: Any, get: Any, chunk: int = 512) -> Any:
+    """(order, slot) of the arrays whose slot ``get(order)`` still gives, converted to
+    Python a chunk at a time (a claim stops after a few)."""
+    for start in range(0, len(slots), chunk):
+        part = zip(
+            orders[start : start + chunk].tolist(),
+            slots[start : start + chunk].tolist(),
+            strict=True,
+        )
+        for o, s in part:
+            if get(o) == s:
+                yield o, s

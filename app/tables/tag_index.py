@@ -22,6 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from rlreplay.wire.errors import ValidationFailed
 from rlreplay.wire.rollout_scale import MAX_TAGS
 
@@ -29,6 +32,8 @@ __all__ = ["Condition", "TagIndex", "check_tags", "merge_tags", "parse_where"]
 
 _RANGE_OPS = ("gte", "gt", "lte", "lt")
 _SCALARS = (str, int, float, bool)
+#: Filters whose matches the index keeps at once (all are dropped past it).
+_CACHED_MATCHES = 256
 
 
 def _keyed(value: Any) -> Any:
@@ -72,6 +77,11 @@ class Condition:
     low_inclusive: bool = True
     high: Any = None
     high_inclusive: bool = True
+
+    def key(self) -> tuple[Any, ...]:
+        """What tells this condition from another (``true`` apart from ``1``)."""
+        values = None if self.values is None else tuple(_keyed(v) for v in self.values)
+        return (self.name, values, self.low, self.low_inclusive, self.high, self.high_inclusive)
 
     def holds(self, value: Any) -> bool:
         """Whether a tag value meets this condition (``value`` None: the item lacks it)."""
@@ -132,6 +142,16 @@ def parse_where(where: Any) -> list[Condition]:
     return out
 
 
+@dataclass(slots=True)
+class _Match:
+    """A filter's matching slots as of ``stamps``, and (once asked) oldest first."""
+
+    stamps: tuple[int, ...]
+    slots: set[int]
+    orders: npt.NDArray[np.int64] | None = None
+    by_order: npt.NDArray[np.int64] | None = None
+
+
 class TagIndex:
     """Slot → tags, and per tag name value → slots (see the module docstring)."""
 
@@ -140,6 +160,9 @@ class TagIndex:
         self._slots: dict[str, dict[Any, set[int]]] = {}
         self._numbers: dict[str, list[Any]] = {}
         self._strings: dict[str, list[str]] = {}
+        #: per tag name, a count of the changes to its slots (what a cached match checks)
+        self._stamps: dict[str, int] = {}
+        self._cache: dict[tuple[Any, ...], _Match] = {}
 
     def __len__(self) -> int:
         return len(self.of)
@@ -155,7 +178,9 @@ class TagIndex:
         if not tags:
             return
         self.of[slot] = tags
+        stamps = self._stamps
         for name, value in tags.items():
+            stamps[name] = stamps.get(name, 0) + 1
             by_value = self._slots.setdefault(name, {})
             key = _keyed(value)
             slots = by_value.get(key)
@@ -170,7 +195,9 @@ class TagIndex:
         tags = self.of.pop(slot, None)
         if tags is None:
             return
+        stamps = self._stamps
         for name, value in tags.items():
+            stamps[name] += 1
             by_value = self._slots[name]
             key = _keyed(value)
             slots = by_value[key]
@@ -228,13 +255,41 @@ class TagIndex:
 
     def match(self, conditions: list[Condition]) -> set[int]:
         """The slots whose tags meet every condition (the caller must not change it)."""
+        return self._cached(conditions).slots
+
+    def by_order(
+        self, conditions: list[Condition], order: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The insertion orders and the slots of :meth:`match`, oldest first (``order``:
+        the table's column of insertion orders; a slot's order changes only with a push,
+        which puts its tags again)."""
+        found = self._cached(conditions)
+        if found.orders is None or found.by_order is None:
+            slots = np.fromiter(found.slots, dtype=np.int64, count=len(found.slots))
+            orders = order[slots]
+            oldest = np.argsort(orders, kind="stable")
+            found.orders, found.by_order = orders[oldest], slots[oldest]
+        return found.orders, found.by_order
+
+    def _cached(self, conditions: list[Condition]) -> _Match:
+        """The match of ``conditions``, kept until a slot of one of their tags changes."""
+        key = tuple(c.key() for c in conditions)
+        stamps = tuple(self._stamps.get(c.name, 0) for c in conditions)
+        found = self._cache.get(key)
+        if found is not None and found.stamps == stamps:
+            return found
         sets = sorted((self._condition_slots(c) for c in conditions), key=len)
         if not sets:
-            return set()
-        first, rest = sets[0], sets[1:]
-        if not rest:
-            return first
-        return {slot for slot in first if all(slot in s for s in rest)}
+            slots: set[int] = set()
+        elif len(sets) == 1:
+            slots = sets[0]
+        else:
+            first, rest = sets[0], sets[1:]
+            slots = {slot for slot in first if all(slot in s for s in rest)}
+        if len(self._cache) >= _CACHED_MATCHES:
+            self._cache.clear()
+        found = self._cache[key] = _Match(stamps, slots)
+        return found
 
     def matches(self, tags: dict[str, Any] | None, conditions: list[Condition]) -> bool:
         """Whether ``tags`` meet every condition (an item not yet applied)."""

@@ -89,10 +89,10 @@ def value_lengths(value: bytes, names: Sequence[str] | None) -> dict[str, int]:
     try:
         fields = _FIELDS.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):
-        return {}
+        fields = {}  # not a map: it has no fields
     if names is None:
         return {name: raw_length(bytes(raw)) for name, raw in fields.items()}
-    return {name: raw_length(bytes(fields[name])) for name in names if name in fields}
+    return {name: raw_length(bytes(fields[name])) if name in fields else 0 for name in names}
 
 
 def fit_budget(
