@@ -22,6 +22,7 @@ CASES = [
     (409, "table_exists", clients.TableExists),
     (409, "not_configured", clients.NotConfigured),
     (409, "version_conflict", clients.VersionConflict),
+    (409, "step_conflict", clients.StepConflict),
     (410, "gone", clients.Gone),
     (413, "payload_too_large", clients.PayloadTooLarge),
     (415, "unsupported_media_type", clients.UnsupportedMediaType),

@@ -1,9 +1,10 @@
 """The engine owns its background work and changes nothing process-wide.
 
 The field-learning scan that the first claim naming ``fields`` starts belongs to the claims
-part: a table drop cancels it, and so does the engine's stop. And an Engine created and
-started in a process (a test, a notebook) leaves glibc's malloc alone: only ``rlreplay
-serve`` tunes it (glibc cannot read its settings back, so its entry points are watched).
+part's ``FieldLearning``: a table drop cancels it, and so does the engine's stop. And an
+Engine created and started in a process (a test, a notebook) leaves glibc's malloc alone:
+only ``rlreplay serve`` tunes it (glibc cannot read its settings back, so its entry points
+are watched).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from rlreplay.app.engine.claims import Claims
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.engine.field_learning import FieldLearning
 from rlreplay.app.storage import allocator as app_allocator
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
@@ -32,10 +33,10 @@ async def _blocked_scan(monkeypatch: pytest.MonkeyPatch, eng: Engine) -> asyncio
     await eng.push("t", [NewItem(f"k{i}", msgpack.packb({"reward": i}), 1.0) for i in range(4)])
     forever: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def scan(self: Claims, t: Any) -> None:
+    async def scan(self: FieldLearning, t: Any) -> None:
         await forever
 
-    monkeypatch.setattr(Claims, "_learn_fields", scan)
+    monkeypatch.setattr(FieldLearning, "_learn", scan)
     return forever
 
 
