@@ -227,6 +227,17 @@ class RocksStorage(Storage):
         """Queue again, first, the deletes of a write that failed."""
         self.deletes[:0] = deletes
 
+    async def write_in_steps(
+        self,
+        io: BlockingIO,
+        puts: Sequence[tuple[bytes, bytes]],
+        deletes: Sequence[bytes] = (),
+        ranges: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """The writer's writes outside checkpoints (evictions, deletes, write-through),
+        in the checkpoint's steps: none holds the GIL for long, or through a flush."""
+        await _Steps(self.db, io).write(puts, deletes, ranges)
+
     async def open(self, state: EngineState, *, restored: bool = False) -> int:
         """Open RocksDB, which reads every block once (so damage stops the start, naming the
         file, rather than being served); with ``--accept-data-loss``, a damaged database is
@@ -365,7 +376,7 @@ class RocksStorage(Storage):
             puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
             t.mark_checkpointed(slot, wrote=wrote)
         try:
-            await steps.write(puts, (), ())
+            await steps.write_batch(puts)
         except OSError:  # nothing of this step was written: the next checkpoint writes it
             for slot, wrote, on_disk, disk_size in cleared:
                 if t.keys[slot] is not None:
@@ -425,11 +436,24 @@ class _Steps:
         ranges: Sequence[tuple[bytes, bytes]],
     ) -> None:
         """Write ``ranges``, then ``deletes`` (in batches of :data:`STEP_SLOTS`: a FIFO
-        table's removals queue thousands), then ``puts`` as one batch, in this order."""
+        table's removals queue thousands), then ``puts`` (in batches of about
+        :data:`STEP_BYTES`, or :data:`STEP_SLOTS` keys), in this order."""
         for at in range(0, len(deletes), STEP_SLOTS):
             await self._write((), deletes[at : at + STEP_SLOTS], ranges if not at else ())
-        if puts or (ranges and not deletes):
-            await self._write(puts, (), ranges if not deletes else ())
+        if ranges and not deletes and not puts:
+            await self._write((), (), ranges)
+        at = 0
+        while at < len(puts):
+            end, size = at, 0
+            while end < len(puts) and size < STEP_BYTES and end - at < 2 * STEP_SLOTS:
+                size += len(puts[end][1])
+                end += 1
+            await self._write(puts[at:end], (), ranges if not (at or deletes) else ())
+            at = end
+
+    async def write_batch(self, puts: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write ``puts`` as one batch (a checkpoint's step, sized by its caller)."""
+        await self._write(puts, (), ())
 
     async def _write(
         self,

@@ -8,15 +8,19 @@ import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import msgpack
+import pytest
 
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.metrics import Metrics
+from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
 from rlreplay.app.writer.checkpoints import Checkpointer
 from rlreplay.app.writer.loop_stalls import LoopStalls
+from rlreplay.app.writer.storage import STEP_BYTES
 from tests.engine.conftest import crash, make_settings
 
 MB = 2**20
@@ -128,3 +132,42 @@ async def test_loop_stalls_measures_the_longest_wait_of_the_event_loop() -> None
         time.sleep(0.05)  # noqa: ASYNC251 - the loop blocked, as a GIL held through a write would
         await asyncio.sleep(0.01)
     assert stalls.longest_s >= 0.04
+
+
+async def test_evictions_write_in_steps_that_never_wait_for_a_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eviction writes RocksDB as a checkpoint does: small batches with ``try_write``,
+    tried again when RocksDB would stall, never the blocking ``write`` (which would wait for
+    a memtable flush with the GIL held)."""
+    batches: list[int] = []
+    refused = [0]
+    real_try_write = RocksStore.try_write
+
+    def blocking_write(self: RocksStore, *args: object) -> None:
+        raise AssertionError("a writer's write that may wait for a flush with the GIL held")
+
+    def try_write(self: RocksStore, puts: Any = (), deletes: Any = (), ranges: Any = ()) -> bool:
+        if len(batches) % 3 == 1 and refused[0] < 50:  # RocksDB would stall: nothing written
+            refused[0] += 1
+            batches.append(0)
+            return False
+        batches.append(sum(len(v) for _, v in puts))
+        return real_try_write(self, puts, deletes, ranges)
+
+    monkeypatch.setattr(RocksStore, "write", blocking_write)
+    monkeypatch.setattr(RocksStore, "try_write", try_write)
+    eng = Engine(make_settings(tmp_path, storage_mode="hybrid", cache_memory_limit_mb=4))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig(max_size=300))
+        for n in range(8):  # 8 MiB into a 4 MiB cache; the cap deletes (queued deletes)
+            await eng.push("t", _values(f"e{n}/", 64, 16_384), wait=True)
+        stats = eng.describe("t")["stats"]
+        assert stats["evictions_to_disk"] > 0
+        assert refused[0] > 0
+        assert max(batches) <= STEP_BYTES + 16_384 + 1024  # a step's worth, not the whole
+        got = await eng.get("t", "e4/0")  # evicted: served from RocksDB
+        assert got is not None and got.value == msgpack.packb(bytes(16_384))
+    finally:
+        await crash(eng)
