@@ -32,6 +32,7 @@ from rlreplay.app.engine.claim_shape import ClaimShape
 from rlreplay.app.engine.claims import ClaimedItem, Claims
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.engine.item_expiry import ItemExpiry
+from rlreplay.app.engine.loop_watchdog import LoopWatchdog
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.engine.recovery import recover, release
 from rlreplay.app.engine.reservations import ReservationDesk
@@ -95,6 +96,10 @@ class Engine:
         self.item_expiry = ItemExpiry(self.core)
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None
+        #: Logs the stack of long event-loop stalls (``--log-loop-stalls-ms``).
+        self.loop_watchdog = (
+            LoopWatchdog(settings.log_loop_stalls_ms / 1e3) if settings.log_loop_stalls_ms else None
+        )
 
     # -- the core's state -----------------------------------------------------------------
 
@@ -196,6 +201,8 @@ class Engine:
         self.reservations.start()
         self.item_expiry.start()
         self.core.open()
+        if self.loop_watchdog is not None:
+            self.loop_watchdog.start()
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",
             st.storage_mode,
@@ -216,6 +223,8 @@ class Engine:
         if not self.core.begin_stop():
             return
         assert state is not None and processor is not None
+        if self.loop_watchdog is not None:
+            self.loop_watchdog.stop()
         budget = self.settings.stop_timeout_s if state.wal is not None else None
         deadline = None if budget is None else time.monotonic() + budget
         try:

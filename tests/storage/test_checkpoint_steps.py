@@ -4,6 +4,7 @@ on between them, a cadence that bounds recovery, and the figures /metrics shows 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import msgpack
 import pytest
 
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.engine.loop_watchdog import LoopWatchdog
 from rlreplay.app.metrics import Metrics
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
@@ -171,3 +173,26 @@ async def test_evictions_write_in_steps_that_never_wait_for_a_flush(
         assert got is not None and got.value == msgpack.packb(bytes(16_384))
     finally:
         await crash(eng)
+
+
+async def test_the_loop_watchdog_logs_the_stack_of_a_long_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def block_the_loop() -> None:
+        time.sleep(0.12)  # what a long call on the loop does
+
+    watchdog = LoopWatchdog(0.04)
+    watchdog.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlreplay.app.engine.loop_watchdog"):
+            await asyncio.sleep(0.02)
+            block_the_loop()
+            deadline = time.monotonic() + 10
+            while not watchdog.stalls and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # the watchdog is a thread: nothing to await
+    finally:
+        watchdog.stop()
+    watchdog.stop()  # idempotent
+    assert watchdog.stalls >= 1 and watchdog.longest_s >= 0.1
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "without a turn" in logged and "block_the_loop" in logged
