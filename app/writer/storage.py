@@ -44,6 +44,7 @@ from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
 from rlreplay.app.writer.memory_checkpoint import (
     MEMORY_CHECKPOINT,
+    capture_rows,
     read_checkpoint_file,
     write_checkpoint_file,
 )
@@ -63,6 +64,8 @@ __all__ = [
 STEP_BYTES = 1 << 20
 STEP_SLOTS = 2048  # slots a step visits at most (metadata-only steps)
 _STALL_WAIT_S = 0.005  # the wait before a write RocksDB refused to stall is tried again
+#: How long memory mode's checkpoint waits for its file before applying pushes again.
+_WRITING_POLL_S = 0.002
 
 #: What a checkpoint runs between its steps (the writer applying the pushes queued).
 BetweenSteps = Callable[[], Awaitable[None]]
@@ -111,7 +114,7 @@ class Storage(ABC):
         """Make durable what the writer applied: everything up to ``covered`` (memory), or
         the values logged up to ``upto`` and the metadata that goes with them (RocksDB);
         returns the bytes written. ``between``: what may run between the checkpoint's
-        steps (RocksDB's; memory mode's file is written in one go, the writer waiting)."""
+        steps (RocksDB's) or while its file is written (memory mode's)."""
 
     @abstractmethod
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
@@ -176,25 +179,51 @@ class MemoryStorage(Storage):
         self, state: EngineState, covered: int, upto: int, between: BetweenSteps | None = None
     ) -> int:
         """Write the items whose value was logged up to ``upto``, as they are now; the log
-        from ``upto`` on, which a restart replays, holds the others (see :meth:`cut`)."""
+        from ``upto`` on, which a restart replays, holds the others (see :meth:`cut`).
+
+        The tables are captured on the event loop (copies of their columns), and the file
+        is written from the capture in an I/O thread while ``between`` runs again and again
+        (the writer applies the pushes that come in): what it changes meanwhile was logged
+        after ``covered``, which the log keeps."""
         path = state.settings.data_dir / MEMORY_CHECKPOINT
-        await self._write(state, upto, path)
+        await self._write(state, upto, path, between)
         return (await state.io.run(path.stat)).st_size
 
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
         await self._write(state, covered, dest / MEMORY_CHECKPOINT)
 
     @staticmethod
-    async def _write(state: EngineState, upto: int, path: Path) -> None:
-        """Write the tables to ``path``, off the event loop (the writer waits)."""
+    async def _write(
+        state: EngineState, upto: int, path: Path, between: BetweenSteps | None = None
+    ) -> None:
+        """Write the tables to ``path`` as they are now, off the event loop; without
+        ``between`` the writer waits for the file."""
         header = {
             "lsn": upto,
             "next_tid": state.next_tid,
             "tables": [{"name": t.name, **t.state_dict()} for t in state.tables.values()],
             "request_ids": state.request_ids.state(),
         }
-        tables = list(state.tables.values())
-        await state.io.run(write_checkpoint_file, path, header, tables, upto)
+        tables = await capture_rows(list(state.tables.values()), upto)
+        written = asyncio.ensure_future(state.io.run(write_checkpoint_file, path, header, tables))
+        if between is None:
+            await written
+            return
+        try:
+            while not written.done():
+                await between()
+                await asyncio.wait((written,), timeout=_WRITING_POLL_S)
+        except BaseException:
+            # the thread finishes the file (or removes it) on its own; its error is moot
+            written.add_done_callback(_forget)
+            raise
+        written.result()
+
+
+def _forget(future: asyncio.Future[None]) -> None:
+    """Retrieve the outcome of a write no one waits for any longer."""
+    if not future.cancelled():
+        future.exception()
 
 
 class RocksStorage(Storage):

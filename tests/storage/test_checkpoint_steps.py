@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from rlreplay.app.metrics import Metrics
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.writer import storage as storage_module
 from rlreplay.app.writer.checkpoints import Checkpointer
 from rlreplay.app.writer.loop_stalls import LoopStalls
 from rlreplay.app.writer.storage import STEP_BYTES
@@ -196,3 +198,52 @@ async def test_the_loop_watchdog_logs_the_stack_of_a_long_stall(
     assert watchdog.stalls >= 1 and watchdog.longest_s >= 0.1
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "without a turn" in logged and "block_the_loop" in logged
+
+
+async def test_memory_mode_applies_pushes_while_its_checkpoint_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory mode captures the tables and writes ``memory.ckpt`` in an I/O thread: pushes
+    are applied meanwhile, and a crash right after loses none of them (the log from the
+    captured position holds them)."""
+    release = threading.Event()
+    writing = threading.Event()
+    real_write = storage_module.write_checkpoint_file
+
+    def slow_write(*args: Any) -> None:
+        writing.set()
+        release.wait(60)
+        real_write(*args)
+
+    monkeypatch.setattr(storage_module, "write_checkpoint_file", slow_write)
+    settings = make_settings(tmp_path, storage_mode="memory")
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        await eng.push("t", _values("a", 64, 1024), wait=True)
+        release.set()
+        await eng.flush()
+        await eng.flush()  # the next one writes the pushes
+        release.clear()
+        writing.clear()
+        checkpoint = asyncio.ensure_future(eng.flush())
+        while not writing.is_set():  # noqa: ASYNC110 - set from the I/O thread
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(eng.push("t", _values("during", 8, 1024), wait=True), 30)
+        assert not checkpoint.done(), "the push waited for the checkpoint file"
+        assert await eng.get("t", "during7") is not None
+        release.set()
+        await checkpoint
+        assert (tmp_path / "memory.ckpt").exists()
+    finally:
+        release.set()
+        await crash(eng)
+    again = Engine(settings)
+    await again.start()
+    try:
+        keys = [f"a{i}" for i in range(64)] + [f"during{i}" for i in range(8)]
+        got = await again.get_many("t", keys)
+        assert all(g is not None for g in got)
+    finally:
+        await again.stop()
