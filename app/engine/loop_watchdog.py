@@ -6,7 +6,10 @@ stack (``sys._current_frames()``). When the loop turns again, one warning gives 
 length and the stacks sampled (each distinct one once, with how often it was seen), and
 what the process's other threads were running at the first sample: a C call that holds the
 GIL (a RocksDB write in an I/O thread) stalls the loop from another thread, and the watchdog
-itself only runs once that call lets go, so the other threads' stacks name it.
+itself only runs once that call lets go, so the other threads' stacks name it. Where Linux
+counts it (``/proc/self/task/<id>/schedstat``), the warning also splits the stall into the
+loop thread's time on a CPU, runnable but waiting for a CPU (a busy machine), and neither
+(waiting for the GIL, a lock or I/O).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class LoopWatchdog:
         self._beat = time.perf_counter()
         self._ended: deque[float] = deque()  # stalls the loop saw end, for the watchdog
         self._loop_thread = 0
+        self._loop_native_id = 0
         self._handle: asyncio.TimerHandle | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,6 +61,7 @@ class LoopWatchdog:
             return
         loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self._loop_native_id = threading.get_native_id()
         self._beat = time.perf_counter()
         self._handle = loop.call_later(TICK_S, self._tick, loop)
         self._stop.clear()
@@ -84,11 +89,19 @@ class LoopWatchdog:
     def _watch(self) -> None:
         seen: Counter[str] = Counter()
         others = ""
+        schedstat = f"/proc/self/task/{self._loop_native_id}/schedstat"
+        calm = _cpu_times(schedstat)  # the loop thread's, at the last look before a stall
         while not self._stop.wait(_LOOK_S):
             while self._ended:
-                self._report(self._ended.popleft(), seen, others)
-                seen, others = Counter(), ""
-            if time.perf_counter() - self._beat - TICK_S > self.threshold_s:
+                now = _cpu_times(schedstat)
+                spent = None
+                if now is not None and calm is not None:
+                    spent = (now[0] - calm[0], now[1] - calm[1])
+                self._report(self._ended.popleft(), seen, others, spent)
+                seen, others, calm = Counter(), "", now
+            if time.perf_counter() - self._beat - TICK_S <= self.threshold_s:
+                calm = _cpu_times(schedstat)
+            else:
                 frames = sys._current_frames()
                 loop_frame = frames.get(self._loop_thread)
                 if loop_frame is not None:
@@ -96,14 +109,27 @@ class LoopWatchdog:
                 if not others:
                     others = _others(frames, self._loop_thread)
 
-    def _report(self, stall_s: float, seen: Counter[str], others: str) -> None:
+    def _report(
+        self,
+        stall_s: float,
+        seen: Counter[str],
+        others: str,
+        spent: tuple[float, float] | None,
+    ) -> None:
         self.stalls += 1
         self.longest_s = max(self.longest_s, stall_s)
+        where = ""
+        if spent is not None:  # from the kernel's count (within a look or two)
+            where = (
+                f" (its thread: {spent[0] * 1e3:.0f} ms on a CPU, {spent[1] * 1e3:.0f} ms "
+                "runnable but waiting for a CPU, the rest waiting for the GIL, a lock or I/O)"
+            )
         if not seen:
             log.warning(
-                "the event loop went %.0f ms without a turn, and this watchdog did not run "
-                "meanwhile either: a call that held the GIL throughout (C code) stalled it",
+                "the event loop went %.0f ms without a turn%s, and this watchdog did not run "
+                "meanwhile either: the process had no CPU, or a call held the GIL throughout",
                 stall_s * 1e3,
+                where,
             )
             return
         samples = sum(seen.values())
@@ -111,12 +137,24 @@ class LoopWatchdog:
             f"-- seen in {n} of {samples} samples:\n{stack}" for stack, n in seen.most_common()
         )
         log.warning(
-            "the event loop went %.0f ms without a turn; its thread's stack meanwhile:\n%s\n"
+            "the event loop went %.0f ms without a turn%s; its thread's stack meanwhile:\n%s\n"
             "-- the other threads, at the first sample:\n%s",
             stall_s * 1e3,
+            where,
             stacks,
             others,
         )
+
+
+def _cpu_times(schedstat: str) -> tuple[float, float] | None:
+    """A thread's seconds on a CPU and runnable waiting for one, from Linux's schedstat
+    (None where there is none)."""
+    try:
+        with open(schedstat, "rb") as f:
+            on_cpu, waiting, _slices = f.read().split()
+    except (OSError, ValueError):
+        return None
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
 def _stack(frame: FrameType) -> str:
