@@ -9,12 +9,14 @@ GIL (a RocksDB write in an I/O thread) stalls the loop from another thread, and 
 itself only runs once that call lets go, so the other threads' stacks name it. Where Linux
 counts it (``/proc/self/task/<id>/schedstat``), the warning also splits the stall into the
 loop thread's time on a CPU, runnable but waiting for a CPU (a busy machine), and neither
-(waiting for the GIL, a lock or I/O).
+(waiting for the GIL, a lock or I/O), and names the garbage collections that ran meanwhile
+(one holds the GIL throughout, whichever thread set it off).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
@@ -48,7 +50,11 @@ class LoopWatchdog:
         self.stalls = 0
         self.longest_s = 0.0
         self._beat = time.perf_counter()
-        self._ended: deque[float] = deque()  # stalls the loop saw end, for the watchdog
+        #: stalls the loop saw end, for the watchdog: (when, seconds)
+        self._ended: deque[tuple[float, float]] = deque()
+        self._gc_started = 0.0
+        #: long garbage collections: (when it ended, seconds, generation)
+        self._collections: deque[tuple[float, float, int]] = deque(maxlen=64)
         self._loop_thread = 0
         self._loop_native_id = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -65,6 +71,7 @@ class LoopWatchdog:
         self._beat = time.perf_counter()
         self._handle = loop.call_later(TICK_S, self._tick, loop)
         self._stop.clear()
+        gc.callbacks.append(self._on_gc)
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
         self._thread.start()
 
@@ -77,13 +84,23 @@ class LoopWatchdog:
         if thread is not None:
             self._stop.set()
             thread.join()
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """Times each garbage collection (it holds the GIL throughout, in whichever
+        thread set it off): the long ones are named in the stall they fall in."""
+        now = time.perf_counter()
+        if phase == "start":
+            self._gc_started = now
+        elif now - self._gc_started > self.threshold_s / 4:
+            self._collections.append((now, now - self._gc_started, info["generation"]))
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = time.perf_counter()
         late = now - self._beat - TICK_S
         self._beat = now
         if late > self.threshold_s:  # the loop turned after a stall: the watchdog logs it
-            self._ended.append(late)
+            self._ended.append((now, late))
         self._handle = loop.call_later(TICK_S, self._tick, loop)
 
     def _watch(self) -> None:
@@ -97,7 +114,7 @@ class LoopWatchdog:
                 spent = None
                 if now is not None and calm is not None:
                     spent = (now[0] - calm[0], now[1] - calm[1])
-                self._report(self._ended.popleft(), seen, others, spent)
+                self._report(*self._ended.popleft(), seen, others, spent)
                 seen, others, calm = Counter(), "", now
             if time.perf_counter() - self._beat - TICK_S <= self.threshold_s:
                 calm = _cpu_times(schedstat)
@@ -111,6 +128,7 @@ class LoopWatchdog:
 
     def _report(
         self,
+        ended: float,
         stall_s: float,
         seen: Counter[str],
         others: str,
@@ -123,6 +141,15 @@ class LoopWatchdog:
             where = (
                 f" (its thread: {spent[0] * 1e3:.0f} ms on a CPU, {spent[1] * 1e3:.0f} ms "
                 "runnable but waiting for a CPU, the rest waiting for the GIL, a lock or I/O)"
+            )
+        gcs = [
+            (s, g)
+            for end, s, g in list(self._collections)
+            if ended - stall_s - TICK_S <= end <= ended
+        ]
+        if gcs:
+            where += "; garbage collections meanwhile: " + ", ".join(
+                f"{s * 1e3:.0f} ms (generation {g})" for s, g in gcs
             )
         if not seen:
             log.warning(
