@@ -60,8 +60,9 @@ __all__ = [
     "storage_for",
 ]
 
-#: Bytes of values a checkpoint step writes: about 1.5 ms of RocksDB (GIL held) here.
-STEP_BYTES = 1 << 20
+#: Bytes of values a step writes: RocksDB holds the GIL for about 0.1 ms (0.4 ms at the
+#: 99th percentile) for 256 KiB here, a quarter of 1 MiB's, for the same throughput.
+STEP_BYTES = 256 << 10
 STEP_SLOTS = 2048  # slots a step visits at most (metadata-only steps)
 _STALL_WAIT_S = 0.005  # the wait before a write RocksDB refused to stall is tried again
 #: How long memory mode's checkpoint waits for its file before applying pushes again.

@@ -82,7 +82,7 @@ async def test_pushes_are_applied_between_the_steps_of_a_checkpoint(tmp_path: Pa
     await eng.start()
     try:
         await eng.create_table("t", TableConfig())
-        for n in range(8):  # 64 MiB: 64 steps of 1 MiB
+        for n in range(8):  # 64 MiB: 256 steps of 256 KiB
             await eng.push("t", _values(f"b{n}/", 128, 65_536), wait=True)
         await eng.flush()  # the next checkpoint writes them
         checkpoint = asyncio.ensure_future(eng.flush())
