@@ -263,10 +263,13 @@ class RocksStorage(Storage):
         puts: Sequence[tuple[bytes, bytes]],
         deletes: Sequence[bytes] = (),
         ranges: Sequence[tuple[bytes, bytes]] = (),
+        *,
+        step_bytes: int = STEP_BYTES,
     ) -> None:
         """The writer's writes outside checkpoints (evictions, deletes, write-through),
-        in the checkpoint's steps: none holds the GIL for long, or through a flush."""
-        await _Steps(self.db, io).write(puts, deletes, ranges)
+        in the checkpoint's steps (of ``step_bytes`` of values): none holds the GIL for
+        long, or through a flush."""
+        await _Steps(self.db, io).write(puts, deletes, ranges, step_bytes=step_bytes)
 
     async def open(self, state: EngineState, *, restored: bool = False) -> int:
         """Open RocksDB, which reads every block once (so damage stops the start, naming the
@@ -464,10 +467,12 @@ class _Steps:
         puts: Sequence[tuple[bytes, bytes]],
         deletes: Sequence[bytes],
         ranges: Sequence[tuple[bytes, bytes]],
+        *,
+        step_bytes: int = STEP_BYTES,
     ) -> None:
         """Write ``ranges``, then ``deletes`` (in batches of :data:`STEP_SLOTS`: a FIFO
         table's removals queue thousands), then ``puts`` (in batches of about
-        :data:`STEP_BYTES`, or :data:`STEP_SLOTS` keys), in this order."""
+        ``step_bytes``, or :data:`STEP_SLOTS` keys), in this order."""
         for at in range(0, len(deletes), STEP_SLOTS):
             await self._write((), deletes[at : at + STEP_SLOTS], ranges if not at else ())
         if ranges and not deletes and not puts:
@@ -475,7 +480,7 @@ class _Steps:
         at = 0
         while at < len(puts):
             end, size = at, 0
-            while end < len(puts) and size < STEP_BYTES and end - at < 2 * STEP_SLOTS:
+            while end < len(puts) and size < step_bytes and end - at < 2 * STEP_SLOTS:
                 size += len(puts[end][1])
                 end += 1
             await self._write(puts[at:end], (), ranges if not (at or deletes) else ())

@@ -22,6 +22,7 @@ from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
 from rlreplay.app.writer import storage as storage_module
+from rlreplay.app.writer.apply import EVICT_STEP_BYTES
 from rlreplay.app.writer.checkpoints import Checkpointer
 from rlreplay.app.writer.loop_stalls import LoopStalls
 from rlreplay.app.writer.storage import STEP_BYTES
@@ -164,14 +165,16 @@ async def test_evictions_write_in_steps_that_never_wait_for_a_flush(
     eng = Engine(make_settings(tmp_path, storage_mode="hybrid", cache_memory_limit_mb=4))
     await eng.start()
     try:
-        await eng.create_table("t", TableConfig(max_size=300))
-        for n in range(8):  # 8 MiB into a 4 MiB cache; the cap deletes (queued deletes)
-            await eng.push("t", _values(f"e{n}/", 64, 16_384), wait=True)
+        await eng.create_table("t", TableConfig(max_size=1000))
+        await eng.push("t", _values("e/", 768, 16_384), wait=True)  # 12 MiB: 8 to evict
+        for n in range(8):  # then past the cap: its deletes are queued, then written
+            await eng.push("t", _values(f"f{n}/", 64, 16_384), wait=True)
         stats = eng.describe("t")["stats"]
         assert stats["evictions_to_disk"] > 0
         assert refused[0] > 0
-        assert max(batches) <= STEP_BYTES + 16_384 + 1024  # a step's worth, not the whole
-        got = await eng.get("t", "e4/0")  # evicted: served from RocksDB
+        assert max(batches) <= EVICT_STEP_BYTES + 16_384 + 1024  # a step's worth
+        assert sum(b > STEP_BYTES for b in batches) >= 2  # the 8 MiB went in steps
+        got = await eng.get("t", "e/300")  # evicted: served from RocksDB
         assert got is not None and got.value == msgpack.packb(bytes(16_384))
     finally:
         await crash(eng)
