@@ -60,6 +60,14 @@ class Settings(BaseSettings):
             "would take longer than this (the log's replay rate measured); 0: no bound."
         ),
     )
+    log_loop_stalls_ms: float = Field(
+        0,
+        ge=0,
+        description=(
+            "A diagnostic: log a warning with the event loop thread's stack whenever the "
+            "loop goes this long without a turn (every request waits that long); 0: off."
+        ),
+    )
     wal_writer: Literal["auto", "process", "thread"] = Field(
         "auto",
         description=(

@@ -21,7 +21,7 @@ killed (``kill -9``) and started again on the same data: the seconds until it is
 are the recovery time, next to the bound the server states.
 
 Run: ``python -m bench.ingest [--duration 60] [--repeats 1] [--arms writer,wrk,reverb]
-[--servers default,"no checkpoints"] [--quick]``.
+[--servers default,"no checkpoints"] [--quick] [--log-loop-stalls-ms 50 --server-logs DIR]``.
 """
 
 from __future__ import annotations
@@ -182,6 +182,8 @@ def run_arm(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = workdir / "server.log"
+    if args.log_loop_stalls_ms:
+        flags = (*flags, "--log-loop-stalls-ms", str(args.log_loop_stalls_ms))
     proc = _start(data_dir, log, port, flags)
     figures: dict[str, Any] = {}
     try:
@@ -226,6 +228,10 @@ def run_arm(
     started = time.monotonic()
     proc = _start(data_dir, workdir / "restart.log", port, flags)
     figures["recovery_s"] = time.monotonic() - started
+    if args.server_logs is not None:  # the loaded run's log (stall warnings, with stacks)
+        args.server_logs.mkdir(parents=True, exist_ok=True)
+        runs = len(list(args.server_logs.glob(f"{arm}-*.log")))
+        shutil.copy(log, args.server_logs / f"{arm}-{runs:02d}-{'-'.join(flags) or 'default'}.log")
     scrape = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     figures["replay_mb_s"] = _metric(scrape, "rlreplay_recovery_replay_bytes_per_second") / 2**20
     proc.send_signal(signal.SIGKILL)
@@ -243,6 +249,15 @@ def main(argv: list[str] | None = None) -> None:
         "--servers", default="default,no checkpoints", help="which server settings to run"
     )
     parser.add_argument("--quick", action="store_true", help="15 s runs")
+    parser.add_argument(
+        "--log-loop-stalls-ms",
+        type=float,
+        default=0,
+        help="servers log the stack of event-loop stalls past this (see --server-logs)",
+    )
+    parser.add_argument(
+        "--server-logs", type=Path, default=None, help="keep each loaded server's log here"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.duration = min(args.duration, 15.0)

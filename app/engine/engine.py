@@ -37,6 +37,7 @@ from rlreplay.app.engine.claims import ClaimedItem, Claims
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.engine.episodes import Episodes
 from rlreplay.app.engine.item_expiry import ItemExpiry
+from rlreplay.app.engine.loop_watchdog import LoopWatchdog
 from rlreplay.app.engine.reads import Reads
 from rlreplay.app.engine.recovery import recover, release
 from rlreplay.app.engine.reservations import ReservationDesk
@@ -103,6 +104,10 @@ class Engine:
         self.episodes = Episodes(self.core, self.admission)
         #: Snapshots to the backup URL (set once recovery is done).
         self.snapshots: Snapshots | None = None
+        #: Logs the stack of long event-loop stalls (``--log-loop-stalls-ms``).
+        self.loop_watchdog = (
+            LoopWatchdog(settings.log_loop_stalls_ms / 1e3) if settings.log_loop_stalls_ms else None
+        )
 
     # -- the core's state -----------------------------------------------------------------
 
@@ -204,6 +209,8 @@ class Engine:
         self.reservations.start()
         self.item_expiry.start()
         self.core.open()
+        if self.loop_watchdog is not None:
+            self.loop_watchdog.start()
         log.info(
             "engine ready: mode=%s durability=%s tables=%d replayed=%d",
             st.storage_mode,
@@ -224,6 +231,8 @@ class Engine:
         if not self.core.begin_stop():
             return
         assert state is not None and processor is not None
+        if self.loop_watchdog is not None:
+            self.loop_watchdog.stop()
         budget = self.settings.stop_timeout_s if state.wal is not None else None
         deadline = None if budget is None else time.monotonic() + budget
         try:

@@ -18,8 +18,10 @@ and rows, no checksum) is still read; a cut inside it is found, a flipped byte i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -29,6 +31,7 @@ from xxhash import xxh3_64_intdigest
 
 from rlreplay.app.episodes.persistence import episode_blobs
 from rlreplay.app.log.framing import LogRecoveryError
+from rlreplay.app.tables.rollouts import NO_VERSION
 
 if TYPE_CHECKING:
     from rlreplay.app.log.data_loss import DataLoss
@@ -40,15 +43,78 @@ CHUNK = struct.Struct("<BIQ")  # kind, payload length, xxh3_64 of the payload
 HEADER, ROWS, END = b"H"[0], b"R"[0], b"E"[0]
 _SNAPSHOT_BUFFER = 16 << 20  # the file buffer
 _CHUNK_BYTES = 1 << 20  # rows are checksummed in chunks of about this many bytes
+_META_SLICE = 4096  # rollout metadata captured between turns of the event loop
 
 Rows = list[tuple[Any, ...]]
 
 
-def write_checkpoint_file(
-    path: Path, header: dict[str, Any], tables: list[Table], upto: int
-) -> None:
-    """Write the snapshot (in the I/O thread: the writer, the only mutator, waits for it)
-    of the items whose value was logged up to ``upto``.
+@dataclass(slots=True)
+class TableRows:
+    """One table's items as a checkpoint captured them: copies of its columns (the values
+    and keys are referenced: they are immutable), so the file is written in an I/O thread
+    while the writer goes on changing the table."""
+
+    tid: int
+    #: The slots holding an item whose value was logged up to the checkpoint's position.
+    slots: np.ndarray
+    keys: list[str | None]
+    values: list[bytes | None]
+    priority: np.ndarray
+    inserted_at: np.ndarray
+    times_sampled: np.ndarray
+    order: np.ndarray
+    #: slot -> a rollout's metadata, for the slots that have some.
+    metas: dict[int, list[Any]]
+
+
+async def capture_rows(tables: list[Table], upto: int) -> list[TableRows]:
+    """The items of ``tables`` whose value was logged up to ``upto``, as they are now (on
+    the event loop, the writer waiting: list and array copies, about a millisecond per
+    100,000 items; a rollout table's metadata in slices, the loop turning between them)."""
+    captured = []
+    for t in tables:
+        n = len(t.keys)
+        slots = np.flatnonzero(t.put_seq[:n] <= upto)
+        rows = TableRows(
+            tid=t.tid,
+            slots=slots,
+            keys=t.keys[:n],
+            values=t.values[:n],
+            priority=t.priority[:n].copy(),
+            inserted_at=t.inserted_at[:n].copy(),
+            times_sampled=t.times_sampled[:n].copy(),
+            order=t.order[:n].copy(),
+            metas={},
+        )
+        with_meta = _meta_slots(t, slots, n).tolist()
+        meta_of = t.rollouts.meta_of
+        for at in range(0, len(with_meta), _META_SLICE):
+            for slot in with_meta[at : at + _META_SLICE]:
+                if rows.keys[slot] is not None and (meta := meta_of(slot)) is not None:
+                    rows.metas[slot] = meta
+            await asyncio.sleep(0)  # only the writer changes these, and it is here
+        captured.append(rows)
+    return captured
+
+
+def _meta_slots(t: Table, slots: np.ndarray, n: int) -> np.ndarray:
+    """Those of ``slots`` whose item may have rollout metadata (what
+    :meth:`~rlreplay.app.tables.rollouts.Rollouts.meta_of` reads is set): none in a table
+    without rollouts, found with numpy."""
+    r = t.rollouts
+    has = t.policy_version[:n] != NO_VERSION
+    has |= r.field_masks.low[:n] != 0
+    has |= r.acked_masks.low[:n] != 0
+    more = [*r.groups, *r.tag_index.of, *r.field_masks.high, *r.acked_masks.high]
+    if more:
+        has[[slot for slot in more if slot < n]] = True
+    found: np.ndarray = slots[has[slots]]
+    return found
+
+
+def write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[TableRows]) -> None:
+    """Write the snapshot of the captured ``tables`` (in an I/O thread, the writer going
+    on meanwhile).
 
     The rows go through a 16 MiB file buffer, and the numeric columns are read as lists
     once per table: this thread needs the GIL between system calls, and with an 8 KiB
@@ -57,7 +123,7 @@ def write_checkpoint_file(
     """
     tmp = path.with_suffix(".tmp")
     try:
-        _write_rows(tmp, header, tables, upto)
+        _write_rows(tmp, header, tables)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a half-written file would hold on to the space it took
         raise
@@ -83,33 +149,31 @@ class _ChunkWriter:
         self.bytes += CHUNK.size + len(payload)
 
 
-def _write_rows(tmp: Path, header: dict[str, Any], tables: list[Table], upto: int) -> None:
+def _write_rows(tmp: Path, header: dict[str, Any], tables: list[TableRows]) -> None:
     packer = msgpack.Packer(use_bin_type=True)
     with open(tmp, "wb", buffering=_SNAPSHOT_BUFFER) as f:
         out = _ChunkWriter(f)
         out.chunk(HEADER, packer.pack(header))
         rows = bytearray()
         for t in tables:
-            n = len(t.keys)
-            priority = t.priority[:n].tolist()
-            inserted_at = t.inserted_at[:n].tolist()
-            times_sampled = t.times_sampled[:n].tolist()
-            order = t.order[:n].tolist()
-            meta_of = t.rollouts.meta_of
-            keys = t.keys
-            for slot in np.flatnonzero(t.put_seq[:n] <= upto).tolist():
+            priority = t.priority.tolist()
+            inserted_at = t.inserted_at.tolist()
+            times_sampled = t.times_sampled.tolist()
+            order = t.order.tolist()
+            keys, values, metas = t.keys, t.values, t.metas
+            for slot in t.slots.tolist():
                 key = keys[slot]
                 if key is not None:
                     row: tuple[Any, ...] = (
                         t.tid,
                         key,
-                        t.values[slot],
+                        values[slot],
                         priority[slot],
                         inserted_at[slot],
                         times_sampled[slot],
                         order[slot],
                     )
-                    meta = meta_of(slot)
+                    meta = metas.get(slot) if metas else None
                     if meta is not None:  # a rollout's metadata, only where it has some
                         row = (*row, meta)
                     rows += packer.pack(row)

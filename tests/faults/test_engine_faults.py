@@ -92,6 +92,7 @@ async def test_disk_mode_keeps_pushes_in_the_cache_while_rocksdb_fails(
             raise OSError(errno.EIO, "Input/output error (injected)")
 
         monkeypatch.setattr(store, "write", broken)
+        monkeypatch.setattr(store, "try_write", broken)
         await eng.push("t", items("b", 4, 100), wait=True)
         assert (await eng.get("t", "b0")) is not None
         batch = await eng.sample_batch("t", 16, timeout_s=5)

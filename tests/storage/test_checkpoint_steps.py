@@ -4,19 +4,28 @@ on between them, a cadence that bounds recovery, and the figures /metrics shows 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import msgpack
+import pytest
 
 from rlreplay.app.engine.engine import Engine
+from rlreplay.app.engine.loop_watchdog import LoopWatchdog
 from rlreplay.app.metrics import Metrics
+from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.writer import storage as storage_module
+from rlreplay.app.writer.apply import EVICT_STEP_BYTES
 from rlreplay.app.writer.checkpoints import Checkpointer
 from rlreplay.app.writer.loop_stalls import LoopStalls
+from rlreplay.app.writer.storage import STEP_BYTES
 from tests.engine.conftest import crash, make_settings
 
 MB = 2**20
@@ -74,7 +83,7 @@ async def test_pushes_are_applied_between_the_steps_of_a_checkpoint(tmp_path: Pa
     await eng.start()
     try:
         await eng.create_table("t", TableConfig())
-        for n in range(8):  # 64 MiB: 64 steps of 1 MiB
+        for n in range(8):  # 64 MiB: 256 steps of 256 KiB
             await eng.push("t", _values(f"b{n}/", 128, 65_536), wait=True)
         await eng.flush()  # the next checkpoint writes them
         checkpoint = asyncio.ensure_future(eng.flush())
@@ -128,3 +137,116 @@ async def test_loop_stalls_measures_the_longest_wait_of_the_event_loop() -> None
         time.sleep(0.05)  # noqa: ASYNC251 - the loop blocked, as a GIL held through a write would
         await asyncio.sleep(0.01)
     assert stalls.longest_s >= 0.04
+
+
+async def test_evictions_write_in_steps_that_never_wait_for_a_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eviction writes RocksDB as a checkpoint does: small batches with ``try_write``,
+    tried again when RocksDB would stall, never the blocking ``write`` (which would wait for
+    a memtable flush with the GIL held)."""
+    batches: list[int] = []
+    refused = [0]
+    real_try_write = RocksStore.try_write
+
+    def blocking_write(self: RocksStore, *args: object) -> None:
+        raise AssertionError("a writer's write that may wait for a flush with the GIL held")
+
+    def try_write(self: RocksStore, puts: Any = (), deletes: Any = (), ranges: Any = ()) -> bool:
+        if len(batches) % 3 == 1 and refused[0] < 50:  # RocksDB would stall: nothing written
+            refused[0] += 1
+            batches.append(0)
+            return False
+        batches.append(sum(len(v) for _, v in puts))
+        return real_try_write(self, puts, deletes, ranges)
+
+    monkeypatch.setattr(RocksStore, "write", blocking_write)
+    monkeypatch.setattr(RocksStore, "try_write", try_write)
+    eng = Engine(make_settings(tmp_path, storage_mode="hybrid", cache_memory_limit_mb=4))
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig(max_size=1000))
+        await eng.push("t", _values("e/", 768, 16_384), wait=True)  # 12 MiB: 8 to evict
+        for n in range(8):  # then past the cap: its deletes are queued, then written
+            await eng.push("t", _values(f"f{n}/", 64, 16_384), wait=True)
+        stats = eng.describe("t")["stats"]
+        assert stats["evictions_to_disk"] > 0
+        assert refused[0] > 0
+        assert max(batches) <= EVICT_STEP_BYTES + 16_384 + 1024  # a step's worth
+        assert sum(b > STEP_BYTES for b in batches) >= 2  # the 8 MiB went in steps
+        got = await eng.get("t", "e/300")  # evicted: served from RocksDB
+        assert got is not None and got.value == msgpack.packb(bytes(16_384))
+    finally:
+        await crash(eng)
+
+
+async def test_the_loop_watchdog_logs_the_stack_of_a_long_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def block_the_loop() -> None:
+        time.sleep(0.12)  # what a long call on the loop does
+
+    watchdog = LoopWatchdog(0.04)
+    watchdog.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlreplay.app.engine.loop_watchdog"):
+            await asyncio.sleep(0.02)
+            block_the_loop()
+            deadline = time.monotonic() + 10
+            while not watchdog.stalls and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # the watchdog is a thread: nothing to await
+    finally:
+        watchdog.stop()
+    watchdog.stop()  # idempotent
+    assert watchdog.stalls >= 1 and watchdog.longest_s >= 0.1
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "without a turn" in logged and "block_the_loop" in logged
+
+
+async def test_memory_mode_applies_pushes_while_its_checkpoint_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory mode captures the tables and writes ``memory.ckpt`` in an I/O thread: pushes
+    are applied meanwhile, and a crash right after loses none of them (the log from the
+    captured position holds them)."""
+    release = threading.Event()
+    writing = threading.Event()
+    real_write = storage_module.write_checkpoint_file
+
+    def slow_write(*args: Any) -> None:
+        writing.set()
+        release.wait(60)
+        real_write(*args)
+
+    monkeypatch.setattr(storage_module, "write_checkpoint_file", slow_write)
+    settings = make_settings(tmp_path, storage_mode="memory")
+    eng = Engine(settings)
+    await eng.start()
+    try:
+        await eng.create_table("t", TableConfig())
+        await eng.push("t", _values("a", 64, 1024), wait=True)
+        release.set()
+        await eng.flush()
+        await eng.flush()  # the next one writes the pushes
+        release.clear()
+        writing.clear()
+        checkpoint = asyncio.ensure_future(eng.flush())
+        while not writing.is_set():  # noqa: ASYNC110 - set from the I/O thread
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(eng.push("t", _values("during", 8, 1024), wait=True), 30)
+        assert not checkpoint.done(), "the push waited for the checkpoint file"
+        assert await eng.get("t", "during7") is not None
+        release.set()
+        await checkpoint
+        assert (tmp_path / "memory.ckpt").exists()
+    finally:
+        release.set()
+        await crash(eng)
+    again = Engine(settings)
+    await again.start()
+    try:
+        keys = [f"a{i}" for i in range(64)] + [f"during{i}" for i in range(8)]
+        got = await again.get_many("t", keys)
+        assert all(g is not None for g in got)
+    finally:
+        await again.stop()
