@@ -65,6 +65,8 @@ class TableRows:
     order: np.ndarray
     #: slot -> a rollout's metadata, for the slots that have some.
     metas: dict[int, list[Any]]
+    #: An episode table's state and episodes, packed when captured (they change after).
+    episodes: list[bytes]
 
 
 async def capture_rows(tables: list[Table], upto: int) -> list[TableRows]:
@@ -85,6 +87,7 @@ async def capture_rows(tables: list[Table], upto: int) -> list[TableRows]:
             times_sampled=t.times_sampled[:n].copy(),
             order=t.order[:n].copy(),
             metas={},
+            episodes=list(episode_blobs(t.episodes)) if t.episodes is not None else [],
         )
         with_meta = _meta_slots(t, slots, n).tolist()
         meta_of = t.rollouts.meta_of
@@ -182,7 +185,7 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[TableRows]) -> N
                         out.chunk(ROWS, rows)
                         rows = bytearray()
             # an episode table's rows: key None, the value a blob of its state or an episode
-            for blob in episode_blobs(t.episodes) if t.episodes is not None else ():
+            for blob in t.episodes:
                 rows += packer.pack((t.tid, None, blob, 0.0, 0.0, 0, 0))
                 out.rows += 1
                 if len(rows) >= _CHUNK_BYTES:
