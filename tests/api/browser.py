@@ -12,6 +12,8 @@ import base64
 import contextlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -114,6 +116,7 @@ class Browser:
             [str(self._chromium), *_FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its helper processes in one group, stopped together
         )
         log.close()
         active = profile / "DevToolsActivePort"
@@ -141,8 +144,19 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(15)
+            # chromium's helpers (renderer, GPU, crashpad) may outlive it and go on writing
+            # into the profile: stop the whole group before removing it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
             self._process = None
-        self._profile.cleanup()
+        for attempt in range(50):
+            try:
+                self._profile.cleanup()
+                break
+            except OSError:  # a helper's last write landed while the folder was removed
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
 
     @contextlib.contextmanager
     def page(self) -> Iterator[Page]:

@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,17 @@ class Dockerfile:
     cmd: list[str] = field(default_factory=list)
     entrypoint: list[str] = field(default_factory=list)
     stages: list[str] = field(default_factory=list)
+
+
+def socket_volume(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the Unix socket that compose puts on its ``replay-socket`` volume
+    (``RLREPLAY_UDS=/run/rlreplay/...``) moved into a new short temporary folder: a server
+    run here, outside the container, cannot create ``/run/rlreplay``, and a socket's path
+    must stay under 108 bytes, which pytest's folders may not."""
+    uds = env.get("RLREPLAY_UDS")
+    if uds:
+        env["RLREPLAY_UDS"] = str(Path(tempfile.mkdtemp(prefix="rlr-uds-")) / Path(uds).name)
+    return env
 
 
 def _instructions(text: str) -> Iterator[tuple[str, str]]:

@@ -33,6 +33,7 @@ from tests.deploy.files import (
     load_compose,
     parse_dockerfile,
     service_environment,
+    socket_volume,
 )
 from tests.live import LiveServer, free_port, stop_server
 
@@ -144,7 +145,7 @@ def _container_environment(data_dir: Path, backup_url: str) -> dict[str, str]:
     env.update({k: v for k, v in compose_env.items() if not k.startswith("AWS_")})
     env["RLREPLAY_DATA_DIR"] = str(data_dir)
     env["RLREPLAY_BACKUP_URL"] = backup_url
-    return env
+    return socket_volume(env)
 
 
 def _start(workdir: Path, env: dict[str, str]) -> LiveServer:

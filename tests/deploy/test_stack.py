@@ -34,6 +34,7 @@ from tests.deploy.files import (
     merge_compose,
     parse_dockerfile,
     service_environment,
+    socket_volume,
 )
 from tests.deploy.test_image import _start, _stop, _wait_ready
 from tests.live import LiveServer, free_port
@@ -58,7 +59,7 @@ def _stack_environment(data_dir: Path, endpoint: str) -> dict[str, str]:
     env.update({k: v for k, v in image_env.items() if k != "PATH"})
     env.update(service_environment(load_compose()["services"]["replay"], given))
     env["RLREPLAY_DATA_DIR"] = str(data_dir)  # the volume
-    return env
+    return socket_volume(env)
 
 
 def _healthy(server: LiveServer) -> bool:
