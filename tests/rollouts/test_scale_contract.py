@@ -259,7 +259,9 @@ async def test_select_of_an_absent_field_and_values_false(tmp_path: Path) -> Non
         assert all("value" not in it for it in got["items"])
         assert got["items"][0]["tags"] == {"k": 1} and "tags" not in got["items"][1]
         # fields must be present; select returns others
-        got = await claim(c, "t", task="z", batch_size=2, fields=["t"], select=["p"], partial=True)
+        got = await claim(
+            c, "t", task="z", batch_size=2, fields=["t"], select=["p"], partial=True, wait_ms=0
+        )
         assert [(it["key"], it["value"]) for it in got["items"]] == [("a", {"p": "abc"})]
         # values: false without select nor fields: every field's length
         got = await claim(c, "t", task="w", batch_size=2, values=False)
@@ -712,7 +714,9 @@ async def test_a_columnar_push_carries_tags_groups_versions_and_a_reservation(
     async with serving(tmp_path) as c:  # replayed from the log
         a = (await c.get("/v1/tables/t/items/a")).json()
         assert a["tags"] == {"ds": "math"} and a["group"] == "g" and a["version"] == 3
-        got = await claim(c, "t", task="x", batch_size=2, where={"ds": "math"}, partial=True)
+        got = await claim(
+            c, "t", task="x", batch_size=2, where={"ds": "math"}, partial=True, wait_ms=0
+        )
         assert [it["key"] for it in got["items"]] == ["a"]
 
 

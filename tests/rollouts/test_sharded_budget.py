@@ -91,7 +91,13 @@ async def test_a_sharded_budget_holds_for_the_merged_batch(two: list[LiveServer]
                 "b", task="a", batch_size=2, max_tokens=10, length_field="tokens", wait_ms=100
             )
         got = await rb.claim(
-            "b", task="c", batch_size=64, max_tokens=1000, length_field="tokens", partial=True
+            "b",
+            task="c",
+            batch_size=64,
+            max_tokens=1000,
+            length_field="tokens",
+            partial=True,
+            wait_ms=0,
         )
         assert len(got.items) == 16
         assert sum(len(it["value"]["tokens"]) for it in got.items) == 48
