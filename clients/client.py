@@ -2,23 +2,19 @@
 
 One :class:`ReplayClient` holds one ``httpx.AsyncClient`` and its connection pool; share it
 between the tasks of a process rather than opening one per task. For ``http://`` servers the
-pool is :class:`~rlreplay.clients.transport.LeanTransport`, a small HTTP/1.1 transport on asyncio
-streams that takes large answers at a fraction of httpcore's CPU; ``https://`` servers use
-httpx's own transport. Every call speaks msgpack
-both ways, so NumPy arrays and torch tensors in item values travel as arrays and come back
-as NumPy arrays, bit-exactly (see :mod:`rlreplay.wire.codec`); request bodies are the
-Structs the server decodes them with (:mod:`rlreplay.clients.bodies`). Errors the server
-answers with are
-raised as the classes of :mod:`rlreplay.wire.errors`; a server that cannot be reached after the
-retries raises :class:`~rlreplay.wire.errors.Unavailable`. Which calls are retried is explained
-in :mod:`rlreplay.clients.retry`.
+pool is :class:`~rlreplay.clients.transport.LeanTransport`, a small HTTP/1.1 transport on
+asyncio streams; ``https://`` servers use httpx's own. Every call speaks msgpack both ways,
+so NumPy arrays and torch tensors in values travel as arrays and come back as NumPy arrays,
+bit-exactly (:mod:`rlreplay.wire.codec`); request bodies are the Structs the server decodes
+them with (:mod:`rlreplay.clients.bodies`). The server's errors are raised as the classes of
+:mod:`rlreplay.wire.errors`; a server still unreachable after the retries raises
+:class:`~rlreplay.wire.errors.Unavailable` (which calls are retried:
+:mod:`rlreplay.clients.retry`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final, Literal, Unpack, overload
 
 import httpx
@@ -27,11 +23,12 @@ from rlreplay.clients.bodies import ColumnsMeta, columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.episode_bodies import window_sample
 from rlreplay.clients.episodes import EpisodeCalls
-from rlreplay.clients.event_loop import bound_loop
-from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.requester import path_segment
 from rlreplay.clients.rollouts import new_request_id
+from rlreplay.clients.sample_stream import sample_stream
 from rlreplay.clients.surface import ReplayCalls, WindowOptions
+from rlreplay.clients.table_config import table_config
+from rlreplay.clients.types import Item, Layout
 from rlreplay.clients.windows import WindowBatch
 from rlreplay.clients.writer import Writer
 from rlreplay.wire.errors import ItemNotFound
@@ -47,12 +44,7 @@ from rlreplay.wire.schemas import (
     SnapshotRequest,
 )
 
-__all__ = ["Item", "Layout", "ReplayClient"]
-
-Item = dict[str, Any]
-"""An item as the server answers it: ``key``, ``value``, ``priority`` and more."""
-Layout = Literal["items", "columns"]
-"""How reads answer: a list of items, or a :class:`~rlreplay.clients.columns.ColumnBatch`."""
+__all__ = ["ReplayClient"]
 
 _SERVER_SAMPLE_TIMEOUT_S: Final = DEFAULT_TIMEOUT_MS / 1000
 _SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
@@ -78,22 +70,19 @@ class ReplayClient(EpisodeCalls):
         timeout_s: Connect, read, write and pool timeout of one attempt, in seconds. A
             sample's read timeout is stretched past its ``timeout_ms``.
         max_connections: Requests in flight at most, and connections the pool opens at
-            most; all of them are kept alive, so that concurrent calls reuse connections
-            instead of reconnecting. Further calls wait in the client. More is not faster
-            on httpx's transport: httpcore's pool (1.0.x) spends CPU in proportion to its
-            connections on every request, and to connections times queued requests when
-            requests queue in it (``python -m bench client`` measures it).
+            most, all kept alive; further calls wait in the client. More is not faster on
+            httpx's transport, whose pool spends CPU per connection on every request
+            (``python -m bench client``).
         retries: Retries after a failed first attempt (see :mod:`rlreplay.clients.retry`).
         backoff_s: The first retry's backoff bound in seconds; it doubles per retry.
         max_backoff_s: The cap on one backoff wait.
         transport: An httpx transport to use instead of the network (``httpx.MockTransport``,
             ``httpx.ASGITransport``); tests and in-process servers use it.
         lean_transport: With no ``transport`` and an ``http://`` ``base_url``, talk to the
-            server through :class:`~rlreplay.clients.transport.LeanTransport` (the default):
-            stream()
-            and large answers cost the client far less CPU than on httpx's default
-            transport (httpcore). False uses httpx's default transport, as ``https://`` URLs
-            always do. Either way the errors, timeouts and retries are the same.
+            server through :class:`~rlreplay.clients.transport.LeanTransport` (the default:
+            ``stream()`` and large answers cost far less CPU than on httpcore). False uses
+            httpx's default transport, as ``https://`` URLs always do; the errors, timeouts
+            and retries are the same.
         compression: ``"zstd"``: ask for answers compressed (``Accept-Encoding: zstd``)
             and compress request bodies of 16 KiB and more, for compressible batches over
             a slow link; the server must run with ``--zstd``. None (the default): no
@@ -144,25 +133,18 @@ class ReplayClient(EpisodeCalls):
             TableExists: The table exists with a different configuration.
             ValidationFailed: The configuration is invalid.
         """
-        config: dict[str, Any] = {
-            "max_size": max_size,
-            "max_times_sampled": max_times_sampled,
-            "rate_limiter": dict(rate_limiter) if rate_limiter is not None else None,
-        }
-        if sampler is not None:
-            config["sampler"] = dict(sampler)
-        if remover is not None:
-            config["remover"] = dict(remover)
-        if max_staleness is not None:
-            config["max_staleness"] = max_staleness
-        if delete_after_ack:
-            config["delete_after_ack"] = list(delete_after_ack)
-        if admission is not None:
-            config["admission"] = dict(admission)
-        if ttl_s is not None:
-            config["ttl_s"] = ttl_s
-        if episodes is not None:
-            config["episodes"] = dict(episodes)
+        config = table_config(
+            sampler=sampler,
+            remover=remover,
+            max_size=max_size,
+            max_times_sampled=max_times_sampled,
+            rate_limiter=rate_limiter,
+            max_staleness=max_staleness,
+            delete_after_ack=delete_after_ack,
+            admission=admission,
+            ttl_s=ttl_s,
+            episodes=episodes,
+        )
         return self._as_dict(
             await self._call("PUT", self._table(name), body=config, idempotent=True)
         )
@@ -390,13 +372,10 @@ class ReplayClient(EpisodeCalls):
         """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...),
         or windows of an episode table.
 
-        A call given any window option (``length``, ``burn_in``, ``start_every``, ``pad``,
-        ``fields``, ``n_step``, ``gamma``, ``reward_field``, ``next_fields``: see
-        :class:`~rlreplay.clients.surface.WindowOptions`) samples windows of consecutive
-        steps of an episode table and answers a
+        A call given any window option (:class:`~rlreplay.clients.surface.WindowOptions`)
+        samples windows of consecutive steps of an episode table and answers a
         :class:`~rlreplay.clients.windows.WindowBatch` (``[B, W, ...]`` arrays); one given
-        none samples items. The client does not ask which kind of table it is: the route
-        is the same, and the options say what is asked::
+        none samples items (the route is the same; the options say what is asked)::
 
             windows = await rb.sample("episodes", 64, length=80, burn_in=40)
             transitions = await rb.sample("episodes", 256, n_step=3, next_fields=["obs"])
@@ -548,7 +527,7 @@ class ReplayClient(EpisodeCalls):
         timeout_ms: int | None = ...,
         **window: Unpack[WindowOptions],
     ) -> AsyncIterator[WindowBatch]: ...
-    async def stream(
+    def stream(
         self,
         table: str,
         *,
@@ -588,23 +567,16 @@ class ReplayClient(EpisodeCalls):
         Yields:
             One sampled batch at a time.
         """
-
-        windows = window_sample(window, layout, include_values)
-
-        async def sample() -> list[Item] | ColumnBatch | WindowBatch:
-            if windows:
-                return await self.sample(table, batch_size, timeout_ms=timeout_ms, **window)
-            return await self.sample(
-                table,
-                batch_size,
-                timeout_ms=timeout_ms,
-                include_values=include_values,
-                layout=layout,
-            )
-
-        async with aclosing(prefetched(sample, prefetch)) as batches:
-            async for batch in batches:
-                yield batch
+        return sample_stream(
+            self.sample,
+            table,
+            batch_size=batch_size,
+            prefetch=prefetch,
+            timeout_ms=timeout_ms,
+            include_values=include_values,
+            layout=layout,
+            window=window,
+        )
 
     # --- service ----------------------------------------------------------------------------
 
@@ -614,8 +586,7 @@ class ReplayClient(EpisodeCalls):
         Raises:
             WrongEventLoop: Called from another event loop than the client's first call.
         """
-        if asyncio.get_running_loop() is not self._loop:
-            self._loop = bound_loop(self._loop, type(self).__name__)
+        self._on_own_loop()
         try:
             response = await self._http.get("/healthz")
         except httpx.HTTPError:

@@ -169,6 +169,11 @@ class Requester:
             raise ReplayError(f"expected a map in the answer, got {type(answer).__name__}")
         return answer
 
+    def _on_own_loop(self) -> None:
+        """Raise :class:`WrongEventLoop` unless called from the loop of the first call."""
+        if asyncio.get_running_loop() is not self._loop:
+            self._loop = bound_loop(self._loop, type(self).__name__)
+
     async def _call(
         self,
         method: str,
@@ -188,8 +193,7 @@ class Requester:
         Raises:
             WrongEventLoop: Called from another event loop than the first call (nothing sent).
         """
-        if asyncio.get_running_loop() is not self._loop:
-            self._loop = bound_loop(self._loop, type(self).__name__)
+        self._on_own_loop()
         content = None if body is None else encode_body(body)
         coded = self._zstd and content is not None and len(content) >= MIN_BYTES
         if coded:

@@ -22,8 +22,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import Column, ColumnBatch
+from rlreplay.clients.types import Item, Layout
 from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.errors import ValidationFailed
 

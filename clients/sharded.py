@@ -18,21 +18,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
 
 import numpy as np
 
 from rlreplay.clients.bodies import ColumnsMeta
-from rlreplay.clients.client import Item, Layout, ReplayClient
+from rlreplay.clients.client import ReplayClient
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.episode_bodies import EndReason, WindowStart, window_sample
 from rlreplay.clients.episode_writer import EpisodeWriter
 from rlreplay.clients.episodes import Episode
-from rlreplay.clients.prefetch import prefetched
 from rlreplay.clients.rendezvous import Rendezvous, normalized_url
 from rlreplay.clients.rollouts import LeaseBase, Reservation
+from rlreplay.clients.sample_stream import sample_stream
 from rlreplay.clients.shard_fan_out import ShardFanOut
 from rlreplay.clients.shard_merge import (
     Part,
@@ -49,11 +48,13 @@ from rlreplay.clients.sharded_reservations import (
 )
 from rlreplay.clients.sharded_rollouts import ShardedLease, ShardedRollouts
 from rlreplay.clients.sharded_sampling import ShardedDraw
+from rlreplay.clients.sharded_tables import drop_everywhere, merged_tables
 from rlreplay.clients.sharded_where import sample_where
 from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
+from rlreplay.clients.types import Item, Layout
 from rlreplay.clients.windows import WindowBatch
 from rlreplay.clients.writer import Writer
-from rlreplay.wire.errors import TableNotFound, ValidationFailed
+from rlreplay.wire.errors import ValidationFailed
 from rlreplay.wire.schemas import ItemIn, PushRequest
 
 __all__ = ["ShardedReplayClient"]
@@ -190,14 +191,7 @@ class ShardedReplayClient:
 
     async def list_tables(self) -> list[dict[str, Any]]:
         """Every table any server has, each as :meth:`describe_table` gives it."""
-        lists = await self._fan_out.every(lambda c: c.list_tables())
-        found: dict[str, list[dict[str, Any]]] = {}
-        urls: dict[str, list[str]] = {}
-        for url, tables in zip(self.urls, lists, strict=True):
-            for info in tables:
-                found.setdefault(info["name"], []).append(info)
-                urls.setdefault(info["name"], []).append(url)
-        return [merged_description(urls[name], infos) for name, infos in found.items()]
+        return merged_tables(self.urls, await self._fan_out.every(lambda c: c.list_tables()))
 
     async def drop_table(self, name: str) -> None:
         """Delete the table and its data on every server.
@@ -205,16 +199,7 @@ class ShardedReplayClient:
         Raises:
             TableNotFound: No server had such a table.
         """
-
-        async def drop(client: ReplayClient) -> bool:
-            try:
-                await client.drop_table(name)
-            except TableNotFound:
-                return False
-            return True
-
-        if not any(await self._fan_out.every(drop)):
-            raise TableNotFound(f"table {name!r} does not exist on any shard")
+        await drop_everywhere(self._fan_out, name)
 
     # --- items ----------------------------------------------------------------------------
 
@@ -479,7 +464,7 @@ class ShardedReplayClient:
         timeout_ms: int | None = ...,
         **window: Unpack[WindowOptions],
     ) -> AsyncIterator[WindowBatch]: ...
-    async def stream(
+    def stream(
         self,
         table: str,
         *,
@@ -491,23 +476,16 @@ class ShardedReplayClient:
         **window: Unpack[WindowOptions],
     ) -> AsyncIterator[list[Item] | ColumnBatch | WindowBatch]:
         """Sharded samples without end, ``prefetch`` in flight (``ReplayClient.stream``)."""
-
-        windows = window_sample(window, layout, include_values)
-
-        async def sample() -> list[Item] | ColumnBatch | WindowBatch:
-            if windows:
-                return await self.sample(table, batch_size, timeout_ms=timeout_ms, **window)
-            return await self.sample(
-                table,
-                batch_size,
-                timeout_ms=timeout_ms,
-                include_values=include_values,
-                layout=layout,
-            )
-
-        async with aclosing(prefetched(sample, prefetch)) as batches:
-            async for batch in batches:
-                yield batch
+        return sample_stream(
+            self.sample,
+            table,
+            batch_size=batch_size,
+            prefetch=prefetch,
+            timeout_ms=timeout_ms,
+            include_values=include_values,
+            layout=layout,
+            window=window,
+        )
 
     # --- rollouts: the calls of the ShardedRollouts part -----------------------------------
 

@@ -26,10 +26,10 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.shard_fan_out import ShardFanOut
 from rlreplay.clients.shard_merge import assemble_sample, draw_weights, split_picks
+from rlreplay.clients.types import Item, Layout
 from rlreplay.wire.errors import DeadlineExceeded, Unavailable
 from rlreplay.wire.schemas import DEFAULT_TIMEOUT_MS
 

@@ -20,12 +20,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Se
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Required, TypedDict, Unpack, overload
 
 if TYPE_CHECKING:
-    from rlreplay.clients.client import Item, Layout
     from rlreplay.clients.columns import ColumnBatch
     from rlreplay.clients.episode_bodies import EndReason, WindowStart
     from rlreplay.clients.episode_writer import EpisodeWriter
     from rlreplay.clients.episodes import Episode
     from rlreplay.clients.rollouts import LeaseBase, Reservation
+    from rlreplay.clients.types import Item, Layout
     from rlreplay.clients.windows import WindowBatch
     from rlreplay.clients.writer import Writer
 

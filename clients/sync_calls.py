@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
-from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.episode_bodies import EndReason, WindowStart, window_sample
 from rlreplay.clients.episodes import Episode
@@ -29,6 +28,7 @@ from rlreplay.clients.sync_episode_writer import SyncEpisodeWriter
 from rlreplay.clients.sync_lease import SyncLease
 from rlreplay.clients.sync_stream import SyncStream
 from rlreplay.clients.sync_writer import SyncWriter
+from rlreplay.clients.types import Item, Layout
 from rlreplay.clients.windows import WindowBatch
 
 __all__ = ["BlockingCalls"]

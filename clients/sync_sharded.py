@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Unpack, overload
 
-from rlreplay.clients.client import Item, Layout
 from rlreplay.clients.columns import ColumnBatch
 from rlreplay.clients.episode_bodies import window_sample
 from rlreplay.clients.sharded import ShardedReplayClient
 from rlreplay.clients.surface import WindowOptions
 from rlreplay.clients.sync_calls import BlockingCalls
+from rlreplay.clients.types import Item, Layout
 from rlreplay.clients.windows import WindowBatch
 
 __all__ = ["ShardedClient"]

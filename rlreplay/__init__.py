@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from rlreplay.clients.client import Item, ReplayClient
+    from rlreplay.clients.client import ReplayClient
     from rlreplay.clients.columns import ColumnBatch
     from rlreplay.clients.dataset import RolloutBatches, rollout_dataset
     from rlreplay.clients.episode_writer import EpisodeWriter
@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from rlreplay.clients.sync_sharded import ShardedClient
     from rlreplay.clients.sync_stream import SyncStream
     from rlreplay.clients.sync_writer import SyncWriter
+    from rlreplay.clients.types import Item
     from rlreplay.clients.windows import WindowBatch, WindowTensors
     from rlreplay.clients.writer import Writer
     from rlreplay.gpu.dataset import ReplayDataset
@@ -135,7 +136,7 @@ _ORIGINS: Final = {
     "EpisodeWriter": "rlreplay.clients.episode_writer",
     "BFloat16Array": "rlreplay.wire.arrays",
     "GpuSampler": "rlreplay.gpu.sampler",  # needs torch, as ReplayDataset
-    "Item": "rlreplay.clients.client",
+    "Item": "rlreplay.clients.types",
     "Lease": "rlreplay.clients.rollouts",
     "ReplayCalls": "rlreplay.clients.surface",
     "ReplayClient": "rlreplay.clients.client",

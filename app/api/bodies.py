@@ -49,16 +49,12 @@ from rlreplay.wire.errors import BadRequest, ValidationFailed
 from rlreplay.wire.headers import map_size
 from rlreplay.wire.schemas import (
     MAX_KEY_BYTES,
-    ClaimRequest,
     DeleteRequest,
     KeysRequest,
-    LeaseKeysRequest,
-    PatchRequest,
     PrioritiesRequest,
     PushRequest,
     SampleRequest,
     SnapshotRequest,
-    VersionRequest,
 )
 from rlreplay.wire.window_schemas import WindowPrioritiesRequest, WindowSampleRequest
 
@@ -68,17 +64,14 @@ __all__ = [
     "check_key",
     "check_keys",
     "decode_struct",
-    "parse_claim",
+    "item_value_msgpack",
     "parse_delete",
     "parse_keys",
-    "parse_lease_keys",
-    "parse_patch",
     "parse_priorities",
     "parse_push",
     "parse_sample",
     "parse_snapshot",
     "parse_table_config",
-    "parse_version",
     "parse_window_priorities",
     "parse_window_sample",
     "schema_refusal",
@@ -149,13 +142,8 @@ _DELETE = _Decoders(DeleteRequest)
 _SAMPLE = _Decoders(SampleRequest, integral_floats=True)
 _PRIORITIES = _Decoders(PrioritiesRequest)
 _SNAPSHOT = _Decoders(SnapshotRequest)
-_PATCH = _Decoders(PatchRequest)
-_CLAIM = _Decoders(ClaimRequest, integral_floats=True)
-_LEASE_KEYS = _Decoders(LeaseKeysRequest)
-_VERSION = _Decoders(VersionRequest, integral_floats=True)
 _WINDOW_SAMPLE = _Decoders(WindowSampleRequest, integral_floats=True)
 _WINDOW_PRIORITIES = _Decoders(WindowPrioritiesRequest, integral_floats=True)
-_FIELD_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 
 
 # --- refusals ---------------------------------------------------------------------------------
@@ -420,6 +408,12 @@ def _json_form(text: bytes, i: int) -> Any:
         raise BadRequest(f"items[{i}].value: malformed json: {exc}") from exc
 
 
+def item_value_msgpack(text: bytes, i: int) -> bytes:
+    """The msgpack bytes of ``items[i]``'s value sent as JSON text: 400 for malformed JSON,
+    422 for an integer past 64 bits, as the contract says."""
+    return _value_msgpack(_json_form(text, i), i)
+
+
 def _value_msgpack(form: Any, i: int) -> bytes:
     """The msgpack bytes of a value in the contract's JSON form."""
     try:
@@ -487,67 +481,7 @@ def parse_snapshot(body: bytes, fmt: BodyFormat | None) -> SnapshotRequest:
     return request
 
 
-# --- rollout tables ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PatchBody:
-    """A decoded patch: (key, msgpack map of the fields to set) per item."""
-
-    items: list[tuple[str, bytes]]
-    wait: bool
-    request_id: str | None
-    #: Per item, the tags the patch sets (None where it sets none); None: no item sets any.
-    tags: list[dict[str, Any] | None] | None = None
-
-
-def parse_patch(body: bytes, fmt: BodyFormat) -> PatchBody:
-    """Parses ``{"items": [{"key", "fields"}], "wait"?, "request_id"?}``; each ``fields``
-    must be a map of field names (JSON ones are converted to msgpack)."""
-    request: PatchRequest = _decode(body, fmt, _PATCH)
-    check_keys([it.key for it in request.items], _item_key)
-    items = []
-    tags: list[dict[str, Any] | None] = []
-    for i, it in enumerate(request.items):
-        tags.append(None if it.tags is UNSET else check_tags(it.tags, f"items[{i}].tags"))
-        if it.fields is UNSET:
-            if it.tags is UNSET:
-                raise ValidationFailed(f"items[{i}] must set fields, tags or both")
-            items.append((it.key, _EMPTY_MAP))
-            continue
-        raw = bytes(it.fields)
-        if fmt is not BodyFormat.MSGPACK:
-            raw = _value_msgpack(_json_form(raw, i), i)
-        try:
-            named = _FIELD_MAP.decode(raw)
-        except (msgspec.ValidationError, *_UNREADABLE) as exc:
-            raise ValidationFailed(f"items[{i}].fields must be a map of field names") from exc
-        if not named and it.tags is UNSET:
-            raise ValidationFailed(f"items[{i}].fields must name at least one field")
-        items.append((it.key, raw))
-    rid = None if request.request_id is UNSET else request.request_id
-    return PatchBody(items, request.wait, rid, tags if any(t is not None for t in tags) else None)
-
-
-#: The fields of a patch that sets tags alone.
-_EMPTY_MAP = b"\x80"
-
-
-def parse_claim(body: bytes, fmt: BodyFormat) -> ClaimRequest:
-    """Parses a claim (``task``, ``batch_size``, ``fields``?, ``group_size``?...)."""
-    request: ClaimRequest = _decode(body, fmt, _CLAIM)
-    return request
-
-
-def parse_lease_keys(body: bytes, fmt: BodyFormat | None) -> list[str] | None:
-    """Parses ``{"keys"?: [...]}`` of an ack or release; None (all) when omitted."""
-    if not body or fmt is None:
-        return None
-    request: LeaseKeysRequest = _decode(body, fmt, _LEASE_KEYS)
-    if request.keys is UNSET:
-        return None
-    check_keys(request.keys, _key_at)
-    return request.keys
+# --- any request Struct ------------------------------------------------------------------
 
 
 def decode_struct(body: bytes, fmt: BodyFormat, struct: type[_Body]) -> _Body:
@@ -560,12 +494,6 @@ def decode_struct(body: bytes, fmt: BodyFormat, struct: type[_Body]) -> _Body:
 
 
 _STRUCT_DECODERS: dict[type[msgspec.Struct], _Decoders] = {}
-
-
-def parse_version(body: bytes, fmt: BodyFormat) -> VersionRequest:
-    """Parses ``{"version": v, "force"?: bool}``."""
-    request: VersionRequest = _decode(body, fmt, _VERSION)
-    return request
 
 
 # --- table configs ----------------------------------------------------------------------------

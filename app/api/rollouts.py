@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import msgspec
 from fastapi import APIRouter, Path, Request, Response
 
-from rlreplay.app.api.bodies import parse_claim, parse_lease_keys, parse_patch, parse_version
 from rlreplay.app.api.deps import AcceptsMsgpack, EngineDep, TableName, serve_body
 from rlreplay.app.api.encoding import (
     JSON,
@@ -27,6 +26,12 @@ from rlreplay.app.api.encoding import (
 )
 from rlreplay.app.api.envelopes import value_json
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
+from rlreplay.app.api.rollout_bodies import (
+    parse_claim,
+    parse_lease_keys,
+    parse_patch,
+    parse_version,
+)
 from rlreplay.app.api.write_status import status_of
 from rlreplay.app.engine.claim_shape import ClaimShape
 from rlreplay.app.engine.claims import ClaimedItem
