@@ -27,6 +27,7 @@ from rlreplay.app.api.bodies import (
 from rlreplay.app.api.encoding import BodyFormat
 from rlreplay.app.tables.items import push_body_items
 from rlreplay.wire.errors import BadRequest, ValidationFailed
+from rlreplay.wire.schemas import MAX_KEY_BYTES
 
 BAD, INVALID = "BadRequest", "ValidationFailed"
 
@@ -230,7 +231,8 @@ class Reference:
         if fields is None:
             return
         # a field given twice in an item: the decoder (msgspec) checks each one's type and
-        # bounds as it reads, and keeps the last; a key's length is checked on that last one
+        # schema bounds (a key of 1 to 512 characters) as it reads, and keeps the last; the
+        # key's 512 bytes of UTF-8 are checked on that last one
         key: str | None = None
         key_given = False
         value: bytes | None = None
@@ -242,6 +244,8 @@ class Reference:
                 key_given = True
                 if type(raw) is str:
                     key = raw
+                    if not 1 <= len(raw) <= MAX_KEY_BYTES:
+                        self.problems.add(INVALID)
                 else:
                     self.problems.add(BAD)
                     key = None
