@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from msgspec import UNSET
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from rlreplay.app.api.bodies import (
     check_key,
@@ -68,6 +69,16 @@ __all__ = [
     "push_reply",
     "router",
 ]
+
+
+class _AnyKey(PathConvertor):
+    """A key as the contract allows it, ``/`` and newlines included (``path`` stops at a
+    newline: its ``.*`` does not match one, and the route then saw an empty key)."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("any", _AnyKey())
 
 router = APIRouter(prefix="/v1/tables/{table}", tags=["items"])
 
@@ -204,7 +215,7 @@ async def batch_delete_reply(
 
 
 @router.get(
-    "/items/{key:path}",
+    "/items/{key:any}",
     response_model=None,
     responses=answers({200: (ItemOut, "The item.")}, TableNotFound, ItemNotFound, *V1_ERRORS),
 )
@@ -220,7 +231,7 @@ async def get_item(request: Request, table: TableName, key: ItemKey) -> Response
 
 
 @router.delete(
-    "/items/{key:path}",
+    "/items/{key:any}",
     status_code=202,
     response_model=None,
     responses=answers(
