@@ -22,7 +22,7 @@ import numpy as np
 
 from rlreplay.app.engine.admission import Admission, WriteAnswer, note_answer, write_answer
 from rlreplay.app.engine.core import DEFAULT_TIMEOUT_S, EngineCore
-from rlreplay.app.episodes.chunk_fetch import fetch_plan, keep_chunks, load_chunks
+from rlreplay.app.episodes.chunk_fetch import read_back
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.step_arrays import pack_steps
 from rlreplay.app.log import records
@@ -331,10 +331,9 @@ class Episodes:
             raise ItemNotFound(f"no episode {episode!r} in table {table!r}")
         lo = min(start or 0, ep.length)
         hi = ep.length if stop is None else max(lo, min(stop, ep.length))
-        plan = fetch_plan(e, episode, lo, hi)
-        fetched = None
-        if plan:  # chunks evicted to RocksDB: read back off the loop first
-            fetched = keep_chunks(e, plan, await self._core.state.io.run(load_chunks, e, plan))
+        # chunks evicted to RocksDB: read back off the loop first
+        fetched = await read_back(e, lambda: [(episode, lo, hi)], None, self._core.state.io.run)
+        if fetched is not None:
             if e.episode(episode) is not ep:
                 raise ItemNotFound(f"no episode {episode!r} in table {table!r}")
         steps = {f: np.array(a) for f, a in e.read(episode, lo, hi, fetched=fetched).items()}

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from rlreplay.app.engine.core import EngineCore
 from rlreplay.app.engine.reads import Reads
-from rlreplay.app.episodes.chunk_fetch import fetch_plan, keep_chunks, load_chunks
+from rlreplay.app.episodes.chunk_fetch import read_back
 from rlreplay.app.episodes.chunk_reads import ChunkReads
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.start_sampling import StartDraw, StartSampler
@@ -286,17 +286,12 @@ class Windows:
             alloc=self._buffers if REUSE_BUFFERS else _zeros,
         )
         fields = request.reads()
-        plan = {
-            p.cache_key: p
-            for index, lo, hi in build.ranges()
-            for p in fetch_plan(et, held[index].name, lo, hi, fields)
-        }
-        fetched = None
-        if plan:  # chunks in RocksDB only: read back off the loop first
-            chunks = list(plan.values())
-            fetched = keep_chunks(
-                et, chunks, await self._core.state.io.run(load_chunks, et, chunks)
-            )
+        fetched = await read_back(  # chunks in RocksDB only: read back off the loop first
+            et,
+            lambda: ((held[index].name, lo, hi) for index, lo, hi in build.ranges()),
+            fields,
+            self._core.state.io.run,
+        )
         reads = ChunkReads(et, held, fetched) if READ_BY_CHUNK else None
         if reads is not None:
             build.read(reads.read, et.chunk_steps)
