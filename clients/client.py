@@ -1,12 +1,25 @@
-"""The async Python client of the replay service, on httpx with msgpack on the wire.
+"""The async Python client of one replay server, on httpx with msgpack on the wire.
 
-One :class:`ReplayClient` holds one ``httpx.AsyncClient`` and its connection pool; share it
-between the tasks of a process rather than opening one per task. For ``http://`` servers the
-pool is :class:`~rlreplay.clients.transport.LeanTransport`, a small HTTP/1.1 transport on
-asyncio streams; ``https://`` servers use httpx's own. Every call speaks msgpack both ways,
-so NumPy arrays and torch tensors in values travel as arrays and come back as NumPy arrays,
-bit-exactly (:mod:`rlreplay.wire.codec`); request bodies are the Structs the server decodes
-them with (:mod:`rlreplay.clients.bodies`). The server's errors are raised as the classes of
+:class:`ReplayClient` is a façade over parts that each own one concern and take the one
+:class:`~rlreplay.clients.requester.Requester` (the connection pool, the retries, the codec
+at both ends and the error tree) in their constructors:
+
+- :class:`~rlreplay.clients.tables.Tables`: tables and snapshots;
+- :class:`~rlreplay.clients.items.Items`: pushes, pipelined writers, reads, priorities,
+  deletes and the change feed;
+- :class:`~rlreplay.clients.samples.Samples`: samples of items or windows, and streams;
+- :class:`~rlreplay.clients.rollouts.Rollouts`: patches, claims and leases, versions and
+  reservations of rollout tables;
+- :class:`~rlreplay.clients.episodes.Episodes`: appends, reads and deletes of episodes,
+  and window priorities.
+
+Each public method forwards to one part with that part's own signature (a test keeps them
+equal) and is documented there. Share one client between the tasks of a process rather than
+opening one per task. For ``http://`` servers the pool is
+:class:`~rlreplay.clients.transport.LeanTransport`, a small HTTP/1.1 transport on asyncio
+streams; ``https://`` servers use httpx's own. Every call speaks msgpack both ways, so NumPy
+arrays and torch tensors in values travel as arrays and come back as NumPy arrays,
+bit-exactly (:mod:`rlreplay.wire.codec`). The server's errors are raised as the classes of
 :mod:`rlreplay.wire.errors`; a server still unreachable after the retries raises
 :class:`~rlreplay.wire.errors.Unavailable` (which calls are retried:
 :mod:`rlreplay.clients.retry`).
@@ -14,43 +27,33 @@ them with (:mod:`rlreplay.clients.bodies`). The server's errors are raised as th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, Unpack, overload
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
 
 import httpx
 
-from rlreplay.clients.bodies import ColumnsMeta, columns_request, push_request
 from rlreplay.clients.columns import ColumnBatch
-from rlreplay.clients.episode_bodies import window_sample
-from rlreplay.clients.episodes import EpisodeCalls
-from rlreplay.clients.requester import path_segment
-from rlreplay.clients.rollouts import new_request_id
-from rlreplay.clients.sample_stream import sample_stream
-from rlreplay.clients.surface import ReplayCalls, WindowOptions
-from rlreplay.clients.table_config import table_config
+from rlreplay.clients.episode_bodies import EndReason, WindowStart
+from rlreplay.clients.episode_writer import EpisodeWriter
+from rlreplay.clients.episodes import Episode, Episodes
+from rlreplay.clients.items import Items
+from rlreplay.clients.requester import Requester
+from rlreplay.clients.rollouts import Lease, LeaseBase, Reservation, Rollouts
+from rlreplay.clients.samples import Samples
+from rlreplay.clients.surface import ClaimOptions, ReplayCalls, WindowOptions
+from rlreplay.clients.tables import Tables
 from rlreplay.clients.types import Item, Layout
 from rlreplay.clients.windows import WindowBatch
 from rlreplay.clients.writer import Writer
-from rlreplay.wire.errors import ItemNotFound
-from rlreplay.wire.schemas import (
-    DEFAULT_TIMEOUT_MS,
-    ColumnsPushRequest,
-    DeleteRequest,
-    ItemIn,
-    KeysRequest,
-    PrioritiesRequest,
-    PushRequest,
-    SampleRequest,
-    SnapshotRequest,
-)
+from rlreplay.wire.episode_schemas import EpisodeStepsRequest
+from rlreplay.wire.rollout_scale import DEFAULT_RESERVATION_TTL_S
+from rlreplay.wire.schemas import ClaimRequest, ColumnsPushRequest, PushRequest
 
 __all__ = ["ReplayClient"]
 
-_SERVER_SAMPLE_TIMEOUT_S: Final = DEFAULT_TIMEOUT_MS / 1000
-_SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
 
-
-class ReplayClient(EpisodeCalls):
+class ReplayClient:
     """An async client of one replay server.
 
     Use it as an async context manager (or call :meth:`aclose`)::
@@ -89,7 +92,59 @@ class ReplayClient(EpisodeCalls):
             compression, the fastest on a local or data-centre link.
     """
 
-    # --- tables -----------------------------------------------------------------------------
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        max_connections: int = 16,
+        retries: int = 3,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        lean_transport: bool = True,
+        compression: str | None = None,
+    ) -> None:
+        self._requester = Requester(
+            base_url,
+            api_key,
+            timeout_s=timeout_s,
+            max_connections=max_connections,
+            retries=retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            transport=transport,
+            lean_transport=lean_transport,
+            compression=compression,
+        )
+        self._tables = Tables(self._requester)
+        self._items = Items(self._requester)
+        self._samples = Samples(self._requester)
+        self._rollouts = Rollouts(self._requester)
+        self._episodes = Episodes(self._requester)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool; calling it again does nothing."""
+        await self._requester.aclose()
+
+    async def health(self) -> bool:
+        """Whether the server answers ``GET /healthz`` with 2xx (:meth:`Requester.health
+        <rlreplay.clients.requester.Requester.health>`)."""
+        return await self._requester.health()
+
+    # --- tables: the Tables part -------------------------------------------------------------
 
     async def create_table(
         self,
@@ -106,34 +161,10 @@ class ReplayClient(EpisodeCalls):
         ttl_s: float | None = None,
         episodes: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Create a table, or confirm that it exists with this configuration.
-
-        Args:
-            name: The table's name.
-            sampler: The sampler's config; the server's default when None (``uniform``, as
-                for ``PUT {}`` and the ``default`` table).
-            remover: The remover's config; the server's default when None.
-            max_size: The capacity, or None for unbounded.
-            max_times_sampled: Samples after which an item is deleted (0: unlimited).
-            rate_limiter: The rate limiter's config, or None for none.
-            max_staleness: Rollouts whose version is below the table's version minus this
-                are dropped (None: never).
-            delete_after_ack: Tasks whose acknowledgements, all of them, delete an item.
-            admission: ``{"max_ahead": n}``: reservations are granted while reserved slots
-                plus unconsumed items stay within n (None: every reservation is granted).
-            ttl_s: Unconsumed items older than this are deleted, whole groups at a time.
-            episodes: Make it an episode table with this config (``{}``, or
-                ``{"compression": "zstd", "frame_stack": {"obs": 4}}``): it holds steps
-                appended per episode (``append_steps``) and samples windows of them.
-
-        Returns:
-            The server's answer (the table's config and stats).
-
-        Raises:
-            TableExists: The table exists with a different configuration.
-            ValidationFailed: The configuration is invalid.
-        """
-        config = table_config(
+        """Create a table, or confirm that it exists with this configuration
+        (:meth:`Tables.create_table <rlreplay.clients.tables.Tables.create_table>`)."""
+        return await self._tables.create_table(
+            name,
             sampler=sampler,
             remover=remover,
             max_size=max_size,
@@ -145,35 +176,30 @@ class ReplayClient(EpisodeCalls):
             ttl_s=ttl_s,
             episodes=episodes,
         )
-        return self._as_dict(
-            await self._call("PUT", self._table(name), body=config, idempotent=True)
-        )
 
     async def list_tables(self) -> list[dict[str, Any]]:
-        """Every table, each with its config and stats."""
-        answer = await self._call("GET", "/v1/tables", idempotent=True)
-        tables = answer.get("tables", answer) if isinstance(answer, dict) else answer
-        if isinstance(tables, dict):  # {name: description}
-            return [{"name": name, **info} for name, info in tables.items()]
-        return list(tables or [])
+        """Every table, each with its config and stats (:meth:`Tables.list_tables`)."""
+        return await self._tables.list_tables()
 
     async def describe_table(self, name: str) -> dict[str, Any]:
-        """A table's config and stats (``size``, ``inserts``, ``samples``...).
-
-        Raises:
-            TableNotFound: No such table.
-        """
-        return self._as_dict(await self._call("GET", self._table(name), idempotent=True))
+        """A table's config and stats (:meth:`Tables.describe_table`)."""
+        return await self._tables.describe_table(name)
 
     async def drop_table(self, name: str) -> None:
-        """Delete a table and its data.
+        """Delete a table and its data (:meth:`Tables.drop_table`)."""
+        await self._tables.drop_table(name)
 
-        Raises:
-            TableNotFound: No such table.
-        """
-        await self._call("DELETE", self._table(name), idempotent=True)
+    async def snapshot(
+        self, tables: Iterable[str] | None = None, *, timeout_s: float = 3600.0
+    ) -> dict[str, Any]:
+        """Take a snapshot to the server's backup URL (:meth:`Tables.snapshot`)."""
+        return await self._tables.snapshot(tables, timeout_s=timeout_s)
 
-    # --- items ------------------------------------------------------------------------------
+    async def snapshots(self) -> list[dict[str, Any]]:
+        """The complete snapshots at the server's backup URL (:meth:`Tables.snapshots`)."""
+        return await self._tables.snapshots()
+
+    # --- items: the Items part ---------------------------------------------------------------
 
     async def push(
         self,
@@ -183,26 +209,8 @@ class ReplayClient(EpisodeCalls):
         wait: bool = False,
         reservation: str | None = None,
     ) -> int:
-        """Insert or replace items.
-
-        Args:
-            table: The table.
-            items: ``{"key": str, "value": any, "priority": float (optional)}`` each. Values
-                may hold NumPy arrays and torch tensors.
-            wait: Answer only once the writer has applied the items.
-            reservation: The id of a reservation (:meth:`reserve`) the items fill.
-
-        Returns:
-            How many items were accepted (``wait=False``) or committed (``wait=True``); 0
-            without a request when ``items`` is empty.
-
-        Raises:
-            Overloaded: The write queue stayed full through every retry.
-            TableNotFound, ValidationFailed, PayloadTooLarge: As the contract says.
-        """
-        if not items:
-            return 0
-        return await self._push_body(table, push_request(items, wait, reservation))
+        """Insert or replace items (:meth:`Items.push <rlreplay.clients.items.Items.push>`)."""
+        return await self._items.push(table, items, wait=wait, reservation=reservation)
 
     async def push_columns(
         self,
@@ -217,79 +225,27 @@ class ReplayClient(EpisodeCalls):
         versions: Sequence[int | None] | None = None,
         reservation: str | None = None,
     ) -> int:
-        """Insert or replace items given as columns, in one request.
-
-        Item ``i`` is ``keys[i]`` with the value ``{field: columns[field][i], ...}``, stored
-        exactly as :meth:`push` would store that value: a row of a column of two axes or more
-        is an array, an element of a 1-D column the scalar NumPy gives (a float64, an int,
-        a bool; complex and bfloat16 elements are 0-d arrays).
-
-        Args:
-            table: The table.
-            keys: The items' keys.
-            columns: Field -> NumPy array, torch tensor, ``BFloat16Array`` or list, its
-                first axis ``len(keys)``.
-            priorities: One per key (a sequence or a 1-D array); 1.0 each when None.
-            wait: Answer only once the writer has applied the items.
-            tags, groups, versions: One entry per key (None where an item has none), as
-                :meth:`push`'s items carry them.
-            reservation: The reservation whose slots these items fill.
-
-        Returns:
-            As :meth:`push`; 0 without a request when ``keys`` is empty.
-
-        Raises:
-            ValidationFailed: A column's first axis is not ``len(keys)``, a bad key or
-                priority (the message names the field).
-            TypeError: A column has no wire form (said before sending).
-        """
-        meta: ColumnsMeta = {
-            "tags": tags,
-            "groups": groups,
-            "versions": versions,
-            "reservation": reservation,
-        }
-        body = columns_request(keys, columns, priorities, wait, meta)
-        if not body.keys:
-            return 0
-        return await self._push_body(table, body)
+        """Insert or replace items given as columns, in one request
+        (:meth:`Items.push_columns <rlreplay.clients.items.Items.push_columns>`)."""
+        return await self._items.push_columns(
+            table,
+            keys,
+            columns,
+            priorities=priorities,
+            wait=wait,
+            tags=tags,
+            groups=groups,
+            versions=versions,
+            reservation=reservation,
+        )
 
     def writer(self, table: str, *, max_in_flight: int = 8, batch_items: int = 64) -> Writer:
-        """A pipelined writer into ``table`` (see :class:`~rlreplay.clients.writer.Writer`)::
-
-            async with rb.writer("t", max_in_flight=8, batch_items=64) as w:
-                await w.append(key, value, priority)
-
-        Raises:
-            TypeError: ``max_in_flight`` or ``batch_items`` is not an int.
-            ValueError: ``max_in_flight`` or ``batch_items`` is below 1.
-        """
-
-        async def send(items: list[ItemIn]) -> int:
-            return await self._push_body(table, PushRequest(items))
-
-        return Writer(send, max_in_flight=max_in_flight, batch_items=batch_items)
-
-    async def _push_body(self, table: str, body: PushRequest | ColumnsPushRequest) -> int:
-        body.request_id = new_request_id()  # its retries reuse it: a push applies once
-        answer = await self._call("POST", self._table(table, "/items"), body=body, idempotent=True)
-        counts = self._as_dict(answer)
-        return int(counts.get("committed", counts.get("accepted", 0)))
+        """A pipelined writer into ``table`` (:meth:`Items.writer`)."""
+        return self._items.writer(table, max_in_flight=max_in_flight, batch_items=batch_items)
 
     async def get(self, table: str, key: str) -> Item | None:
-        """One item (``key``, ``value``, ``priority``, ``inserted_at``, ``times_sampled``).
-
-        Returns:
-            The item, or None when the table holds no such key.
-
-        Raises:
-            TableNotFound: No such table.
-        """
-        path = self._table(table, "/items/" + path_segment(key, "key"))
-        try:
-            return self._as_dict(await self._call("GET", path, idempotent=True))
-        except ItemNotFound:
-            return None
+        """One item, or None (:meth:`Items.get`)."""
+        return await self._items.get(table, key)
 
     @overload
     async def get_many(
@@ -302,30 +258,35 @@ class ReplayClient(EpisodeCalls):
     async def get_many(
         self, table: str, keys: Iterable[str], *, layout: Layout = "items"
     ) -> list[Item | None] | ColumnBatch:
-        """Several items in one request, in the order asked; None where a key is missing.
-
-        With ``layout="columns"``: a :class:`ColumnBatch` of the items found, each field of
-        their values stacked (``missing`` lists the keys not found); values that do not
-        stack raise ``ValidationFailed`` naming the field.
-        """
-        body = KeysRequest(list(keys), layout)
-        path = self._table(table, "/items:batchGet")
-        columns = layout == "columns"
-        answer = self._as_dict(
-            await self._call("POST", path, body=body, idempotent=True, views=columns)
-        )
-        if columns:
-            return ColumnBatch.from_answer(answer)
-        return list(answer.get("items", []))
+        """Several items in one request, in the order asked (:meth:`Items.get_many`)."""
+        return await self._items.get_many(table, keys, layout=layout)
 
     async def get_many_packed(self, table: str, keys: Iterable[str]) -> bytes:
-        """:meth:`get_many` with ``layout="columns"``, its msgpack answer left undecoded, for
-        a caller that decodes the arrays straight into buffers of its own (the GPU sidecar).
-        """
-        body = KeysRequest(list(keys), "columns")
-        path = self._table(table, "/items:batchGet")
-        packed: bytes = await self._call("POST", path, body=body, idempotent=True, raw=True)
-        return packed
+        """:meth:`get_many`'s columns, their msgpack answer undecoded
+        (:meth:`Items.get_many_packed`)."""
+        return await self._items.get_many_packed(table, keys)
+
+    async def update_priorities(
+        self, table: str, priorities: Mapping[str, float]
+    ) -> dict[str, int]:
+        """Set items' priorities (:meth:`Items.update_priorities`)."""
+        return await self._items.update_priorities(table, priorities)
+
+    async def delete(self, table: str, keys: Iterable[str]) -> int:
+        """Delete items (:meth:`Items.delete`)."""
+        return await self._items.delete(table, keys)
+
+    async def changes(
+        self, table: str, since: int, *, limit: int = 10_000, wait_ms: int = 0
+    ) -> dict[str, Any]:
+        """The table's changes after event ``since`` (:meth:`Items.changes`)."""
+        return await self._items.changes(table, since, limit=limit, wait_ms=wait_ms)
+
+    async def table_index(self, table: str) -> dict[str, Any]:
+        """The table's whole selection state (:meth:`Items.table_index`)."""
+        return await self._items.table_index(table)
+
+    # --- samples: the Samples part -----------------------------------------------------------
 
     @overload
     async def sample(
@@ -369,131 +330,17 @@ class ReplayClient(EpisodeCalls):
         where: Mapping[str, Any] | None = None,
         **window: Unpack[WindowOptions],
     ) -> list[Item] | ColumnBatch | WindowBatch:
-        """Sample a batch (``key``, ``value``, ``priority``, ``probability``, ``weight``...),
-        or windows of an episode table.
-
-        A call given any window option (:class:`~rlreplay.clients.surface.WindowOptions`)
-        samples windows of consecutive steps of an episode table and answers a
-        :class:`~rlreplay.clients.windows.WindowBatch` (``[B, W, ...]`` arrays); one given
-        none samples items (the route is the same; the options say what is asked)::
-
-            windows = await rb.sample("episodes", 64, length=80, burn_in=40)
-            transitions = await rb.sample("episodes", 256, n_step=3, next_fields=["obs"])
-
-        Args:
-            table: The table.
-            batch_size: How many items to draw.
-            timeout_ms: How long the rate limiter may hold the request (server default when
-                None, 10 s).
-            include_values: Leave values out of the answer when False.
-            layout: ``"columns"`` answers a :class:`ColumnBatch`: each field of the values
-                stacked along a new first axis, no per-item objects.
-            where: Draw only among items whose tags meet every condition (``{tag: value |
-                {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``), waiting up to
-                ``timeout_ms`` for a match.
-            **window: Window options: sample windows of an episode table.
-
-        Raises:
-            DeadlineExceeded: The rate limiter did not allow the sample in time.
-            ValidationFailed: With ``layout="columns"``, values that do not stack (naming
-                the field); the sample consumed nothing.
-            TableNotFound, ValidationFailed: As the contract says.
-            TypeError: Window options with ``layout`` or ``include_values``, or an unknown
-                option (nothing is sent).
-        """
-        if window_sample(window, layout, include_values):
-            return await self._sample_windows(table, batch_size, timeout_ms, window)
-        body = SampleRequest(
+        """Sample a batch of items, or windows of an episode table
+        (:meth:`Samples.sample <rlreplay.clients.samples.Samples.sample>`)."""
+        return await self._samples.sample(
+            table,
             batch_size,
-            DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms,
-            include_values,
-            layout,
+            timeout_ms=timeout_ms,
+            include_values=include_values,
+            layout=layout,
+            where=where,
+            **window,
         )
-        if where is not None:
-            body.where = dict(where)
-        waits_s = (timeout_ms / 1000) if timeout_ms is not None else _SERVER_SAMPLE_TIMEOUT_S
-        answer = await self._call(
-            "POST",
-            self._table(table, "/sample"),
-            body=body,
-            idempotent=False,
-            read_timeout_s=max(self._timeout_s, waits_s + _SAMPLE_TIMEOUT_MARGIN_S),
-            views=layout == "columns",
-        )
-        if layout == "columns":
-            return ColumnBatch.from_answer(answer)
-        return list(self._as_dict(answer).get("items", []))
-
-    async def changes(
-        self, table: str, since: int, *, limit: int = 10_000, wait_ms: int = 0
-    ) -> dict[str, Any]:
-        """The table's changes after event ``since`` (a long poll of up to ``wait_ms``).
-
-        Returns:
-            ``{"seq", "epoch", "events": [{"seq", "op", "key", "priority", "inserted_at"}]}``.
-
-        Raises:
-            Gone: ``since`` is older than the server keeps, or of another ``epoch``: reload
-                with :meth:`table_index`.
-        """
-        path = self._table(table, f"/changes?since={since}&limit={limit}&wait_ms={wait_ms}")
-        read_s = max(self._timeout_s, wait_ms / 1000 + _SAMPLE_TIMEOUT_MARGIN_S)
-        answer = await self._call("GET", path, idempotent=True, read_timeout_s=read_s)
-        return self._as_dict(answer)
-
-    async def table_index(self, table: str) -> dict[str, Any]:
-        """The table's whole selection state: ``{"seq", "epoch", "keys", "priorities",
-        "inserted_at"}`` (NumPy columns), oldest insert first, as of event ``seq``."""
-        return self._as_dict(await self._call("GET", self._table(table, "/index"), idempotent=True))
-
-    async def update_priorities(
-        self, table: str, priorities: Mapping[str, float]
-    ) -> dict[str, int]:
-        """Set items' priorities.
-
-        Returns:
-            ``{"updated": n, "missing": m}``: keys not in the table are skipped and counted.
-        """
-        body = PrioritiesRequest({key: float(value) for key, value in priorities.items()})
-        path = self._table(table, "/priorities")
-        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
-        return {"updated": int(answer.get("updated", 0)), "missing": int(answer.get("missing", 0))}
-
-    async def delete(self, table: str, keys: Iterable[str]) -> int:
-        """Delete items; keys not in the table are ignored.
-
-        Returns:
-            How many deletions the server accepted; 0 without a request when ``keys`` is empty.
-        """
-        body = DeleteRequest(list(keys), False, new_request_id())
-        if not body.keys:
-            return 0
-        path = self._table(table, "/items:batchDelete")
-        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
-        return int(answer.get("accepted", 0))
-
-    async def snapshot(
-        self, tables: Iterable[str] | None = None, *, timeout_s: float = 3600.0
-    ) -> dict[str, Any]:
-        """Take a snapshot to the server's backup URL; returns once it is uploaded.
-
-        Returns:
-            ``{"id", "url", "created_at", "items", "bytes", "tables"}``.
-
-        Raises:
-            NotConfigured: The server has no ``--backup-url``.
-            TableNotFound: ``tables`` names a table that does not exist.
-        """
-        body = SnapshotRequest(None if tables is None else list(tables))
-        answer = await self._call(
-            "POST", "/v1/snapshots", body=body, idempotent=False, read_timeout_s=timeout_s
-        )
-        return self._as_dict(answer)
-
-    async def snapshots(self) -> list[dict[str, Any]]:
-        """The complete snapshots at the server's backup URL, newest first."""
-        answer = self._as_dict(await self._call("GET", "/v1/snapshots", idempotent=True))
-        return list(answer.get("snapshots", []))
 
     @overload
     def stream(
@@ -538,60 +385,131 @@ class ReplayClient(EpisodeCalls):
         layout: Layout = "items",
         **window: Unpack[WindowOptions],
     ) -> AsyncIterator[list[Item] | ColumnBatch | WindowBatch]:
-        """Sample batches without end, keeping ``prefetch`` sample requests in flight.
-
-        The requests are tasks owned by the generator: while the caller works on one batch,
-        ``prefetch`` more are being fetched. Batches are yielded in the order they arrive.
-        Closing the generator cancels the requests still in flight; wrap it in
-        ``contextlib.aclosing`` so that a ``break`` closes it at once (otherwise the event
-        loop's async-generator finaliser closes it soon after it is dropped)::
-
-            async with aclosing(rb.stream("t", batch_size=64)) as batches:
-                async for batch in batches:
-                    ...
-
-        An error of any request (``DeadlineExceeded`` when the rate limiter holds samples
-        past ``timeout_ms``) ends the stream with that error.
-
-        Args:
-            table: The table.
-            batch_size: Items per batch.
-            prefetch: Sample requests kept in flight (at least 1).
-            timeout_ms: Passed to every :meth:`sample`.
-            include_values: Passed to every :meth:`sample`.
-            layout: Passed to every :meth:`sample`: ``"columns"`` yields
-                :class:`ColumnBatch` objects.
-            **window: Passed to every :meth:`sample`: window options yield
-                :class:`~rlreplay.clients.windows.WindowBatch` objects.
-
-        Yields:
-            One sampled batch at a time.
-        """
-        return sample_stream(
-            self.sample,
+        """Sample batches without end, ``prefetch`` requests in flight
+        (:meth:`Samples.stream <rlreplay.clients.samples.Samples.stream>`)."""
+        return self._samples.stream(
             table,
             batch_size=batch_size,
             prefetch=prefetch,
             timeout_ms=timeout_ms,
             include_values=include_values,
             layout=layout,
-            window=window,
+            **window,
         )
 
-    # --- service ----------------------------------------------------------------------------
+    # --- rollout tables: the Rollouts part ---------------------------------------------------
 
-    async def health(self) -> bool:
-        """Whether the server answers ``GET /healthz`` with 2xx (one attempt, no retries).
+    async def patch(
+        self,
+        table: str,
+        items: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = False,
+    ) -> dict[str, int]:
+        """Set fields of existing items' values, keeping the others
+        (:meth:`Rollouts.patch <rlreplay.clients.rollouts.Rollouts.patch>`)."""
+        return await self._rollouts.patch(table, items, wait=wait)
 
-        Raises:
-            WrongEventLoop: Called from another event loop than the client's first call.
-        """
-        self._on_own_loop()
-        try:
-            response = await self._http.get("/healthz")
-        except httpx.HTTPError:
-            return False
-        return response.is_success
+    async def claim(
+        self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
+    ) -> Lease:
+        """Claim the oldest items ready for a task under a lease (:meth:`Rollouts.claim`)."""
+        return await self._rollouts.claim(table, partial=partial, **options)
+
+    def consume(
+        self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
+    ) -> AsyncGenerator[LeaseBase, None]:
+        """Leases one after another, ``prefetch`` claims in flight (:meth:`Rollouts.consume`)."""
+        return self._rollouts.consume(table, prefetch=prefetch, **options)
+
+    async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
+        """Move the table's policy version forward (:meth:`Rollouts.set_version`)."""
+        return await self._rollouts.set_version(table, version, force=force)
+
+    async def reserve(
+        self,
+        table: str,
+        count: int,
+        *,
+        version: int,
+        wait_ms: int = 10_000,
+        ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+    ) -> Reservation:
+        """Reserve slots before generating rollouts (:meth:`Rollouts.reserve`)."""
+        return await self._rollouts.reserve(
+            table, count, version=version, wait_ms=wait_ms, ttl_s=ttl_s
+        )
+
+    async def return_reservation(self, table: str, reservation: str) -> int:
+        """Return a reservation's unfilled slots (:meth:`Rollouts.return_reservation`)."""
+        return await self._rollouts.return_reservation(table, reservation)
+
+    async def tasks(self, table: str) -> dict[str, Any]:
+        """Each task's counts and the table's version (:meth:`Rollouts.tasks`)."""
+        return await self._rollouts.tasks(table)
+
+    # --- episode tables: the Episodes part ---------------------------------------------------
+
+    async def append_steps(
+        self,
+        table: str,
+        episode: str,
+        steps: Mapping[str, Any],
+        *,
+        start: int,
+        priorities: Any = None,
+        end: EndReason | None = None,
+        final: Mapping[str, Any] | None = None,
+        wait: bool = False,
+    ) -> int:
+        """Append steps to an episode
+        (:meth:`Episodes.append_steps <rlreplay.clients.episodes.Episodes.append_steps>`)."""
+        return await self._episodes.append_steps(
+            table,
+            episode,
+            steps,
+            start=start,
+            priorities=priorities,
+            end=end,
+            final=final,
+            wait=wait,
+        )
+
+    def episode_writer(self, table: str, *, max_in_flight: int = 8) -> EpisodeWriter:
+        """A pipelined writer of episodes (:meth:`Episodes.episode_writer`)."""
+        return self._episodes.episode_writer(table, max_in_flight=max_in_flight)
+
+    async def get_episode(
+        self, table: str, episode: str, start: int | None = None, stop: int | None = None
+    ) -> Episode | None:
+        """An episode's steps, length and end, or None (:meth:`Episodes.get_episode`)."""
+        return await self._episodes.get_episode(table, episode, start, stop)
+
+    async def delete_episode(self, table: str, episode: str) -> None:
+        """Delete an episode and its steps (:meth:`Episodes.delete_episode`)."""
+        await self._episodes.delete_episode(table, episode)
+
+    async def update_window_priorities(
+        self, table: str, windows: Iterable[WindowStart], *, eta: float | None = None
+    ) -> dict[str, int]:
+        """Set the priorities of window starts (:meth:`Episodes.update_window_priorities`)."""
+        return await self._episodes.update_window_priorities(table, windows, eta=eta)
+
+    # --- one request of this server, as the sharded client sends its parts ------------------
+
+    async def _push_body(self, table: str, body: PushRequest | ColumnsPushRequest) -> int:
+        return await self._items.push_body(table, body)
+
+    async def _append(self, table: str, episode: str, body: EpisodeStepsRequest) -> int:
+        return await self._episodes.append_body(table, episode, body)
+
+    async def _claim(self, table: str, body: ClaimRequest) -> Lease:
+        return await self._rollouts.claim_body(table, body)
+
+    async def _sample_windows(
+        self, table: str, batch_size: int, timeout_ms: int | None, window: WindowOptions
+    ) -> WindowBatch:
+        return await self._samples.sample_windows(table, batch_size, timeout_ms, window)
 
 
 if TYPE_CHECKING:  # mypy checks that the client has every shared call, as declared

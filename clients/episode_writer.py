@@ -32,7 +32,6 @@ raises. Other episodes go on. Exiting the ``async with`` block flushes.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -45,6 +44,7 @@ from rlreplay.clients.episode_bodies import (
     PendingAppend,
     pending_append,
 )
+from rlreplay.clients.in_flight import InFlight
 from rlreplay.wire.codec import packb
 from rlreplay.wire.episode_schemas import EpisodeStepsRequest
 
@@ -61,38 +61,34 @@ class _Append:
     episode: str
     start: int
     pending: PendingAppend
-    #: True once sent; False when dropped before it was (the block exited, or an earlier
-    #: append of its episode failed).
-    sent: asyncio.Future[bool]
 
 
 class EpisodeWriter:
     """Appends steps to episodes, several appends in flight, in order within each episode
     (see the module).
 
+    The appends are sent by an :class:`~rlreplay.clients.in_flight.InFlight` it holds, each
+    keyed by its episode, so one of an episode with an append in flight waits while appends
+    of other episodes pass it.
+
     Args:
-        send: Sends one append (:meth:`ReplayClient.episode_writer
-            <rlreplay.clients.client.ReplayClient.episode_writer>` passes the client's).
+        send: Sends one append (:meth:`Episodes.episode_writer
+            <rlreplay.clients.episodes.Episodes.episode_writer>` passes the client's).
         max_in_flight: Appends in flight at most (at least 1).
     """
 
     def __init__(self, send: Send, *, max_in_flight: int = 8) -> None:
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-            raise TypeError(f"max_in_flight ({max_in_flight!r}) must be an int")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight ({max_in_flight}) must be >= 1")
         self._send = send
-        self._max_in_flight = max_in_flight
+        self._appends: InFlight[_Append] = InFlight(
+            self._send_append,
+            max_in_flight=max_in_flight,
+            in_order=False,
+            failed=self._failed_append,
+            owner="the episode writer",
+            jobs="appends",
+        )
         self._next: dict[str, int] = {}  # the next step of each episode being written
-        # Appends not sent yet, in the order made; one of an episode with an append in
-        # flight waits, and appends of other episodes may pass it.
-        self._queued: list[_Append] = []
-        self._in_flight: dict[asyncio.Task[int], str] = {}
         self._failed: dict[str, BaseException] = {}
-        self._errors: list[BaseException] = []
-        self._closed = False
-        #: Steps the server has accepted so far.
-        self.appended = 0
 
     async def __aenter__(self) -> Self:
         return self
@@ -108,21 +104,17 @@ class EpisodeWriter:
         cancelled or interrupted, cancels the appends in flight: their steps may or may not
         be stored (a later append with the same steps at the same start is then accepted
         as a retry)."""
-        self._closed = True
-        if exc is None:
-            try:
-                await self.flush()
-            except BaseException as error:
-                if not isinstance(error, Exception):
-                    await self._abort(cancel=True)
-                raise
-        else:
-            await self._abort(cancel=not isinstance(exc, Exception))
+        await self._appends.close(exc)
+
+    @property
+    def appended(self) -> int:
+        """Steps the server has accepted so far."""
+        return self._appends.accepted
 
     @property
     def in_flight(self) -> int:
         """Appends sent and not answered yet."""
-        return len(self._in_flight)
+        return self._appends.in_flight
 
     def next_start(self, episode: str) -> int:
         """The number the episode's next appended step gets (0 for one new to the writer
@@ -155,8 +147,8 @@ class EpisodeWriter:
             RuntimeError: The block has exited, or an earlier append of this episode failed
                 (the episode has a gap).
         """
-        self._check_open()
-        self._raise_error()
+        self._appends.check_open()
+        self._appends.raise_error()
         self._check_episode(episode)
         pending = pending_append(steps, priorities=priorities)
         await self._queue(episode, pending, start)
@@ -175,10 +167,11 @@ class EpisodeWriter:
         Raises:
             As :meth:`append`; ValidationFailed for an unknown ``reason``.
         """
-        self._check_open()
-        self._raise_error()
+        self._appends.check_open()
+        self._appends.raise_error()
         self._check_episode(episode)
-        waiting = next((a for a in reversed(self._queued) if a.episode == episode), None)
+        queued = self._appends.queued()
+        waiting = next((a for a in reversed(queued) if a.episode == episode), None)
         if waiting is not None:
             waiting.pending = waiting.pending.ended(reason, final)
             self._next.pop(episode, None)
@@ -193,84 +186,34 @@ class EpisodeWriter:
         Raises:
             ReplayError: An append failed (the first error; how many more failed noted).
         """
-        # A queued append waits only for appends in flight, so this drains the queue too.
-        while self._in_flight:
-            await asyncio.wait(set(self._in_flight))
-        if self._errors:
-            first, *others = self._errors
-            self._errors.clear()
-            if others:
-                first.add_note(f"{len(others)} more appends failed too")
-            raise first
+        await self._appends.flush()
 
     async def _queue(self, episode: str, pending: PendingAppend, start: int | None) -> None:
         first = self._next.get(episode, 0) if start is None else start
         pending.body(first)  # a bad start raises here, before anything is queued
         self._next[episode] = first + pending.count
-        queued = _Append(episode, first, pending, asyncio.get_running_loop().create_future())
-        self._queued.append(queued)
-        self._send_queued()
-        if not await queued.sent:
+        sent = self._appends.queue(_Append(episode, first, pending), frozenset((episode,)))
+        if not await sent:
             if episode in self._failed:
                 raise RuntimeError(
                     f"episode {episode!r}: an earlier append failed, so these steps were not sent"
                 ) from self._failed[episode]
             raise RuntimeError("the writer's async with block exited before this was sent")
 
-    def _send_queued(self) -> None:
-        """Send the queued appends, oldest first, whose episode has none in flight, while a
-        slot is free; called whenever an append is queued or answered."""
-        busy = set(self._in_flight.values())
-        for queued in list(self._queued):
-            if len(self._in_flight) >= self._max_in_flight:
-                return
-            if queued.episode in busy:
-                continue
-            self._queued.remove(queued)
-            task = asyncio.create_task(self._push(queued))
-            self._in_flight[task] = queued.episode
-            busy.add(queued.episode)
-            task.add_done_callback(self._answered)
-            if not queued.sent.done():  # done: its caller was cancelled; it goes anyway
-                queued.sent.set_result(True)
+    async def _send_append(self, queued: _Append) -> int:
+        return await self._send(queued.episode, queued.pending.body(queued.start))
 
-    def _answered(self, task: asyncio.Task[int]) -> None:
-        del self._in_flight[task]
-        self._send_queued()
-
-    async def _push(self, queued: _Append) -> int:
-        episode, body = queued.episode, queued.pending.body(queued.start)
-        try:
-            accepted = await self._send(episode, body)
-        except Exception as exc:  # not swallowed: the next call raises it
-            exc.add_note(
-                f"the episode writer's append of steps {queued.start} to "
-                f"{queued.start + queued.pending.count - 1} of episode {episode!r} failed"
-            )
-            self._errors.append(exc)
-            self._failed[episode] = exc
-            self._next.pop(episode, None)
-            for later in [a for a in self._queued if a.episode == episode]:
-                self._queued.remove(later)
-                if not later.sent.done():
-                    later.sent.set_result(False)
-            return 0
-        self.appended += accepted
-        return accepted
-
-    async def _abort(self, *, cancel: bool) -> None:
-        """Send nothing more; wait for the appends in flight, or cancel them first."""
-        while self._queued:
-            sent = self._queued.pop(0).sent
-            if not sent.done():
-                sent.set_result(False)
-        tasks = set(self._in_flight)
-        if cancel:
-            for task in tasks:
-                task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        self._errors.clear()
+    def _failed_append(self, queued: _Append, exc: Exception) -> None:
+        """The append failed: its episode has a gap, and its appends queued behind it are
+        dropped."""
+        episode = queued.episode
+        exc.add_note(
+            f"the episode writer's append of steps {queued.start} to "
+            f"{queued.start + queued.pending.count - 1} of episode {episode!r} failed"
+        )
+        self._failed[episode] = exc
+        self._next.pop(episode, None)
+        self._appends.drop(lambda later: later.episode == episode)
 
     def _check_episode(self, episode: str) -> None:
         if not isinstance(episode, str) or not episode:
@@ -280,11 +223,3 @@ class EpisodeWriter:
                 f"episode {episode!r}: an earlier append failed, leaving a gap; write "
                 "its steps again under another name"
             ) from self._failed[episode]
-
-    def _raise_error(self) -> None:
-        if self._errors:
-            raise self._errors.pop(0)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("the episode writer's async with block has exited")

@@ -14,10 +14,11 @@ Every append carries a fresh ``request_id``, which its retries reuse: an append 
 server took and whose answer was lost is answered again as it was, not applied twice. Steps
 are the server's numbering within the episode; ``start`` says where the steps given begin,
 so that a writer that lost track is told (``StepConflict``, whose message gives the
-episode's length) rather than leaving a gap. :meth:`EpisodeCalls.episode_writer` keeps
+episode's length) rather than leaving a gap. :meth:`Episodes.episode_writer` keeps
 track for the caller and keeps several appends in flight.
 
-Sampling windows goes through ``sample`` and ``stream``: a call given any of the
+Sampling windows goes through ``sample`` and ``stream``
+(:class:`~rlreplay.clients.samples.Samples`): a call given any of the
 :class:`~rlreplay.clients.surface.WindowOptions` (``length``, ``n_step``, ``burn_in``...)
 is a window sample and answers a :class:`~rlreplay.clients.windows.WindowBatch`.
 """
@@ -26,26 +27,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from rlreplay.clients.episode_bodies import (
     EndReason,
     WindowStart,
     pending_append,
     priorities_body,
-    window_request,
 )
 from rlreplay.clients.episode_writer import EpisodeWriter
-from rlreplay.clients.requester import path_segment
-from rlreplay.clients.rollouts import RolloutCalls, new_request_id
-from rlreplay.clients.surface import WindowOptions
-from rlreplay.clients.windows import WindowBatch
+from rlreplay.clients.requester import Requester, answer_map, path_segment, table_path
+from rlreplay.clients.rollouts import new_request_id
 from rlreplay.wire.episode_schemas import EpisodeStepsRequest
 from rlreplay.wire.errors import ItemNotFound
 
-__all__ = ["Episode", "EpisodeCalls"]
+__all__ = ["Episode", "Episodes", "episode_path"]
 
-_SAMPLE_TIMEOUT_MARGIN_S: Final = 5.0
+
+def episode_path(table: str, episode: str, rest: str = "") -> str:
+    """The path of ``episode`` of ``table``, and ``rest`` after it."""
+    return table_path(table, "/episodes/" + path_segment(episode, "episode") + rest)
 
 
 @dataclass(slots=True)
@@ -75,8 +76,17 @@ class Episode:
         return 0
 
 
-class EpisodeCalls(RolloutCalls):
-    """Episode-table calls of :class:`~rlreplay.clients.client.ReplayClient`."""
+class Episodes:
+    """The episode-table calls of :class:`~rlreplay.clients.client.ReplayClient`: appends
+    (one by one, or pipelined by an :class:`EpisodeWriter`), reads and deletes of episodes,
+    window priorities.
+
+    Args:
+        requester: Sends the calls to the server.
+    """
+
+    def __init__(self, requester: Requester) -> None:
+        self._requester = requester
 
     async def append_steps(
         self,
@@ -115,15 +125,15 @@ class EpisodeCalls(RolloutCalls):
             TableNotFound, Overloaded: As the contract says.
         """
         pending = pending_append(steps, priorities=priorities, end=end, final=final)
-        return await self._append(table, episode, pending.body(start, wait=wait))
+        return await self.append_body(table, episode, pending.body(start, wait=wait))
 
-    async def _append(self, table: str, episode: str, body: EpisodeStepsRequest) -> int:
+    async def append_body(self, table: str, episode: str, body: EpisodeStepsRequest) -> int:
         """One append (the episode writers send theirs here)."""
         body.request_id = new_request_id()  # its retries reuse it: an append applies once
-        answer = await self._call(
-            "POST", self._episode(table, episode, "/steps"), body=body, idempotent=True
+        answer = await self._requester.call(
+            "POST", episode_path(table, episode, "/steps"), body=body, idempotent=True
         )
-        counts = self._as_dict(answer)
+        counts = answer_map(answer)
         return int(counts.get("committed", counts.get("accepted", 0)))
 
     def episode_writer(self, table: str, *, max_in_flight: int = 8) -> EpisodeWriter:
@@ -139,7 +149,7 @@ class EpisodeCalls(RolloutCalls):
         """
 
         async def send(episode: str, body: EpisodeStepsRequest) -> int:
-            return await self._append(table, episode, body)
+            return await self.append_body(table, episode, body)
 
         return EpisodeWriter(send, max_in_flight=max_in_flight)
 
@@ -160,9 +170,11 @@ class EpisodeCalls(RolloutCalls):
             for name, value in (("start", start), ("stop", stop))
             if value is not None
         )
-        path = self._episode(table, episode, "?" + query if query else "")
+        path = episode_path(table, episode, "?" + query if query else "")
         try:
-            answer = self._as_dict(await self._call("GET", path, idempotent=True, views=True))
+            answer = answer_map(
+                await self._requester.call("GET", path, idempotent=True, views=True)
+            )
         except ItemNotFound:
             return None
         final = answer.get("final")
@@ -181,7 +193,7 @@ class EpisodeCalls(RolloutCalls):
         Raises:
             TableNotFound: No such table.
         """
-        await self._call("DELETE", self._episode(table, episode), idempotent=True)
+        await self._requester.call("DELETE", episode_path(table, episode), idempotent=True)
 
     async def update_window_priorities(
         self,
@@ -206,25 +218,6 @@ class EpisodeCalls(RolloutCalls):
         body = priorities_body(windows, eta)
         if not body.windows:
             return {"updated": 0, "missing": 0}
-        path = self._table(table, "/priorities")
-        answer = self._as_dict(await self._call("POST", path, body=body, idempotent=True))
+        path = table_path(table, "/priorities")
+        answer = answer_map(await self._requester.call("POST", path, body=body, idempotent=True))
         return {"updated": int(answer.get("updated", 0)), "missing": int(answer.get("missing", 0))}
-
-    async def _sample_windows(
-        self, table: str, batch_size: int, timeout_ms: int | None, window: WindowOptions
-    ) -> WindowBatch:
-        """A window sample of this server (``sample`` with window options)."""
-        body = window_request(batch_size, timeout_ms, window)
-        waits_s = body.timeout_ms / 1000
-        answer = await self._call(
-            "POST",
-            self._table(table, "/sample"),
-            body=body,
-            idempotent=False,
-            read_timeout_s=max(self._timeout_s, waits_s + _SAMPLE_TIMEOUT_MARGIN_S),
-            views=True,
-        )
-        return WindowBatch.from_answer(answer)
-
-    def _episode(self, table: str, episode: str, rest: str = "") -> str:
-        return self._table(table, "/episodes/" + path_segment(episode, "episode") + rest)

@@ -26,7 +26,7 @@ from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.compression import MIN_BYTES, ZSTD, compress
 from rlreplay.wire.errors import Overloaded, ReplayError, Unavailable, error_from_body
 
-__all__ = ["MSGPACK", "Requester", "path_segment"]
+__all__ = ["MSGPACK", "Requester", "answer_map", "path_segment", "table_path"]
 
 MSGPACK: Final = "application/msgpack"
 _USER_AGENT: Final = "rlreplay-client/0.1"
@@ -50,9 +50,25 @@ def path_segment(value: str, what: str) -> str:
     return quote(value, safe="")
 
 
+def table_path(name: str, rest: str = "") -> str:
+    """The path of table ``name``, and ``rest`` after it."""
+    return "/v1/tables/" + path_segment(name, "table name") + rest
+
+
+def answer_map(answer: Any) -> dict[str, Any]:
+    """``answer`` when it is a map, else :class:`ReplayError`."""
+    if not isinstance(answer, dict):
+        raise ReplayError(f"expected a map in the answer, got {type(answer).__name__}")
+    return answer
+
+
 class Requester:
-    """The connection pool of one server and the sending of requests to it (the arguments
-    are :class:`~rlreplay.clients.client.ReplayClient`'s)."""
+    """The connection pool of one server and the sending of requests to it.
+
+    :class:`~rlreplay.clients.client.ReplayClient` holds one and hands it to each of its
+    parts (tables, items, samples, rollouts, episodes), which send their calls through
+    :meth:`call`. The arguments are ``ReplayClient``'s.
+    """
 
     def __init__(
         self,
@@ -148,9 +164,24 @@ class Requester:
         """Close the connection pool; calling it again does nothing."""
         await self._http.aclose()
 
-    @staticmethod
-    def _table(name: str, rest: str = "") -> str:
-        return "/v1/tables/" + path_segment(name, "table name") + rest
+    @property
+    def timeout_s(self) -> float:
+        """The timeout of one attempt; calls that wait on the server stretch their read
+        timeout past it."""
+        return self._timeout_s
+
+    async def health(self) -> bool:
+        """Whether the server answers ``GET /healthz`` with 2xx (one attempt, no retries).
+
+        Raises:
+            WrongEventLoop: Called from another event loop than the client's first call.
+        """
+        self.check_loop()
+        try:
+            response = await self._http.get("/healthz")
+        except httpx.HTTPError:
+            return False
+        return response.is_success
 
     def _url(self, path: str) -> httpx.URL:
         """``path`` under the base URL, as httpx would merge it (cached)."""
@@ -163,18 +194,12 @@ class Requester:
             url = self._urls[path] = base.copy_with(raw_path=raw_path)
         return url
 
-    @staticmethod
-    def _as_dict(answer: Any) -> dict[str, Any]:
-        if not isinstance(answer, dict):
-            raise ReplayError(f"expected a map in the answer, got {type(answer).__name__}")
-        return answer
-
-    def _on_own_loop(self) -> None:
+    def check_loop(self) -> None:
         """Raise :class:`WrongEventLoop` unless called from the loop of the first call."""
         if asyncio.get_running_loop() is not self._loop:
-            self._loop = bound_loop(self._loop, type(self).__name__)
+            self._loop = bound_loop(self._loop, "ReplayClient")
 
-    async def _call(
+    async def call(
         self,
         method: str,
         path: str,
@@ -193,7 +218,7 @@ class Requester:
         Raises:
             WrongEventLoop: Called from another event loop than the first call (nothing sent).
         """
-        self._on_own_loop()
+        self.check_loop()
         content = None if body is None else encode_body(body)
         coded = self._zstd and content is not None and len(content) >= MIN_BYTES
         if coded:

@@ -27,7 +27,7 @@ from typing import Any, Final, Self, Unpack
 import msgspec
 from msgspec import UNSET
 
-from rlreplay.clients.requester import Requester
+from rlreplay.clients.requester import Requester, answer_map, table_path
 from rlreplay.clients.surface import ClaimOptions
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import DeadlineExceeded
@@ -44,7 +44,7 @@ __all__ = [
     "Lease",
     "LeaseBase",
     "Reservation",
-    "RolloutCalls",
+    "Rollouts",
     "claim_request",
     "consume_leases",
     "new_request_id",
@@ -122,8 +122,8 @@ class Lease(LeaseBase):
             fields asked for.
     """
 
-    def __init__(self, client: RolloutCalls, table: str, answer: Mapping[str, Any]) -> None:
-        self._client = client
+    def __init__(self, rollouts: Rollouts, table: str, answer: Mapping[str, Any]) -> None:
+        self._rollouts = rollouts
         self.table = table
         self.id: str = str(answer.get("lease", ""))
         self.expires_at: float = float(answer.get("expires_at", 0.0))
@@ -143,7 +143,7 @@ class Lease(LeaseBase):
         """
         if not self.id:
             return 0
-        answer = await self._client._lease_call(self.table, self.id, ":ack", keys)
+        answer = await self._rollouts.lease_call(self.table, self.id, ":ack", keys)
         if keys is None:
             self.done = True
         return int(answer.get("acked", 0))
@@ -152,7 +152,7 @@ class Lease(LeaseBase):
         """The items (all when ``keys`` is None) are ready for the task again."""
         if not self.id:
             return 0
-        answer = await self._client._lease_call(self.table, self.id, ":release", keys)
+        answer = await self._rollouts.lease_call(self.table, self.id, ":release", keys)
         if keys is None:
             self.done = True
         return int(answer.get("released", 0))
@@ -254,8 +254,16 @@ async def consume_leases(
                 await leftover.release()
 
 
-class RolloutCalls(Requester):
-    """Rollout-table calls of :class:`~rlreplay.clients.client.ReplayClient`."""
+class Rollouts:
+    """The rollout-table calls of :class:`~rlreplay.clients.client.ReplayClient`: patches,
+    claims and their leases, policy versions, reservations.
+
+    Args:
+        requester: Sends the calls to the server.
+    """
+
+    def __init__(self, requester: Requester) -> None:
+        self._requester = requester
 
     async def patch(
         self,
@@ -295,10 +303,10 @@ class RolloutCalls(Requester):
             wait,
             new_request_id(),
         )
-        answer = await self._call(
-            "POST", self._table(table, "/items:patch"), body=body, idempotent=True
+        answer = await self._requester.call(
+            "POST", table_path(table, "/items:patch"), body=body, idempotent=True
         )
-        return {k: int(v) for k, v in self._as_dict(answer).items()}
+        return {k: int(v) for k, v in answer_map(answer).items()}
 
     async def claim(
         self, table: str, *, partial: bool = False, **options: Unpack[ClaimOptions]
@@ -317,18 +325,20 @@ class RolloutCalls(Requester):
             DeadlineExceeded: ``batch_size`` items were not ready within ``wait_ms`` (and
                 ``partial`` is False).
         """
-        return await self._claim(table, claim_request(options, partial=partial))
+        return await self.claim_body(table, claim_request(options, partial=partial))
 
-    async def _claim(self, table: str, body: ClaimRequest) -> Lease:
+    async def claim_body(self, table: str, body: ClaimRequest) -> Lease:
         """One claim of this server (the sharded client sends its own requests here)."""
-        answer = await self._call(
+        answer = await self._requester.call(
             "POST",
-            self._table(table, "/claim"),
+            table_path(table, "/claim"),
             body=body,
             idempotent=False,
-            read_timeout_s=max(self._timeout_s, body.wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S),
+            read_timeout_s=max(
+                self._requester.timeout_s, body.wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S
+            ),
         )
-        return Lease(self, table, self._as_dict(answer))
+        return Lease(self, table, answer_map(answer))
 
     def consume(
         self, table: str, *, prefetch: int = 1, **options: Unpack[ClaimOptions]
@@ -348,12 +358,13 @@ class RolloutCalls(Requester):
 
         return consume_leases(claim, prefetch)
 
-    async def _lease_call(
+    async def lease_call(
         self, table: str, lease: str, action: str, keys: Sequence[str] | None
     ) -> dict[str, Any]:
-        path = self._table(table, "/leases/") + lease + action
+        """Acknowledge (``action`` ``":ack"``) or release (``":release"``) a lease's keys."""
+        path = table_path(table, "/leases/") + lease + action
         body = LeaseKeysRequest(UNSET if keys is None else list(keys))
-        return self._as_dict(await self._call("POST", path, body=body, idempotent=True))
+        return answer_map(await self._requester.call("POST", path, body=body, idempotent=True))
 
     async def set_version(self, table: str, version: int, *, force: bool = False) -> dict[str, int]:
         """Move the table's policy version forward (``VersionConflict`` if it is lower).
@@ -368,13 +379,13 @@ class RolloutCalls(Requester):
         Returns:
             ``{"version", "dropped_stale"}``.
         """
-        answer = await self._call(
+        answer = await self._requester.call(
             "PUT",
-            self._table(table, "/version"),
+            table_path(table, "/version"),
             body=VersionRequest(version, force=True if force else UNSET),
             idempotent=True,
         )
-        return {k: int(v) for k, v in self._as_dict(answer).items()}
+        return {k: int(v) for k, v in answer_map(answer).items()}
 
     async def reserve(
         self,
@@ -395,24 +406,26 @@ class RolloutCalls(Requester):
             DeadlineExceeded: No slot came free within ``wait_ms``.
             VersionConflict: ``version`` is outside the table's staleness window.
         """
-        answer = await self._call(
+        answer = await self._requester.call(
             "POST",
-            self._table(table, "/reservations"),
+            table_path(table, "/reservations"),
             body=ReservationRequest(count, version, wait_ms, ttl_s),
             idempotent=False,
-            read_timeout_s=max(self._timeout_s, wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S),
+            read_timeout_s=max(self._requester.timeout_s, wait_ms / 1000 + _CLAIM_TIMEOUT_MARGIN_S),
         )
-        got = self._as_dict(answer)
+        got = answer_map(answer)
         return Reservation(str(got["reservation"]), int(got["granted"]), float(got["expires_at"]))
 
     async def return_reservation(self, table: str, reservation: str) -> int:
         """Return a reservation's unfilled slots; how many (``LeaseNotFound`` once it is
         not live: filled, returned or expired)."""
-        path = self._table(table, "/reservations/") + reservation
-        answer = self._as_dict(await self._call("DELETE", path, idempotent=True))
+        path = table_path(table, "/reservations/") + reservation
+        answer = answer_map(await self._requester.call("DELETE", path, idempotent=True))
         return int(answer.get("returned", 0))
 
     async def tasks(self, table: str) -> dict[str, Any]:
         """``{"tasks": {name: {"ready", "leased", "acked", "expired"}}, "version",
         "dropped_stale", "reserved"}``."""
-        return self._as_dict(await self._call("GET", self._table(table, "/tasks"), idempotent=True))
+        return answer_map(
+            await self._requester.call("GET", table_path(table, "/tasks"), idempotent=True)
+        )

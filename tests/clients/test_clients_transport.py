@@ -535,7 +535,7 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_replay_client_picks_the_lean_transport_for_http_only() -> None:
     def transport_of(rb: ReplayClient) -> object:
-        return rb._http._transport
+        return rb._requester._http._transport
 
     assert isinstance(transport_of(ReplayClient("http://127.0.0.1:1")), LeanTransport)
     assert not isinstance(

@@ -1,17 +1,16 @@
 """``consume`` over scripted claims: the order leases come in, and when each is acknowledged.
 
-The claims are a script (each answers when the test says), so these tests pin down the
-loop's own decisions, whatever the server's timing.
+The claims are a script (each answers when the test says) given to
+:func:`~rlreplay.clients.rollouts.consume_leases`, the loop behind every client's
+``consume``, so these tests pin down the loop's own decisions, whatever the server's timing.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
-from rlreplay.clients import ReplayClient
-from rlreplay.clients.rollouts import LeaseBase
+from rlreplay.clients.rollouts import LeaseBase, consume_leases
 
 
 class ScriptedLease(LeaseBase):
@@ -31,15 +30,14 @@ class ScriptedLease(LeaseBase):
         return 1
 
 
-class ScriptedClaims(ReplayClient):
-    """A client whose n-th claim answers the n-th future of ``answers``."""
+class ScriptedClaims:
+    """Claims whose n-th answers the n-th future of ``answers``."""
 
     def __init__(self, answers: list[asyncio.Future[ScriptedLease]]) -> None:
-        super().__init__("http://replay.test")
         self.answers = answers
         self.claims = 0
 
-    async def claim(self, table: str, **options: Any) -> ScriptedLease:  # type: ignore[override]
+    async def claim(self) -> LeaseBase:
         self.claims += 1
         return await self.answers[self.claims - 1]
 
@@ -56,12 +54,12 @@ async def test_a_prefetched_claim_answered_first_comes_first() -> None:
     for items; the later one's lease comes at once, not after the earlier one's wait."""
     a, c = ScriptedLease("a"), ScriptedLease("c")
     waiting = answered()  # answers only when new items come: never, here
-    async with ScriptedClaims([answered(a), waiting, answered(c)]) as rb:
-        batches = rb.consume("t", task="trainer", batch_size=1, prefetch=2)
-        assert await anext(batches) is a
-        async with asyncio.timeout(5):
-            assert await anext(batches) is c
-        await batches.aclose()
+    script = ScriptedClaims([answered(a), waiting, answered(c)])
+    batches = consume_leases(script.claim, prefetch=2)
+    assert await anext(batches) is a
+    async with asyncio.timeout(5):
+        assert await anext(batches) is c
+    await batches.aclose()
     assert a.acked and c.released and not c.acked
     assert waiting.cancelled()
 
@@ -71,14 +69,14 @@ async def test_the_lease_in_hand_is_acked_when_the_next_is_asked_for() -> None:
     lease lasts)."""
     a, b = ScriptedLease("a"), ScriptedLease("b")
     later = answered()
-    async with ScriptedClaims([answered(a), later]) as rb:
-        batches = rb.consume("t", task="trainer", batch_size=1)
-        assert await anext(batches) is a
-        asking = asyncio.ensure_future(anext(batches))
-        for _ in range(10):  # let the loop run up to its wait for the claim
-            await asyncio.sleep(0)
-        assert a.acked and not asking.done()
-        later.set_result(b)
-        assert await asking is b
-        await batches.aclose()
+    script = ScriptedClaims([answered(a), later])
+    batches = consume_leases(script.claim, prefetch=1)
+    assert await anext(batches) is a
+    asking = asyncio.ensure_future(anext(batches))
+    for _ in range(10):  # let the loop run up to its wait for the claim
+        await asyncio.sleep(0)
+    assert a.acked and not asking.done()
+    later.set_result(b)
+    assert await asking is b
+    await batches.aclose()
     assert b.released and not b.acked
