@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self
 
+from rlreplay.clients.blocking_writer import BlockingWriter
 from rlreplay.clients.episode_bodies import EndReason
 from rlreplay.clients.episode_writer import EpisodeWriter
 from rlreplay.clients.loop_thread import LoopThread
@@ -24,7 +25,8 @@ class SyncEpisodeWriter:
             w.end("ep-1", "terminated")
 
     Its appends stay in flight on the loop thread while the caller goes on; leaving the
-    ``with`` block flushes (the order and error rules are the async writer's).
+    ``with`` block flushes (the order and error rules are the async writer's). The calls go
+    through the :class:`~rlreplay.clients.blocking_writer.BlockingWriter` it holds.
 
     Args:
         loop: The client's loop thread.
@@ -32,22 +34,21 @@ class SyncEpisodeWriter:
     """
 
     def __init__(self, loop: LoopThread, writer: EpisodeWriter) -> None:
-        self._loop = loop
-        self._writer = writer
+        self._blocking = BlockingWriter(loop, writer)
+
+    def next_start(self, episode: str) -> int:
+        """The number the episode's next appended step gets."""
+        return self._blocking.writer.next_start(episode)
 
     @property
     def appended(self) -> int:
         """Steps the server has accepted so far."""
-        return self._writer.appended
+        return self._blocking.writer.appended
 
     @property
     def in_flight(self) -> int:
         """Appends sent and not answered yet."""
-        return self._writer.in_flight
-
-    def next_start(self, episode: str) -> int:
-        """The number the episode's next appended step gets."""
-        return self._writer.next_start(episode)
+        return self._blocking.in_flight
 
     def append(
         self,
@@ -59,18 +60,19 @@ class SyncEpisodeWriter:
     ) -> None:
         """Append steps to ``episode``, numbered after its previous ones
         (:meth:`EpisodeWriter.append <rlreplay.clients.episode_writer.EpisodeWriter.append>`)."""
-        self._loop.run(self._writer.append(episode, steps, priorities=priorities, start=start))
+        writer = self._blocking.writer
+        self._blocking.run(writer.append(episode, steps, priorities=priorities, start=start))
 
     def end(
         self, episode: str, reason: EndReason, *, final: Mapping[str, Any] | None = None
     ) -> None:
         """Close ``episode`` after the steps appended so far
         (:meth:`EpisodeWriter.end <rlreplay.clients.episode_writer.EpisodeWriter.end>`)."""
-        self._loop.run(self._writer.end(episode, reason, final=final))
+        self._blocking.run(self._blocking.writer.end(episode, reason, final=final))
 
     def flush(self) -> None:
         """Return once every append made so far is answered."""
-        self._loop.run(self._writer.flush())
+        self._blocking.flush()
 
     def __enter__(self) -> Self:
         return self
@@ -81,4 +83,4 @@ class SyncEpisodeWriter:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._loop.run(self._writer.__aexit__(exc_type, exc, traceback))
+        self._blocking.end_block(exc_type, exc, traceback)
