@@ -11,13 +11,20 @@ import typing
 
 import httpx
 
+from rlreplay.clients.blocking_writer import BlockingWriter
 from rlreplay.clients.client import ReplayClient
+from rlreplay.clients.episode_writer import EpisodeWriter
 from rlreplay.clients.episodes import Episodes
+from rlreplay.clients.in_flight import InFlight
 from rlreplay.clients.items import Items
+from rlreplay.clients.loop_thread import LoopThread
 from rlreplay.clients.requester import Requester
 from rlreplay.clients.rollouts import Rollouts
 from rlreplay.clients.samples import Samples
+from rlreplay.clients.sync_episode_writer import SyncEpisodeWriter
+from rlreplay.clients.sync_writer import SyncWriter
 from rlreplay.clients.tables import Tables
+from rlreplay.clients.writer import Writer
 from tests.clients.replay_fake import FakeServer
 
 #: Each part's calls, as the client forwards them (client name -> part name).
@@ -119,3 +126,21 @@ async def test_the_parts_share_the_clients_one_requester() -> None:
         "/v1/tables/t/sample",
         "/healthz",
     ]
+
+
+async def nothing_sent(*args: object) -> int:
+    raise AssertionError("nothing is sent")
+
+
+def test_both_writers_hold_the_in_flight_part_and_the_sync_ones_a_blocking_writer() -> None:
+    writers = [Writer(nothing_sent), EpisodeWriter(nothing_sent)]
+    for writer in writers:
+        assert type(writer).__mro__ == (type(writer), object)
+        assert [type(v) for v in vars(writer).values()].count(InFlight) == 1
+    loop = LoopThread("test-writers")
+    try:
+        for sync in (SyncWriter(loop, writers[0]), SyncEpisodeWriter(loop, writers[1])):
+            assert type(sync).__mro__ == (type(sync), object)
+            assert [type(v) for v in vars(sync).values()] == [BlockingWriter]
+    finally:
+        loop.close()
