@@ -133,13 +133,13 @@ async def nothing_sent(*args: object) -> int:
 
 
 def test_both_writers_hold_the_in_flight_part_and_the_sync_ones_a_blocking_writer() -> None:
-    writers = [Writer(nothing_sent), EpisodeWriter(nothing_sent)]
-    for writer in writers:
-        assert type(writer).__mro__ == (type(writer), object)
-        assert [type(v) for v in vars(writer).values()].count(InFlight) == 1
+    writer, episode_writer = Writer(nothing_sent), EpisodeWriter(nothing_sent)
+    for each in (writer, episode_writer):
+        assert type(each).__mro__ == (type(each), object)
+        assert [type(v) for v in vars(each).values()].count(InFlight) == 1
     loop = LoopThread("test-writers")
     try:
-        for sync in (SyncWriter(loop, writers[0]), SyncEpisodeWriter(loop, writers[1])):
+        for sync in (SyncWriter(loop, writer), SyncEpisodeWriter(loop, episode_writer)):
             assert type(sync).__mro__ == (type(sync), object)
             assert [type(v) for v in vars(sync).values()] == [BlockingWriter]
     finally:
