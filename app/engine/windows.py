@@ -36,6 +36,7 @@ from rlreplay.app.episodes.chunk_reads import ChunkReads
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.start_sampling import StartDraw, StartSampler
 from rlreplay.app.episodes.window_buffers import WindowBuffers
+from rlreplay.app.episodes.window_gather import WindowGather
 from rlreplay.app.episodes.window_starts import WindowShape, eligible_starts
 from rlreplay.app.episodes.windows import WindowBatch, WindowBuild, WindowRequest, answer_bytes
 from rlreplay.app.tables.table import Table
@@ -53,6 +54,11 @@ REUSE_BUFFERS = True
 #: Batches of at least this many bytes are copied in an I/O thread, leaving the loop free
 #: (a huge value keeps every copy on the loop).
 FILL_OFF_LOOP_BYTES = 4 << 20
+#: Build windows of at most this many steps (n-step transitions) by one gather per field
+#: over the chunks the batch touches (:class:`~rlreplay.app.episodes.window_gather.
+#: WindowGather`), not window by window (0: every batch window by window). Needs
+#: ``READ_BY_CHUNK``.
+GATHER_MAX_STEPS = 8
 
 
 @dataclass(slots=True)
@@ -275,25 +281,33 @@ class Windows:
 
         starts = et.step_of[slots].copy()
         schema = et.specs or {}
-        build = WindowBuild(
-            episodes=indices,
-            starts=starts,
-            lengths=et.length[indices],
-            end_kinds=et.end_kind[indices],
-            finals=[ep.final if ep is not None else None for ep in episodes],
-            request=request,
-            schema=schema,
-            alloc=self._buffers if REUSE_BUFFERS else _zeros,
+        parts: dict[str, Any] = {
+            "episodes": indices,
+            "starts": starts,
+            "lengths": et.length[indices],
+            "end_kinds": et.end_kind[indices],
+            "finals": [ep.final if ep is not None else None for ep in episodes],
+            "request": request,
+            "schema": schema,
+            "alloc": self._buffers if REUSE_BUFFERS else _zeros,
+        }
+        gather = READ_BY_CHUNK and 0 < request.window.steps <= GATHER_MAX_STEPS
+        build: WindowBuild | WindowGather = (
+            WindowGather(chunk_steps=et.chunk_steps, **parts) if gather else WindowBuild(**parts)
         )
         fields = request.reads()
+        ranges = build.ranges()  # (episode index, lo, hi): the steps the windows read
         fetched = await read_back(  # chunks in RocksDB only: read back off the loop first
             et,
-            lambda: ((held[index].name, lo, hi) for index, lo, hi in build.ranges()),
+            lambda: ((held[index].name, lo, hi) for index, lo, hi in ranges),
             fields,
             self._core.state.io.run,
         )
         reads = ChunkReads(et, held, fetched) if READ_BY_CHUNK else None
-        if reads is not None:
+        if isinstance(build, WindowGather):
+            assert reads is not None
+            build.read(reads.read)
+        elif reads is not None:
             build.read(reads.read, et.chunk_steps)
         else:
             build.read(read)

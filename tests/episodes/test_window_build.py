@@ -86,9 +86,11 @@ def check(sample: object, lengths: dict[str, int], n: int, w: int) -> None:
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("off_loop", [True, False])
+@pytest.mark.parametrize("gather", [True, False])
 async def test_windows_equal_the_steps_built_every_way(
-    app: FastAPI, compression: str, off_loop: bool, monkeypatch: pytest.MonkeyPatch
+    app: FastAPI, compression: str, off_loop: bool, gather: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_windows, "GATHER_MAX_STEPS", 100 if gather else 0)
     lengths = await fill(app, "t", compression)
     windows = app.state.engine.windows
     windows.fill_off_loop_bytes = 0 if off_loop else 1 << 60
@@ -143,9 +145,11 @@ def test_a_large_answer_keeps_its_buffer_until_it_is_sent() -> None:
 
 
 @pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize("gather", [True, False])
 async def test_windows_of_chunks_in_rocksdb_are_read_back_off_the_loop(
-    tmp_path: Path, compression: str
+    tmp_path: Path, compression: str, gather: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_windows, "GATHER_MAX_STEPS", 100 if gather else 0)
     settings = Settings(
         data_dir=tmp_path / "data",
         storage_mode="hybrid",
