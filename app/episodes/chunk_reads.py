@@ -55,6 +55,8 @@ class ChunkReads:
         self._episodes = episodes
         self._fetched = fetched
         self._opened: dict[ChunkKey, npt.NDArray[Any]] = {}
+        #: Reads handed over with chunks left to decompress (in the copy).
+        self.deferred = 0
         self._decompressor: zstandard.ZstdDecompressor | None = None
 
     def read(
@@ -95,6 +97,7 @@ class ChunkReads:
             ready.update(self._table_read(ep, start, stop, others))
         if not sealed:
             return ready
+        self.deferred += 1
         return _Piece(self, ready, sealed, steps.chunk_steps(c), lo, hi)
 
     def _table_read(

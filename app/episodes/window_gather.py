@@ -82,6 +82,8 @@ class WindowGather:
         self._end_kinds, self._finals = end_kinds, finals
         self._request, self._schema = request, schema
         self._K = chunk_steps
+        #: Fields left as slices: none, every field is gathered.
+        self.sliced: list[str] = []
         b, w = len(starts), request.window.steps
         self._t = self._starts[:, None] + np.arange(w, dtype=np.int64)[None, :]
         self.mask = self._t < self._lengths[:, None]
