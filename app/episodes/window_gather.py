@@ -87,7 +87,7 @@ class WindowGather:
         b, w = len(starts), request.window.steps
         self._t = self._starts[:, None] + np.arange(w, dtype=np.int64)[None, :]
         self.mask = self._t < self._lengths[:, None]
-        self.columns = {f: self._array(alloc, f, b, w) for f in request.fields}
+        self.columns: dict[str, Any] = {f: self._array(alloc, f, b, w) for f in request.fields}
         self.next = {f: self._array(alloc, f, b, w) for f in request.next_fields}
         # the distinct chunks the windows touch: key = episode * span + chunk, sorted
         self._span = int(self._lengths.max(initial=0)) // chunk_steps + 2

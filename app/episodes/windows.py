@@ -293,7 +293,7 @@ class WindowBuild:
                 lo, hi = max(p0, s), min(p1, stop)
                 if hi > lo:
                     rows = values[name][lo - p0 : hi - p0]
-                    parts.append(memoryview(np.ascontiguousarray(rows)).cast("B"))
+                    parts.append(np.ascontiguousarray(rows).data.cast("B"))
             if stop - s < w:
                 zeros = memoryview(bytes(w * step)) if zeros is None else zeros
                 parts.append(zeros[: (w - (stop - s)) * step])
