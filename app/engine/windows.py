@@ -300,7 +300,7 @@ class Windows:
         }
         gather = READ_BY_CHUNK and 0 < request.window.steps <= GATHER_MAX_STEPS
         build: WindowBuild | WindowGather = (
-            WindowGather(chunk_steps=et.chunk_steps, **parts)
+            WindowGather(chunk_steps=et.chunk_steps, **parts, sliced=_sliced(request, schema))
             if gather
             else WindowBuild(**parts, sliced=_sliced(request, schema))
         )
@@ -348,7 +348,7 @@ def _sliced(request: WindowRequest, schema: Mapping[str, Any]) -> tuple[str, ...
         return ()
     return tuple(
         f
-        for f in request.fields
+        for f in dict.fromkeys((*request.fields, *request.next_fields))
         if not request.stack(f) and schema[f].step_bytes >= SLICE_MIN_STEP_BYTES
     )
 

@@ -13,7 +13,10 @@ work per *chunk* instead:
   window's step, the frames of its stack, the step ``t + n'`` of ``next``) as arrays, maps
   each to its chunk and offset, and gathers every field for the whole batch: a field of a
   few bytes a step with one ``take`` over its chunks laid end to end, a large one (frames)
-  with one ``take`` per chunk, straight into the batch.
+  with one ``take`` per chunk, straight into the batch; or, for a plain field named in
+  ``sliced``, not copied at all: each step's bytes as a slice of its chunk (consecutive steps
+  of a chunk as one), a :class:`~rlreplay.app.episodes.windows.WindowSlices` that an answer
+  sends where the bytes lie.
 
 Padded steps are zeros, ``next`` at an episode's end its ``final`` (zeros without), the
 stack ending there the frames before it then ``final``, exactly as a window build does.
@@ -21,7 +24,7 @@ stack ending there the frames before it then ``final``, exactly as a window buil
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,13 @@ import numpy.typing as npt
 
 from rlreplay.app.episodes.fields import FieldSpec
 from rlreplay.app.episodes.nstep import nstep_targets
-from rlreplay.app.episodes.windows import Alloc, ReadSteps, WindowBatch, WindowRequest
+from rlreplay.app.episodes.windows import (
+    Alloc,
+    ReadSteps,
+    WindowBatch,
+    WindowRequest,
+    WindowSlices,
+)
 
 __all__ = ["ARENA_BYTES", "WindowGather"]
 
@@ -59,6 +68,10 @@ class WindowGather:
         schema: The table's step fields.
         chunk_steps: The table's chunk length (> 0): every read lies in one chunk.
         alloc: Makes the batch's large arrays (contents undefined: every element is written).
+        sliced: Plain fields (of ``request.fields`` and ``request.next_fields``) left as
+            :class:`~rlreplay.app.episodes.windows.WindowSlices` of the chunks read (what
+            they read must never change: sealed chunks, and the steps an open tail holds
+            already).
     """
 
     def __init__(
@@ -73,6 +86,7 @@ class WindowGather:
         schema: Mapping[str, FieldSpec],
         chunk_steps: int,
         alloc: Alloc = _fresh,
+        sliced: Collection[str] = (),
     ) -> None:
         if chunk_steps <= 0:
             raise ValueError(f"chunk_steps ({chunk_steps}) must be > 0")
@@ -82,13 +96,19 @@ class WindowGather:
         self._end_kinds, self._finals = end_kinds, finals
         self._request, self._schema = request, schema
         self._K = chunk_steps
-        #: Fields left as slices: none, every field is gathered.
-        self.sliced: list[str] = []
+        columns = [f for f in request.fields if f in sliced and not request.stack(f)]
+        nexts = [f for f in request.next_fields if f in sliced and not request.stack(f)]
+        #: The fields left as slices, not copied: of the columns, then of ``next``.
+        self.sliced = columns + nexts
         b, w = len(starts), request.window.steps
         self._t = self._starts[:, None] + np.arange(w, dtype=np.int64)[None, :]
         self.mask = self._t < self._lengths[:, None]
-        self.columns: dict[str, Any] = {f: self._array(alloc, f, b, w) for f in request.fields}
-        self.next = {f: self._array(alloc, f, b, w) for f in request.next_fields}
+        self.columns: dict[str, Any] = {
+            f: None if f in columns else self._array(alloc, f, b, w) for f in request.fields
+        }
+        self.next: dict[str, Any] = {
+            f: None if f in nexts else self._array(alloc, f, b, w) for f in request.next_fields
+        }
         # the distinct chunks the windows touch: key = episode * span + chunk, sorted
         self._span = int(self._lengths.max(initial=0)) // chunk_steps + 2
         self._keys, self._chunk_stops = self._chunks()
@@ -138,7 +158,10 @@ class WindowGather:
         rows = np.repeat(np.arange(b, dtype=np.int64), w)
         valid = self.mask.ravel()
         for name, out in self.columns.items():
-            self._put(name, out, self._t.ravel(), rows, valid)
+            if out is None:
+                self.columns[name] = self._slices(name, self._t.ravel(), rows, valid)
+            else:
+                self._put(name, out, self._t.ravel(), rows, valid)
         if not n:
             return WindowBatch(self.columns, self.mask)
         r = w + max(n - 1, 0)
@@ -165,10 +188,61 @@ class WindowGather:
         stored = valid & (nxt < self._lengths[:, None]).ravel()
         at_end = valid & (nxt == self._lengths[:, None]).ravel()
         for name, out in self.next.items():
+            if out is None:
+                self.next[name] = self._slices(name, nxt.ravel(), rows, stored, at_end)
+                continue
             self._put(name, out, nxt.ravel(), rows, stored)
             if at_end.any():
                 self._put_finals(name, out, np.flatnonzero(at_end), w)
         return WindowBatch(self.columns, self.mask, targets, self.next)
+
+    def _slices(
+        self,
+        name: str,
+        steps: Ints,
+        rows: Ints,
+        valid: npt.NDArray[np.bool_],
+        at_end: npt.NDArray[np.bool_] | None = None,
+    ) -> WindowSlices:
+        """Plain field ``name`` at ``steps[i]`` of window ``rows[i]``'s episode where
+        ``valid[i]``, else its ``final`` where ``at_end[i]``, else zeros: as slices."""
+        spec = self._schema[name]
+        size = spec.step_bytes
+        chunk = steps // self._K
+        piece = np.searchsorted(self._keys, self._episodes[rows] * self._span + chunk)
+        begin = (steps - chunk * self._K) * size
+        ends = np.zeros(len(steps), dtype=np.bool_) if at_end is None else at_end
+        views: dict[int, memoryview] = {}
+        zeros = memoryview(bytes(size))
+        parts: list[memoryview] = []
+        run: tuple[int, int, int] | None = None  # the open slice: piece, first byte, end
+        for ok, end, b, p, a in zip(
+            valid.tolist(),
+            ends.tolist(),
+            rows.tolist(),
+            piece.tolist(),
+            begin.tolist(),
+            strict=True,
+        ):
+            if ok and run is not None and run[0] == p and run[2] == a:
+                run = (p, run[1], a + size)  # the next step of the same chunk: one slice
+                continue
+            if run is not None:
+                parts.append(views[run[0]][run[1] : run[2]])
+                run = None
+            if ok:
+                if p not in views:
+                    views[p] = np.ascontiguousarray(self._pieces[p][name]).data.cast("B")
+                run = (p, a, a + size)
+            elif end and (final := self._finals[b]) is not None and name in final:
+                value = np.ascontiguousarray(final[name], dtype=spec.np_dtype)
+                parts.append(value.reshape(spec.shape).data.cast("B"))
+            else:
+                parts.append(zeros)
+        if run is not None:
+            parts.append(views[run[0]][run[1] : run[2]])
+        shape = (len(self._starts), self._request.window.steps, *spec.shape)
+        return WindowSlices(parts, shape, spec.np_dtype)
 
     def _put_finals(self, name: str, out: npt.NDArray[Any], where: Ints, w: int) -> None:
         """``next`` at an episode's end: its ``final`` (the stack: the frames before it,

@@ -12,7 +12,12 @@ import pytest
 from rlreplay.app.episodes import window_gather
 from rlreplay.app.episodes.window_gather import WindowGather
 from rlreplay.app.episodes.window_starts import OPEN, TERMINATED, TRUNCATED, WindowShape
-from rlreplay.app.episodes.windows import WindowBatch, WindowRequest, build_windows
+from rlreplay.app.episodes.windows import (
+    WindowBatch,
+    WindowRequest,
+    WindowSlices,
+    build_windows,
+)
 
 from .window_model import SCHEMA, Store, chunk_reads_ok, garbage, make_episode
 
@@ -29,7 +34,11 @@ def store_of(seed: int, lengths: list[int]) -> Store:
 
 
 def both(
-    store: Store, pairs: list[tuple[int, int]], request: WindowRequest, chunk_steps: int
+    store: Store,
+    pairs: list[tuple[int, int]],
+    request: WindowRequest,
+    chunk_steps: int,
+    sliced: tuple[str, ...] = (),
 ) -> tuple[WindowBatch, WindowBatch]:
     eps = [store.episodes[e] for e, _ in pairs]
     args: dict[str, Any] = {
@@ -44,9 +53,13 @@ def both(
     }
     want = build_windows(read_steps=store.read, chunk_steps=chunk_steps, **args)
     store.reads.clear()
-    gather = WindowGather(chunk_steps=chunk_steps, **args)
+    gather = WindowGather(chunk_steps=chunk_steps, sliced=sliced, **args)
     gather.read(store.read)
     got = gather.fill()
+    for part in (got.columns, got.next or {}):  # a plain field named: slices, else copied
+        for name, values in part.items():
+            plain = not request.stack(name)
+            assert (type(values) is WindowSlices) == (name in sliced and plain), name
     chunk_reads_ok(store, chunk_steps)
     assert len(store.reads) == len({(e, lo) for e, lo, _, _ in store.reads})  # each chunk once
     return want, got
@@ -73,17 +86,18 @@ def same(want: WindowBatch, got: WindowBatch) -> None:
 @pytest.mark.parametrize("w", [1, 2, 6])
 @pytest.mark.parametrize("stack", [{}, {"frame": 1}, {"frame": 3, "obs": 2}])
 @pytest.mark.parametrize("chunk_steps", [1, 2, 3, 8])
-@pytest.mark.parametrize("arena", [True, False])
+@pytest.mark.parametrize("how", ["arena", "by chunk", "sliced"])
 def test_gathered_windows_equal_the_built_ones(
     n: int,
     w: int,
     stack: dict[str, int],
     chunk_steps: int,
-    arena: bool,
+    how: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if not arena:  # every field gathered chunk by chunk, as frames are
+    if how == "by chunk":  # every field gathered chunk by chunk, as frames are
         monkeypatch.setattr(window_gather, "ARENA_BYTES", 0)
+    sliced = ("obs", "frame", "action") if how == "sliced" else ()
     store = store_of(n * 7 + w, [1, 2, 5, 9, 12, 17])
     fields = ("obs", "frame", "action")
     next_fields = ("obs", "frame", "action") if n else ()
@@ -99,7 +113,7 @@ def test_gathered_windows_equal_the_built_ones(
     ]
     rng = np.random.default_rng(w)
     pairs = [pairs[i] for i in rng.permutation(len(pairs))] + pairs[:3]  # any order, repeats
-    same(*both(store, pairs, request, chunk_steps))
+    same(*both(store, pairs, request, chunk_steps, sliced))
 
 
 def test_one_window_gathers_like_a_batch() -> None:
@@ -109,3 +123,4 @@ def test_one_window_gathers_like_a_batch() -> None:
     )
     for pair in [(1, 39), (1, 0), (2, 38)]:
         same(*both(store, [pair], request, 16))
+        same(*both(store, [pair], request, 16, ("obs",)))
