@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from rlreplay.app.api.column_answers import window_columns_msgpack
+from rlreplay.app.api.column_answers import window_columns_json, window_columns_msgpack
 from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.app.api.window_answers import window_entries
 from rlreplay.app.engine import windows as engine_windows
@@ -20,7 +20,7 @@ from rlreplay.app.episodes.windows import WindowSlices
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.stacking import Column
-from rlreplay.wire.codec import unpackb
+from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.window_schemas import WindowSampleRequest
 from tests.api.conftest import app
 from tests.episodes.test_episode_memory import episode_table, held_under_limit
@@ -231,4 +231,6 @@ async def test_large_fields_are_sent_where_the_chunks_lie(
             assert not got["columns"]["obs"][b, len(stored) :].any()  # padding: zeros
             np.testing.assert_array_equal(got["mask"][b], np.arange(20) < len(stored))
         answers[sliced] = got
+        as_json = from_jsonable(window_columns_json(window_entries(sample)))  # joined
+        np.testing.assert_array_equal(as_json["columns"]["obs"], got["columns"]["obs"])
     assert list(answers[True]["columns"]) == ["obs", "action"]
