@@ -5,21 +5,25 @@ The steps are Atari-sized: 84x84 uint8 frames with an int32 action and a float32
 in episodes of 500 steps (:func:`bench.episodes_baselines.episode_frames`: flat background,
 moving paddle and ball, a noisy strip, so that they compress about as real frames do).
 
-* rlreplay: a live ``rlreplay serve`` (``--durability none``: Reverb keeps no log either)
-  with an episode table per compression (``zstd`` and ``none``), filled through
-  ``append_steps``; one ``ReplayClient`` in this process samples windows of ``[64, 80]``
-  (``sample(t, 64, length=80, fields=["obs", "action"])``) and n-step transitions of
-  ``[256]`` (``sample(t, 256, n_step=3, next_fields=["obs"])``), one call at a time and
-  through ``stream(..., prefetch=4)``.
+* rlreplay: a live ``rlreplay serve --uds PATH`` (``--durability none``: Reverb keeps no
+  log either) with an episode table per compression (``zstd`` and ``none``), filled through
+  ``append_steps``; one ``ReplayClient("unix://PATH")`` in this process (the same-host
+  transport, as Reverb's client reaches its server on the same host) samples windows of
+  ``[64, 80]`` (``sample(t, 64, length=80, fields=["obs", "action"])``) and n-step
+  transitions of ``[256]`` (``sample(t, 256, n_step=3, next_fields=["obs"])``), one call at
+  a time and through ``stream(..., prefetch=4)``; then one call at a time over TCP on
+  127.0.0.1 (the same server), and, for the transitions, a second server with the gathered
+  build off (``GATHER_MAX_STEPS = 0``: each window built by itself), measured right after.
 * Reverb 0.14 (its venv: ``RLREPLAY_REVERB_PYTHON``, else ``.venv-reverb``): its server and
   one client process, ``trajectory_writer`` items per window start and per transition,
   read through ``TrajectoryDataset`` batched by 64 and 256 (``bench.episodes_baselines``).
 * TorchRL (in this interpreter if it imports torchrl, else ``RLREPLAY_TORCHRL_PYTHON`` or
   ``.venv-torchrl``): ``SliceSampler`` over a ``LazyTensorStorage`` in process, the ceiling of
   a local buffer, and a ``RandomSampler`` over stored n-step transitions.
-* Where the time goes, for one rlreplay call at a time: the server's time per answer (its
-  own request histogram, from ``/metrics``), the client's decode of an answer of the same
-  size (msgpack to views, then the batch), and the rest (the wire and the client's HTTP).
+* Where the time goes, for one rlreplay call at a time (Unix socket and TCP): the server's
+  time per answer (its own request histogram, from ``/metrics``), the client's decode of an
+  answer of the same size (msgpack to views, then the batch), and the rest (the wire and
+  the client's HTTP).
 
 Targets (issue 32): windows/s at least 3x Reverb's, and at least 0.5x TorchRL's in-process
 rate. Run: ``python -m bench.episodes [--steps 20000] [--seconds 3] [--quick]``.
@@ -32,6 +36,7 @@ import asyncio
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -62,6 +67,16 @@ MSGPACK = "application/msgpack"
 WINDOWS = {"length": WINDOW, "fields": ["obs", "action"]}
 NSTEP = {"n_step": N_STEP, "gamma": 0.99, "fields": ["obs", "action"], "next_fields": ["obs"]}
 SAMPLE_ROUTE = 'route="/v1/tables/{table}/sample"'
+#: The server with a module flag set first (an arm that is off), then its usual command line.
+SERVER_WITH = """
+import runpy, sys
+import rlreplay.app.engine.windows as windows
+{off}
+sys.argv = ["rlreplay"] + sys.argv[1:]
+runpy.run_module("rlreplay.app", run_name="__main__")
+"""
+#: Short windows (the transitions) built window by window, not gathered field by field.
+NO_GATHER = "windows.GATHER_MAX_STEPS = 0"
 
 
 async def fill(rb: ReplayClient, table: str, steps: int) -> float:
@@ -139,61 +154,85 @@ def decode_ms(url: str, table: str, body: dict[str, Any], repeats: int) -> tuple
     return statistics.median(times) * 1e3, len(raw)
 
 
-async def measure(url: str, table: str, seconds: float, repeats: int) -> dict[str, Any]:
-    """The rates and the breakdown of one table."""
+async def measure(
+    url: str,
+    metrics_url: str,
+    table: str,
+    seconds: float,
+    repeats: int,
+    kinds: tuple[str, ...] = ("windows", "transitions"),
+    stream: bool = True,
+) -> dict[str, Any]:
+    """The rates of one table through ``url`` (the server's ``/metrics`` at
+    ``metrics_url``), and where one call's time goes."""
     out: dict[str, Any] = {}
     async with ReplayClient(url) as rb:
-        for kind, batch, options in (
-            ("windows", WINDOW_BATCH, WINDOWS),
-            ("transitions", NSTEP_BATCH, NSTEP),
-        ):
+        for kind in kinds:
+            batch, options = (WINDOW_BATCH, WINDOWS) if kind == "windows" else (NSTEP_BATCH, NSTEP)
 
             async def call(batch: int = batch, options: dict[str, Any] = options) -> int:
                 return len(await rb.sample(table, batch, **options))
 
-            before = server_seconds(url)
+            before = server_seconds(metrics_url)
             sequential = await rate_for(seconds, call)
-            after = server_seconds(url)
+            after = server_seconds(metrics_url)
             server_ms = (after[0] - before[0]) / max(after[1] - before[1], 1) * 1e3
-            decode, size = decode_ms(url, table, {"batch_size": batch, **options}, repeats)
-            streamed = await stream_rate(rb, table, batch, seconds, **options)
+            body = {"batch_size": batch, **options}
+            decode, size = decode_ms(metrics_url, table, body, repeats)
             call_ms = batch / sequential * 1e3
             out[kind] = {
                 "sequential": sequential,
-                "stream": streamed,
                 "call_ms": call_ms,
                 "server_ms": server_ms,
                 "decode_ms": decode,
                 "rest_ms": call_ms - server_ms - decode,
                 "mb": size / 1e6,
             }
+            if stream:
+                out[kind]["stream"] = await stream_rate(rb, table, batch, seconds, **options)
     return out
 
 
-async def rlreplay_rates(args: argparse.Namespace) -> dict[str, Any]:
-    """Fills a live server's tables and measures them: compression -> figures."""
+def start_server(tmp: Path, name: str, off: str | None = None) -> tuple[Any, str, str]:
+    """``rlreplay serve`` on 127.0.0.1 and a Unix socket, with arm ``off`` off:
+    (process, TCP URL, ``unix://`` URL)."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-episodes-") as tmp:
-        server = start_process(
-            serve_command(port, Path(tmp) / "data", "--durability", "none"),
-            url,
-            "/readyz",
-            Path(tmp) / "server.log",
+    url, sock = f"http://127.0.0.1:{port}", tmp / f"{name}.sock"
+    cmd = serve_command(port, tmp / name, "--durability", "none", "--uds", str(sock))
+    if off is not None:  # the same flags, the module flag set first
+        cmd = [sys.executable, "-c", SERVER_WITH.format(off=off), *cmd[3:]]
+    return start_process(cmd, url, "/readyz", tmp / f"{name}.log"), url, f"unix://{sock}"
+
+
+async def make_table(url: str, table: str, compression: str, steps: int) -> float:
+    """Creates and fills an episode table; the seconds the fill took."""
+    async with ReplayClient(url) as rb:
+        await rb.create_table(
+            table, sampler={"type": "uniform"}, episodes={"compression": compression}
         )
+        return await fill(rb, table, steps)
+
+
+async def rlreplay_rates(args: argparse.Namespace) -> dict[str, Any]:
+    """Fills live servers' tables and measures them: compression -> figures."""
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-episodes-") as tmp_name:
+        tmp = Path(tmp_name)
+        server, tcp, unix = start_server(tmp, "on")
+        off_server, off_tcp, off_unix = start_server(tmp, "off", NO_GATHER)
         try:
             for compression in args.compressions:
                 table = f"frames_{compression}"
-                async with ReplayClient(url) as rb:
-                    await rb.create_table(
-                        table,
-                        sampler={"type": "uniform"},
-                        episodes={"compression": compression},
-                    )
-                    write_s = await fill(rb, table, args.steps)
-                figures = await measure(url, table, args.seconds, args.repeats)
-                async with ReplayClient(url) as rb:
+                write_s = await make_table(unix, table, compression, args.steps)
+                await make_table(off_unix, table, compression, args.steps)
+                figures = await measure(unix, tcp, table, args.seconds, args.repeats)
+                figures["tcp"] = await measure(
+                    tcp, tcp, table, args.seconds, args.repeats, stream=False
+                )
+                figures["no_gather"] = await measure(
+                    off_unix, off_tcp, table, args.seconds, args.repeats, ("transitions",), False
+                )
+                async with ReplayClient(unix) as rb:
                     # read after sampling: chunks are compressed as they are sealed
                     stats = (await rb.describe_table(table)).get("stats", {})
                 figures["write_s"] = write_s
@@ -201,6 +240,7 @@ async def rlreplay_rates(args: argparse.Namespace) -> dict[str, Any]:
                 results[compression] = figures
         finally:
             stop_process(server)
+            stop_process(off_server)
     return results
 
 
@@ -245,17 +285,20 @@ def report(
         return arm.get(kind, arm.get("error", "-"))
 
     rows: list[list[Any]] = []
+
+    def row(label: str, rate: float, kind: str) -> list[Any]:
+        return [label, rate, _ratio(rate, reverb.get(kind)), _ratio(rate, torchrl.get(kind))]
+
     for compression, figures in ours.items():
         for kind in ("windows", "transitions"):
             for how in ("sequential", "stream"):
-                rows.append(
-                    [
-                        f"rlreplay {kind}, {how} ({compression})",
-                        figures[kind][how],
-                        _ratio(figures[kind][how], reverb.get(kind)),
-                        _ratio(figures[kind][how], torchrl.get(kind)),
-                    ]
-                )
+                label = f"rlreplay {kind}, {how}, Unix socket ({compression})"
+                rows.append(row(label, figures[kind][how], kind))
+        for kind in ("windows", "transitions"):
+            label = f"rlreplay {kind}, sequential, TCP 127.0.0.1 ({compression})"
+            rows.append(row(label, figures["tcp"][kind]["sequential"], kind))
+        label = f"rlreplay transitions, sequential, Unix socket, gather off ({compression})"
+        rows.append(row(label, figures["no_gather"]["transitions"]["sequential"], "transitions"))
     for name, arm in (("Reverb", reverb), ("TorchRL", torchrl)):
         for kind in ("windows", "transitions"):
             label = f"{name} {kind} ({arm.get('version', '-')})"
@@ -269,18 +312,25 @@ def report(
     )
     breakdown = []
     for compression, figures in ours.items():
-        for kind in ("windows", "transitions"):
-            f = figures[kind]
-            breakdown.append(
-                [
-                    f"{kind} ({compression})",
-                    f["mb"],
-                    f["call_ms"],
-                    f["server_ms"],
-                    f["decode_ms"],
-                    f["rest_ms"],
-                ]
-            )
+        for transport, part in (
+            ("Unix socket", figures),
+            ("TCP", figures["tcp"]),
+            ("Unix socket, gather off", figures["no_gather"]),
+        ):
+            for kind in ("windows", "transitions"):
+                if kind not in part:
+                    continue
+                f = part[kind]
+                breakdown.append(
+                    [
+                        f"{kind}, {transport} ({compression})",
+                        f["mb"],
+                        f["call_ms"],
+                        f["server_ms"],
+                        f["decode_ms"],
+                        f["rest_ms"],
+                    ]
+                )
     print_table(
         "Where one rlreplay call's time goes (ms): the server's answer (its request "
         "histogram), the client's decode, the rest (wire and the client's HTTP)",

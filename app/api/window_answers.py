@@ -18,8 +18,10 @@ from rlreplay.app.api.column_answers import window_columns_json, window_columns_
 from rlreplay.app.api.encoding import JSON, MSGPACK, BodyFormat, Reply, dump_json, encode_reply
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.windows import WindowSample, window_priority
+from rlreplay.app.episodes.windows import WindowSlices
 from rlreplay.app.metrics import Metrics
-from rlreplay.app.tables.stacking import Column
+from rlreplay.app.tables.stacking import Column, RowSlices
+from rlreplay.wire.arrays import wire_dtype
 from rlreplay.wire.errors import ValidationFailed
 
 __all__ = ["window_priorities_reply", "window_sample_reply"]
@@ -58,7 +60,7 @@ def window_entries(sample: WindowSample) -> list[tuple[str, Any]]:
     entries: list[tuple[str, Any]] = [
         ("episodes", sample.episodes),
         ("starts", sample.starts),
-        ("columns", {name: Column.of(a) for name, a in batch.columns.items()}),
+        ("columns", {name: _column(a) for name, a in batch.columns.items()}),
         ("mask", batch.mask),
         ("priorities", sample.priorities),
         ("probabilities", sample.probabilities),
@@ -95,3 +97,10 @@ async def window_priorities_reply(
     updated, missing = await engine.episodes.set_window_priorities(table, windows)
     metrics.count_items("priorities", updated)
     return encode_reply({"updated": updated, "missing": missing}, msgpack_body=as_msgpack)
+
+
+def _column(values: Any) -> Column:
+    """A field of the windows in its wire form: an array, or slices sent where they lie."""
+    if type(values) is WindowSlices:
+        return Column(wire_dtype(values.dtype), values.shape, RowSlices(values.parts))
+    return Column.of(values)

@@ -36,6 +36,7 @@ from rlreplay.app.episodes.chunk_reads import ChunkReads
 from rlreplay.app.episodes.episode_table import EpisodeTable
 from rlreplay.app.episodes.start_sampling import StartDraw, StartSampler
 from rlreplay.app.episodes.window_buffers import WindowBuffers
+from rlreplay.app.episodes.window_gather import WindowGather
 from rlreplay.app.episodes.window_starts import WindowShape, eligible_starts
 from rlreplay.app.episodes.windows import WindowBatch, WindowBuild, WindowRequest, answer_bytes
 from rlreplay.app.tables.table import Table
@@ -53,6 +54,18 @@ REUSE_BUFFERS = True
 #: Batches of at least this many bytes are copied in an I/O thread, leaving the loop free
 #: (a huge value keeps every copy on the loop).
 FILL_OFF_LOOP_BYTES = 4 << 20
+#: Send the plain fields of longer windows where their steps lie, slices of the chunks read
+#: (:class:`~rlreplay.app.episodes.windows.WindowSlices`), rather than copying them into the
+#: batch first (off: every field copied).
+SLICE_WINDOWS = True
+#: ...a field of at least this many bytes a step (smaller ones are copied: cheaper than
+#: a slice per chunk).
+SLICE_MIN_STEP_BYTES = 1024
+#: Build windows of at most this many steps (n-step transitions) by one gather per field
+#: over the chunks the batch touches (:class:`~rlreplay.app.episodes.window_gather.
+#: WindowGather`), not window by window (0: every batch window by window). Needs
+#: ``READ_BY_CHUNK``.
+GATHER_MAX_STEPS = 8
 
 
 @dataclass(slots=True)
@@ -275,25 +288,35 @@ class Windows:
 
         starts = et.step_of[slots].copy()
         schema = et.specs or {}
-        build = WindowBuild(
-            episodes=indices,
-            starts=starts,
-            lengths=et.length[indices],
-            end_kinds=et.end_kind[indices],
-            finals=[ep.final if ep is not None else None for ep in episodes],
-            request=request,
-            schema=schema,
-            alloc=self._buffers if REUSE_BUFFERS else _zeros,
+        parts: dict[str, Any] = {
+            "episodes": indices,
+            "starts": starts,
+            "lengths": et.length[indices],
+            "end_kinds": et.end_kind[indices],
+            "finals": [ep.final if ep is not None else None for ep in episodes],
+            "request": request,
+            "schema": schema,
+            "alloc": self._buffers if REUSE_BUFFERS else _zeros,
+        }
+        gather = READ_BY_CHUNK and 0 < request.window.steps <= GATHER_MAX_STEPS
+        build: WindowBuild | WindowGather = (
+            WindowGather(chunk_steps=et.chunk_steps, **parts, sliced=_sliced(request, schema))
+            if gather
+            else WindowBuild(**parts, sliced=_sliced(request, schema))
         )
         fields = request.reads()
+        ranges = build.ranges()  # (episode index, lo, hi): the steps the windows read
         fetched = await read_back(  # chunks in RocksDB only: read back off the loop first
             et,
-            lambda: ((held[index].name, lo, hi) for index, lo, hi in build.ranges()),
+            lambda: ((held[index].name, lo, hi) for index, lo, hi in ranges),
             fields,
             self._core.state.io.run,
         )
         reads = ChunkReads(et, held, fetched) if READ_BY_CHUNK else None
-        if reads is not None:
+        if isinstance(build, WindowGather):
+            assert reads is not None
+            build.read(reads.read)
+        elif reads is not None:
             build.read(reads.read, et.chunk_steps)
         else:
             build.read(read)
@@ -306,13 +329,28 @@ class Windows:
             drawn.weights,
             et.times_sampled[slots].copy(),
         )
-        if answer_bytes(len(slots), request, schema) >= self.fill_off_loop_bytes:
+        copied = answer_bytes(len(slots), request, schema) - sum(
+            len(slots) * request.window.steps * schema[f].step_bytes for f in build.sliced
+        )
+        deferred = reads is not None and reads.deferred > 0  # chunks to decompress
+        if deferred or copied >= self.fill_off_loop_bytes:
             sample.batch = await self._core.state.io.run(build.fill)
         else:
             sample.batch = build.fill()
         if reads is not None:
             reads.keep()
         return sample
+
+
+def _sliced(request: WindowRequest, schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fields a window build leaves as slices (:data:`SLICE_WINDOWS`)."""
+    if not SLICE_WINDOWS:
+        return ()
+    return tuple(
+        f
+        for f in dict.fromkeys((*request.fields, *request.next_fields))
+        if not request.stack(f) and schema[f].step_bytes >= SLICE_MIN_STEP_BYTES
+    )
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:

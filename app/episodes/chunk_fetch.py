@@ -54,7 +54,7 @@ def fetch_plan(
     if caching others pushes them out."""
     ep = e.episode(name)
     specs = e.specs or {}
-    if ep is None:
+    if ep is None or not ep.steps.evicted_chunks:
         return []
     plan = []
     for f in specs if fields is None else fields:

@@ -55,6 +55,8 @@ class ChunkReads:
         self._episodes = episodes
         self._fetched = fetched
         self._opened: dict[ChunkKey, npt.NDArray[Any]] = {}
+        #: Reads handed over with chunks left to decompress (in the copy).
+        self.deferred = 0
         self._decompressor: zstandard.ZstdDecompressor | None = None
 
     def read(
@@ -64,28 +66,39 @@ class ChunkReads:
         :data:`~rlreplay.app.episodes.windows.ReadSteps`."""
         et = self._table
         ep = self._episodes[index]
+        steps = ep.steps
         K = et.chunk_steps
         c = start // K
-        if not et.codec.compresses or c >= ep.steps.sealed_chunks:
+        if c >= steps.sealed_chunks:  # the open tail
             return self._table_read(ep, start, stop, fields)
         specs = et.specs or {}
-        steps = min(K, ep.length - c * K)
         lo, hi = start - c * K, stop - c * K
+        cache, fetched = et.cache, self._fetched
         ready: dict[str, npt.NDArray[Any]] = {}
         sealed: dict[str, tuple[ChunkKey, bytes, FieldSpec]] = {}
         others: list[str] = []
         for f in fields:
-            key = (ep.steps.id, f, c)
-            held = ep.steps.chunks_of(f)[c]
-            if isinstance(held, bytes) and et.cache.get(key) is None:
+            held = steps.chunks_of(f)[c]
+            if isinstance(held, np.ndarray):  # stored uncompressed, or not compressed yet
+                ready[f] = held[lo:hi]
+                continue
+            key = (steps.id, f, c)
+            array = cache.get(key)
+            if array is None and fetched is not None:
+                array = fetched.get(key)
+            if array is not None:
+                ready[f] = array[lo:hi]
+            elif held is not None:
                 sealed[f] = (key, held, specs[f])
-            else:  # held as an array, cached, or in RocksDB only: the table's read
+            else:  # in RocksDB only and not read back: the table's read
                 others.append(f)
-        if sealed:
-            ep.steps.touch(c)  # in use: evicted last
+        steps.touch(c)  # in use: evicted last
         if others:
             ready.update(self._table_read(ep, start, stop, others))
-        return _Piece(self, ready, sealed, steps, lo, hi)
+        if not sealed:
+            return ready
+        self.deferred += 1
+        return _Piece(self, ready, sealed, steps.chunk_steps(c), lo, hi)
 
     def _table_read(
         self, ep: Episode, start: int, stop: int, fields: Sequence[str]

@@ -97,6 +97,7 @@ class EpisodeSteps:
         "_tail",
         "_tail_slot",
         "created",
+        "evicted_chunks",
         "id",
         "length",
         "raw",
@@ -125,6 +126,8 @@ class EpisodeSteps:
         self._tail_slot = -1
         self.length = 0
         self.stored_bytes = 0
+        #: Sealed chunks in RocksDB only (a read of one reads it back).
+        self.evicted_chunks = 0
         #: Chunks sealed and not compressed yet (the table compresses).
         self.raw: list[int] = []
 
@@ -308,6 +311,7 @@ class EpisodeSteps:
             freed += 0 if held is None else sealed_bytes(held)
             self._sealed[name][c] = None
         self._held[c] = -1
+        self.evicted_chunks += 1
         self._residency.release(slot, forgotten=True)
         return freed
 
@@ -376,6 +380,7 @@ class EpisodeSteps:
         for c in range(n_sealed):
             on_disk = self._sealed[next(iter(self._specs))][c] is None if self._specs else True
             self._stored.append(on_disk)
+            self.evicted_chunks += on_disk
             self._held.append(-1 if on_disk else self._residency.hold(self, c, held_charge[c]))
         rest = length - self.length
         if rest > 0 and tail:

@@ -11,6 +11,9 @@ batch's arrays, each a slice copy per chunk (and per frame of a stack):
   k + 1 + j)]``, the last ``k`` frames ending at step ``s + i``, the episode's first frame
   repeated before its start, built from frames stored once;
 - steps past the last stored one (``pad: true``) are zeros with ``mask`` false;
+- a plain field named in ``sliced`` is not copied at all: its ``[B, W, ...]`` array is left
+  as the slices of the chunks it lies in, window after window (zeros for padding), a
+  :class:`WindowSlices` that an answer sends where the bytes lie;
 - with ``n_step``: ``return``, ``discount`` (:mod:`~rlreplay.app.episodes.nstep`) and
   ``next[f][b, i]`` = ``f`` at step ``t + n'`` (stacked the same way when ``f`` is), the
   episode's ``final`` value at ``t + n' = L`` (zeros when it has none, the whole stack too).
@@ -22,7 +25,7 @@ range.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,7 @@ __all__ = [
     "WindowBatch",
     "WindowBuild",
     "WindowRequest",
+    "WindowSlices",
     "answer_bytes",
     "build_windows",
 ]
@@ -109,18 +113,41 @@ class WindowRequest:
         return tuple(dict.fromkeys(names))
 
 
+class WindowSlices:
+    """A field of a batch of windows left where its steps lie: the bytes of its C-order
+    ``[B, W, ...]`` array as buffers in order (slices of read-only chunks, and zeros),
+    never written again. ``numpy.asarray`` joins them (a copy)."""
+
+    __slots__ = ("dtype", "parts", "shape")
+
+    def __init__(self, parts: list[memoryview], shape: tuple[int, ...], dtype: np.dtype[Any]):
+        self.parts, self.shape, self.dtype = parts, shape, dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(len, self.parts))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> npt.NDArray[Any]:
+        joined = np.frombuffer(b"".join(self.parts), dtype=self.dtype).reshape(self.shape)
+        return joined if dtype is None else joined.astype(dtype)
+
+    def __getitem__(self, index: Any) -> Any:
+        return np.asarray(self)[index]
+
+
 @dataclass(slots=True)
 class WindowBatch:
     """Windows as arrays.
 
     Attributes:
-        columns: field -> ``[B, W, ...]`` (``[B, W, k, ...]`` for a stacked field).
+        columns: field -> ``[B, W, ...]`` (``[B, W, k, ...]`` for a stacked field), or its
+            :class:`WindowSlices`.
         mask: ``[B, W]``: true where the step is stored.
         targets: the n-step ``return`` and ``discount`` (with ``n_step``).
         next: field -> ``[B, W, ...]`` at ``t + n'`` (with ``n_step``).
     """
 
-    columns: dict[str, npt.NDArray[np.generic]]
+    columns: dict[str, npt.NDArray[np.generic] | WindowSlices]
     mask: npt.NDArray[np.bool_]
     targets: NStepTargets | None = None
     next: dict[str, npt.NDArray[np.generic]] | None = None
@@ -157,6 +184,9 @@ class WindowBuild:
         request: What to return.
         schema: The table's step fields.
         alloc: Makes the batch's large arrays (contents undefined: every element is written).
+        sliced: Plain fields of ``request.fields`` left as :class:`WindowSlices` of the
+            steps read (what they read must never change: sealed chunks, and the steps an
+            open tail holds already); a stacked field named here is copied as any other.
     """
 
     def __init__(
@@ -170,13 +200,18 @@ class WindowBuild:
         request: WindowRequest,
         schema: Mapping[str, FieldSpec],
         alloc: Alloc = _fresh,
+        sliced: Collection[str] = (),
     ) -> None:
         self._episodes, self._starts, self._lengths = episodes, starts, lengths
         self._end_kinds, self._finals = end_kinds, finals
         self._request, self._schema = request, schema
         b, w = len(starts), request.window.steps
         self.mask = (starts[:, None] + np.arange(w)[None, :]) < lengths[:, None]
-        self.columns = {f: self._array(alloc, f, b, w) for f in request.fields}
+        #: The fields left as slices, not copied.
+        self.sliced = [f for f in request.fields if f in sliced and not request.stack(f)]
+        self.columns: dict[str, Any] = {
+            f: self._array(alloc, f, b, w) for f in request.fields if f not in self.sliced
+        }
         self.next = {f: self._array(alloc, f, b, w) for f in request.next_fields}
         self._pieces: list[list[Piece]] = []
 
@@ -218,11 +253,15 @@ class WindowBuild:
         request = self._request
         w, n = request.window.steps, request.window.n_step
         rewards = np.zeros((len(self._starts), w + max(n - 1, 0)), dtype=np.float64)
+        for name in self.sliced:
+            self.columns[name] = self._slices(name)
+        self.columns = {f: self.columns[f] for f in request.fields}  # the request's order
         for b, pieces in enumerate(self._pieces):
             s, length = int(self._starts[b]), int(self._lengths[b])
             valid = min(w, length - s)
             for name, out in self.columns.items():
-                _copy_run(out[b], pieces, name, s, valid, request.stack(name))
+                if type(out) is not WindowSlices:
+                    _copy_run(out[b], pieces, name, s, valid, request.stack(name))
             if n:
                 got = min(w + n - 1, length - s)
                 _copy_run(rewards[b], pieces, request.reward_field, s, got, 0)
@@ -240,6 +279,26 @@ class WindowBuild:
         for b, pieces in enumerate(self._pieces):
             self._fill_next(b, pieces, targets.next_steps[b])
         return WindowBatch(self.columns, self.mask, targets, self.next)
+
+    def _slices(self, name: str) -> WindowSlices:
+        """Field ``name`` of every window as the slices of the steps read, and zeros."""
+        spec, w = self._schema[name], self._request.window.steps
+        step = spec.step_bytes
+        parts: list[memoryview] = []
+        zeros: memoryview | None = None
+        for b, pieces in enumerate(self._pieces):
+            s = int(self._starts[b])
+            stop = s + min(w, int(self._lengths[b]) - s)
+            for p0, p1, values in pieces:
+                lo, hi = max(p0, s), min(p1, stop)
+                if hi > lo:
+                    rows = values[name][lo - p0 : hi - p0]
+                    parts.append(np.ascontiguousarray(rows).data.cast("B"))
+            if stop - s < w:
+                zeros = memoryview(bytes(w * step)) if zeros is None else zeros
+                parts.append(zeros[: (w - (stop - s)) * step])
+        b = len(self._starts)
+        return WindowSlices(parts, (b, w, *spec.shape), spec.np_dtype)
 
     def _fill_next(self, b: int, pieces: list[Piece], next_steps: Ints) -> None:
         """``next`` of window ``b``: steps ``t + n`` for as long as they are stored (one
@@ -276,6 +335,7 @@ def build_windows(
     read_steps: ReadSteps,
     chunk_steps: int = 0,
     alloc: Alloc = _fresh,
+    sliced: Collection[str] = (),
 ) -> WindowBatch:
     """The batch of windows starting at ``starts`` of ``episodes`` (:class:`WindowBuild`'s
     :meth:`~WindowBuild.read` then :meth:`~WindowBuild.fill`, where the caller is)."""
@@ -288,6 +348,7 @@ def build_windows(
         request=request,
         schema=schema,
         alloc=alloc,
+        sliced=sliced,
     )
     build.read(read_steps, chunk_steps)
     return build.fill()

@@ -10,15 +10,17 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from rlreplay.app.api.column_answers import window_columns_msgpack
+from rlreplay.app.api.column_answers import window_columns_json, window_columns_msgpack
 from rlreplay.app.api.gathered_writes import AnswerPieces
+from rlreplay.app.api.window_answers import window_entries
 from rlreplay.app.engine import windows as engine_windows
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.episodes.window_buffers import WindowBuffers
+from rlreplay.app.episodes.windows import WindowSlices
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.stacking import Column
-from rlreplay.wire.codec import unpackb
+from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.window_schemas import WindowSampleRequest
 from tests.api.conftest import app
 from tests.episodes.test_episode_memory import episode_table, held_under_limit
@@ -86,9 +88,11 @@ def check(sample: object, lengths: dict[str, int], n: int, w: int) -> None:
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("off_loop", [True, False])
+@pytest.mark.parametrize("gather", [True, False])
 async def test_windows_equal_the_steps_built_every_way(
-    app: FastAPI, compression: str, off_loop: bool, monkeypatch: pytest.MonkeyPatch
+    app: FastAPI, compression: str, off_loop: bool, gather: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_windows, "GATHER_MAX_STEPS", 100 if gather else 0)
     lengths = await fill(app, "t", compression)
     windows = app.state.engine.windows
     windows.fill_off_loop_bytes = 0 if off_loop else 1 << 60
@@ -143,9 +147,11 @@ def test_a_large_answer_keeps_its_buffer_until_it_is_sent() -> None:
 
 
 @pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize("gather", [True, False])
 async def test_windows_of_chunks_in_rocksdb_are_read_back_off_the_loop(
-    tmp_path: Path, compression: str
+    tmp_path: Path, compression: str, gather: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_windows, "GATHER_MAX_STEPS", 100 if gather else 0)
     settings = Settings(
         data_dir=tmp_path / "data",
         storage_mode="hybrid",
@@ -188,3 +194,43 @@ async def test_windows_of_chunks_in_rocksdb_are_read_back_off_the_loop(
             np.testing.assert_array_equal(got, data[name][start : start + 50])
     finally:
         await eng.stop()
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+async def test_large_fields_are_sent_where_the_chunks_lie(
+    app: FastAPI, compression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = app.state.engine
+    await engine.create_table("big", TableConfig(episodes={"compression": compression}))
+    rng = np.random.default_rng(3)
+    data = {
+        name: rng.integers(0, 256, (n, 32, 40), dtype=np.uint8)
+        for name, n in [("a", 90), ("b", 33)]
+    }
+    for name, obs in data.items():
+        end = "terminated" if name == "a" else None  # b stays open: its tail is read too
+        steps = {"obs": obs, "action": np.arange(len(obs), dtype=np.int32)}
+        await engine.episodes.append("big", name, start=0, steps=steps, end=end, wait=True)
+    request = WindowSampleRequest(batch_size=40, length=20, pad=True)
+    answers = {}
+    for sliced in (True, False):
+        monkeypatch.setattr(engine_windows, "SLICE_WINDOWS", sliced)
+        sample = await engine.windows.sample("big", request)
+        obs = sample.batch.columns["obs"]
+        assert (type(obs) is WindowSlices) == sliced
+        assert type(sample.batch.columns["action"]) is np.ndarray  # 4 bytes a step: copied
+        answer = window_columns_msgpack(window_entries(sample))
+        if sliced:  # sent where the chunks lie
+            assert isinstance(answer, AnswerPieces)
+        got = unpackb(answer.join() if isinstance(answer, AnswerPieces) else bytes(answer))
+        for b, (name, start) in enumerate(
+            zip(got["episodes"], got["starts"].tolist(), strict=True)
+        ):
+            stored = data[name][start : start + 20]
+            np.testing.assert_array_equal(got["columns"]["obs"][b, : len(stored)], stored)
+            assert not got["columns"]["obs"][b, len(stored) :].any()  # padding: zeros
+            np.testing.assert_array_equal(got["mask"][b], np.arange(20) < len(stored))
+        answers[sliced] = got
+        as_json = from_jsonable(window_columns_json(window_entries(sample)))  # joined
+        np.testing.assert_array_equal(as_json["columns"]["obs"], got["columns"]["obs"])
+    assert list(answers[True]["columns"]) == ["obs", "action"]

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from rlreplay.app.episodes.window_starts import OPEN, TERMINATED, TRUNCATED, WindowShape
-from rlreplay.app.episodes.windows import WindowRequest, answer_bytes, build_windows
+from rlreplay.app.episodes.windows import (
+    WindowRequest,
+    WindowSlices,
+    answer_bytes,
+    build_windows,
+)
 from rlreplay.wire.errors import ValidationFailed
 
 from .window_model import (
@@ -30,7 +35,13 @@ def store_of(seed: int, lengths: list[int]) -> Store:
     )
 
 
-def build(store: Store, pairs: list[tuple[int, int]], request: WindowRequest, chunk_steps: int = 0):  # type: ignore[no-untyped-def]
+def build(
+    store: Store,
+    pairs: list[tuple[int, int]],
+    request: WindowRequest,
+    chunk_steps: int = 0,
+    sliced: tuple[str, ...] = (),
+):  # type: ignore[no-untyped-def]
     episodes = np.asarray([e for e, _ in pairs], dtype=np.int64)
     eps = [store.episodes[e] for e, _ in pairs]
     return build_windows(
@@ -44,20 +55,25 @@ def build(store: Store, pairs: list[tuple[int, int]], request: WindowRequest, ch
         read_steps=store.read,
         chunk_steps=chunk_steps,
         alloc=garbage,
+        sliced=sliced,
     )
 
 
 @pytest.mark.parametrize("w", [1, 3, 7])
 @pytest.mark.parametrize("stack", [{}, {"frame": 1}, {"frame": 4, "obs": 2}])
 @pytest.mark.parametrize("chunk_steps", [0, 2, 3])
+@pytest.mark.parametrize("sliced", [(), ("obs", "frame", "action")])
 def test_windows_equal_the_steps_with_masks_and_stacks(
-    w: int, stack: dict[str, int], chunk_steps: int
+    w: int, stack: dict[str, int], chunk_steps: int, sliced: tuple[str, ...]
 ) -> None:
     store = store_of(1, [1, 2, 5, 9, 12])
     fields = ("obs", "frame", "action")
     request = WindowRequest(WindowShape(length=w, pad=True), fields, stack)
     pairs = [(e, s) for e, ep in enumerate(store.episodes) for s in range(ep.length)]
-    got = build(store, pairs, request, chunk_steps)
+    got = build(store, pairs, request, chunk_steps, sliced)
+    for name in fields:  # a plain field named is left as slices, a stacked one copied
+        assert (type(got.columns[name]) is WindowSlices) == (name in sliced and name not in stack)
+    assert list(got.columns) == list(fields)
     assert got.mask.shape == (len(pairs), w)
     for b, (e, s) in enumerate(pairs):
         want = reference_window(store.episodes[e], s, w, fields, stack)
