@@ -180,10 +180,12 @@ async def _compress_sealed(state: EngineState, e: EpisodeTable, name: str) -> No
 
 def settle_chunks(state: EngineState, e: EpisodeTable) -> None:
     """Hand the cache ledger the chunks ``e`` took into memory or let go since the last
-    call, and what its cache of decompressed chunks holds (bounded by an eighth of the
-    ledger's limit, so that a small limit is not dwarfed by it)."""
+    call, and what its cache of decompressed chunks holds (bounded by a quarter of the
+    ledger's limit, enough for the frames a sampler keeps drawing from at the default limit;
+    an eighth in memory mode, where it takes room from the steps)."""
     residency = e.residency
-    e.cache.limit_bytes = min(e.cache.limit_bytes, max(1, state.ledger.limit_bytes // 8))
+    share = 8 if state.storage.capped else 4
+    e.cache.limit_bytes = max(1, state.ledger.limit_bytes // share)
     residency.charge_decompressed(e.cache.bytes)
     gone, slots, charges = residency.take_changes()
     if gone:
