@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import quote
@@ -169,6 +170,11 @@ class Requester:
         """The timeout of one attempt; calls that wait on the server stretch their read
         timeout past it."""
         return self._timeout_s
+
+    def receive_buffers(self, count: int) -> AbstractContextManager[None]:
+        """Keep up to ``count`` buffers for long answers while the block runs (a stream
+        with answers in flight); a no-op without the client's own transport."""
+        return self._lean.receive_buffers(count) if self._lean is not None else nullcontext()
 
     async def health(self) -> bool:
         """Whether the server answers ``GET /healthz`` with 2xx (one attempt, no retries).

@@ -4,6 +4,7 @@ at a time or streamed with several in flight (the contract's "Sampling")."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import Any, Final, Unpack
 
 from rlreplay.clients.columns import ColumnBatch
@@ -137,7 +138,7 @@ class Samples:
         Yields:
             One sampled batch at a time.
         """
-        return sample_stream(
+        batches = sample_stream(
             self.sample,
             table,
             batch_size=batch_size,
@@ -147,6 +148,9 @@ class Samples:
             layout=layout,
             window=window,
         )
+        # the answers in flight, the batch the caller holds and the one it just let go: with
+        # fewer receive buffers, long answers would each land in a fresh one
+        return _holding_buffers(self._requester, prefetch + 2, batches)
 
     async def sample_windows(
         self, table: str, batch_size: int, timeout_ms: int | None, window: WindowOptions
@@ -164,3 +168,13 @@ class Samples:
             views=True,
         )
         return WindowBatch.from_answer(answer)
+
+
+async def _holding_buffers(
+    requester: Requester, count: int, batches: AsyncIterator[Any]
+) -> AsyncIterator[Any]:
+    """``batches``, with the requester keeping ``count`` receive buffers meanwhile."""
+    with requester.receive_buffers(count):
+        async with aclosing(batches):  # type: ignore[type-var]
+            async for batch in batches:
+                yield batch

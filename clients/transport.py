@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Final
 
 import httpx
@@ -141,6 +142,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
             buffers=self._buffers,
         )
         self._max_header = max_header_bytes
+
+    def receive_buffers(self, count: int) -> AbstractContextManager[None]:
+        """Keep up to ``count`` receive buffers while the block runs (see
+        :meth:`BufferPool.widened`)."""
+        return self._buffers.widened(count)
 
     def idle_connections(self) -> int:
         """How many idle connections the pool holds, over every ``(host, port)``."""

@@ -16,6 +16,8 @@ room is forgotten by the pool (its holders keep it alive; it is freed with them)
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 __all__ = ["BufferPool"]
@@ -40,6 +42,7 @@ class BufferPool:
         if max_buffers < 0:
             raise ValueError(f"max_buffers ({max_buffers}) must be >= 0")
         self._max_buffers = max_buffers
+        self._widenings: list[int] = []
         self._min_bytes = min_bytes
         self._buffers: list[bytearray] = []
 
@@ -64,11 +67,23 @@ class BufferPool:
         fresh = bytearray(size)
         if too_small is not None:
             buffers[too_small] = fresh
-        elif len(buffers) < self._max_buffers:
+        elif len(buffers) < max(self._max_buffers, *self._widenings, 0):
             buffers.append(fresh)
         elif busy is not None:
             buffers[busy] = fresh
         return memoryview(fresh)[:size]
+
+    @contextmanager
+    def widened(self, max_buffers: int) -> Iterator[None]:
+        """Keep up to ``max_buffers`` buffers while the block runs (a stream with several
+        answers in flight, each held by its caller for a while, needs that many to reuse
+        them); past it, the pool keeps what it kept before."""
+        self._widenings.append(max_buffers)
+        try:
+            yield
+        finally:
+            self._widenings.remove(max_buffers)
+            del self._buffers[max(self._max_buffers, *self._widenings, 0) :]
 
     def held_bytes(self) -> int:
         """Bytes of the buffers the pool keeps (in use or free)."""

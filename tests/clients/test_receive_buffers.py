@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 
 import numpy as np
 import pytest
@@ -92,3 +93,38 @@ async def test_a_released_batch_s_buffer_is_reused(rb: ReplayClient) -> None:
     again = await rb.get_many("reuse", keys, layout="columns")
     assert again["x"].ctypes.data == address
     assert (again["x"] == 3).all()
+
+
+def test_a_widened_pool_keeps_more_buffers_then_what_it_kept_before() -> None:
+    pool = BufferPool(max_buffers=1, min_bytes=16)
+    with pool.widened(3):
+        held = [pool.take(1000) for _ in range(3)]
+        assert pool.held_bytes() == 3 * 1000  # all three kept
+        addresses = {np.frombuffer(view, np.uint8).ctypes.data for view in held}
+        del held
+        gc.collect()
+        again = [pool.take(1000) for _ in range(3)]  # the same three, reused
+        assert {np.frombuffer(view, np.uint8).ctypes.data for view in again} == addresses
+    assert pool.held_bytes() == 1000
+
+
+async def test_a_stream_with_many_answers_in_flight_reuses_its_buffers(
+    rb: ReplayClient,
+) -> None:
+    await rb.create_table("streamed")
+    await _fill(rb, "streamed", 5)
+    pool = rb._requester._lean._buffers  # type: ignore[union-attr]
+    addresses: set[int] = set()
+    async with aclosing(rb.stream("streamed", batch_size=ROWS, layout="columns", prefetch=6)) as s:
+        n = 0
+        async for batch in s:
+            assert (batch["x"] == 5).all()
+            addresses.add(batch["x"].ctypes.data)
+            del batch
+            n += 1
+            if n == 40:
+                break
+        assert pool.held_bytes() > 4 * ROWS * WIDTH  # widened past the default 4 meanwhile
+    # 6 in flight, one held, one let go: more distinct buffers would mean fresh ones
+    assert len(addresses) <= 8
+    assert pool.held_bytes() <= 4 * (ROWS * WIDTH + 4096)
