@@ -11,17 +11,18 @@ codec too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, TypedDict, cast
+from typing import Any, Final, TypedDict
 
 import msgspec
 import numpy as np
 
+from rlreplay.clients.body_pieces import Packed, body_pieces, joined, stand_in
 from rlreplay.clients.columns import flat_columns
 from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import ValidationFailed
 from rlreplay.wire.packing import array_ext, is_plain, pack_pieces
-from rlreplay.wire.pieces import Pieces
+from rlreplay.wire.pieces import LARGE_PIECE_BYTES, Pieces
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest, ItemIn, PushRequest
 
 __all__ = ["ColumnsMeta", "columns_request", "encode_body", "packed_item", "push_request"]
@@ -32,8 +33,8 @@ def _pack_raw(obj: Any) -> msgspec.Raw:
     by the codec and spliced in."""
     if type(obj) is np.ndarray:
         return array_ext(obj)
-    if type(obj) is _ColumnPieces:
-        return msgspec.Raw(bytes(obj.pieces))
+    if type(obj) is Packed:
+        return joined(obj)
     return msgspec.Raw(packb(obj))
 
 
@@ -44,9 +45,9 @@ _ITEM_FIELDS: Final = frozenset(ItemIn.__struct_fields__)
 
 
 def encode_body(body: Any) -> bytes | Pieces:
-    """A request body as msgpack: a wire Struct, or plain data (a table's config); a
-    columnar push as the :class:`~rlreplay.wire.pieces.Pieces` of its bytes, its columns'
-    data where it lies.
+    """A request body as msgpack: a wire Struct, or plain data (a table's config); a push
+    of large arrays as the :class:`~rlreplay.wire.pieces.Pieces` of its bytes, the arrays'
+    data where it lies (:mod:`rlreplay.clients.body_pieces`).
 
     Raises:
         TypeError: A field holds what the codec cannot encode.
@@ -54,47 +55,11 @@ def encode_body(body: Any) -> bytes | Pieces:
     """
     if not isinstance(body, msgspec.Struct):
         return packb(body)
-    columns: Any = body.columns if type(body) is ColumnsPushRequest else None
-    if type(columns) is _ColumnPieces:
-        return _columns_pieces(cast(ColumnsPushRequest, body), columns)
     try:
-        return _ENCODER.encode(body)
+        pieces = body_pieces(body, _ENCODER)
+        return _ENCODER.encode(body) if pieces is None else pieces
     except OverflowError as exc:
         raise ValueError(f"cannot encode: {exc}") from exc
-
-
-class _ColumnPieces:
-    """A columnar push body's ``columns`` map, packed as pieces, standing in its field until
-    the body is encoded (:func:`encode_body` sends the pieces as they lie; any other encoder
-    gets them joined through the hook)."""
-
-    __slots__ = ("pieces",)
-
-    def __init__(self, pieces: Pieces) -> None:
-        self.pieces = pieces
-
-
-#: Where a columnar body's ``columns`` go: after its map's header, ``keys`` and the keys, and
-#: the name ``columns`` (msgspec writes a Struct's fields in order).
-_KEYS_NAME: Final = b"\xa4keys"
-_COLUMNS_NAME: Final = b"\xa7columns"
-
-
-def _columns_pieces(body: ColumnsPushRequest, columns: _ColumnPieces) -> bytes | Pieces:
-    """The body's bytes around its columns (encoded with the columns left out), and the
-    columns' pieces between them."""
-    try:
-        body.columns = msgspec.Raw(b"")
-        try:
-            around = _ENCODER.encode(body)
-        finally:
-            body.columns = cast(msgspec.Raw, columns)
-    except OverflowError as exc:
-        raise ValueError(f"cannot encode: {exc}") from exc
-    at = 1 + len(_KEYS_NAME) + len(_ENCODER.encode(body.keys)) + len(_COLUMNS_NAME)
-    if around[1 : 1 + len(_KEYS_NAME)] != _KEYS_NAME or around[at - 8 : at] != _COLUMNS_NAME:
-        return around[:at] + bytes(columns.pieces) + around[at:]  # pragma: no cover
-    return Pieces([around[:at], *columns.pieces.parts, around[at:]])
 
 
 def push_request(
@@ -122,7 +87,9 @@ def push_request(
     """
     try:
         values: list[Any] = [item["value"] for item in items]
-        if not is_plain(values):
+        if _carries_large_arrays(values[0] if values else None):
+            values = [stand_in(pack_pieces(value)) for value in values]  # sent as they lie
+        elif not is_plain(values):
             values = _VALUE_SPANS.decode(packb(values))
         body_items = [
             ItemIn(item["key"], value, item.get("priority", DEFAULT_PRIORITY))
@@ -147,6 +114,15 @@ def push_request(
     if reservation is not None:
         request.reservation = reservation
     return request
+
+
+def _carries_large_arrays(value: Any) -> bool:
+    """Whether a push's first value is (or maps a name to) a NumPy array of
+    :data:`~rlreplay.wire.pieces.LARGE_PIECE_BYTES` or more: the push's values then go as
+    pieces (the others in a push are alike, nearly always)."""
+    if type(value) is dict:
+        return any(type(v) is np.ndarray and v.nbytes >= LARGE_PIECE_BYTES for v in value.values())
+    return type(value) is np.ndarray and value.nbytes >= LARGE_PIECE_BYTES
 
 
 #: The fields an item may have beside its key and value.
@@ -207,8 +183,7 @@ def columns_request(
         TypeError: A column has no wire form.
     """
     columns = flat_columns(columns)  # a TensorDict, flattened
-    pieces = pack_pieces({name: _column(values) for name, values in columns.items()})
-    packed = cast(msgspec.Raw, _ColumnPieces(pieces))  # sent as they lie (encode_body)
+    packed = stand_in(pack_pieces({name: _column(values) for name, values in columns.items()}))
     given: Any = msgspec.UNSET
     if priorities is not None:
         given = msgspec.Raw(packb(np.ascontiguousarray(priorities, dtype=np.float64)))

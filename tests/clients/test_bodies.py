@@ -76,3 +76,33 @@ def test_a_columnar_body_in_pieces_is_the_body_joined(meta: dict[str, Any]) -> N
     read = msgspec.msgpack.decode(bytes(sent), type=ColumnsPushRequest)
     assert read.keys == keys and bytes(read.columns) == packb(_COLUMNS)
     assert bytes(encode_body(body)) == bytes(sent)  # encoded again (a retry): the same
+
+
+def test_a_push_of_large_values_in_pieces_is_the_body_joined() -> None:
+    from rlreplay.wire.pieces import Pieces
+    from rlreplay.wire.schemas import ItemIn
+
+    big = np.arange(3 * 30_000, dtype="<f4").reshape(3, 30_000)
+    items = [
+        {"key": "a", "value": {"x": big, "r": 1.0}},
+        {"key": "é" * 50, "value": {"x": big[::-1].copy(), "s": "t"}, "priority": 2.0},
+        {"key": "c", "value": {"x": np.asfortranarray(big)}, "group": "g", "tags": {"k": 1}},
+    ]
+    body = push_request(items, True, reservation="r1")
+    body.request_id = "rid"
+    sent = encode_body(body)
+    assert isinstance(sent, Pieces)
+    # each array a view (the Fortran one of its copy in C order, which the codec makes)
+    assert sum(isinstance(p, memoryview) and p.nbytes == big.nbytes for p in sent.parts) == 3
+    expected = PushRequest(
+        [
+            ItemIn("a", msgspec.Raw(packb(items[0]["value"]))),
+            ItemIn("é" * 50, msgspec.Raw(packb(items[1]["value"])), 2.0),
+            ItemIn("c", msgspec.Raw(packb(items[2]["value"])), group="g", tags={"k": 1}),
+        ],
+        True,
+        "rid",
+        "r1",
+    )
+    assert bytes(sent) == msgspec.msgpack.encode(expected)
+    assert _as_server_reads(bytes(sent))[1][1] == packb(items[1]["value"])
