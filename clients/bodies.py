@@ -116,10 +116,17 @@ def push_request(
     return request
 
 
+#: Pushes of large arrays go as pieces (off: joined into one body first; ``python -m
+#: bench.bulk --arms`` compares the two).
+SEND_IN_PIECES = True
+
+
 def _carries_large_arrays(value: Any) -> bool:
     """Whether a push's first value is (or maps a name to) a NumPy array of
     :data:`~rlreplay.wire.pieces.LARGE_PIECE_BYTES` or more: the push's values then go as
     pieces (the others in a push are alike, nearly always)."""
+    if not SEND_IN_PIECES:
+        return False
     if type(value) is dict:
         return any(type(v) is np.ndarray and v.nbytes >= LARGE_PIECE_BYTES for v in value.values())
     return type(value) is np.ndarray and value.nbytes >= LARGE_PIECE_BYTES
@@ -183,7 +190,8 @@ def columns_request(
         TypeError: A column has no wire form.
     """
     columns = flat_columns(columns)  # a TensorDict, flattened
-    packed = stand_in(pack_pieces({name: _column(values) for name, values in columns.items()}))
+    named = {name: _column(values) for name, values in columns.items()}
+    packed = stand_in(pack_pieces(named)) if SEND_IN_PIECES else msgspec.Raw(packb(named))
     given: Any = msgspec.UNSET
     if priorities is not None:
         given = msgspec.Raw(packb(np.ascontiguousarray(priorities, dtype=np.float64)))
