@@ -36,8 +36,9 @@ __all__ = ["DIRECT_BODY_BYTES", "POOLED_BODY_BYTES", "BodyReader", "direct_reade
 
 #: Bodies at least this long are read straight into a buffer of their length.
 DIRECT_BODY_BYTES: Final = 256 << 10
-#: Bodies up to this long get a pooled buffer (longer ones a fresh one, freed after use).
-POOLED_BODY_BYTES: Final = 64 << 20
+#: Bodies up to this long get a pooled buffer (longer ones a fresh one, freed after use):
+#: a server keeps at most two such buffers per event loop, 64 MiB, outside the cache's limit.
+POOLED_BODY_BYTES: Final = 32 << 20
 
 
 class _Owner(Protocol):
