@@ -188,3 +188,33 @@ def test_pushes_of_mibs_round_trip_over_tcp_and_the_unix_socket(tmp_path: Path) 
 
         asyncio.run(scenario(server.url, "tcp"))
         asyncio.run(scenario(f"unix://{sock}", "unix"))
+
+
+async def test_long_bodies_over_a_real_socket_on_asyncios_loop() -> None:
+    h = Keeping("httptools", DIRECT)
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> Any:
+        return h.config.http_protocol_class(  # type: ignore[call-arg]
+            config=h.config, server_state=h.state, app_state={}, _loop=loop
+        )
+
+    server = await loop.create_server(protocol, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        first, second = body_of(SIZE, 7), body_of(3 * SIZE, 8)
+        small = b"POST /c HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok"
+        for data in (head(SIZE) + first, head(3 * SIZE, b"/b") + second + small):
+            for at in range(0, len(data), 50_000):  # in pieces, as a slow client sends
+                writer.write(data[at : at + 50_000])
+                await writer.drain()
+        answers = b""
+        while answers.count(b"HTTP/1.1 200 OK") < 3:
+            answers += await asyncio.wait_for(reader.read(65536), 30)
+        assert h.bodies == [first, second, b"ok"]
+        assert [type(body) for body in h.kept] == [memoryview, memoryview, bytes]
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
