@@ -181,6 +181,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         max_connections=settings.max_connections,
         # a chunked body past the limit reaches the middleware, which refuses it, at once
         body_hold_bytes=min(BODY_HOLD_BYTES, int(settings.max_request_mb * 1024 * 1024)),
+        max_direct_body_bytes=int(settings.max_request_mb * 1024 * 1024),
     )
     return {
         **_UVICORN_FIXED,

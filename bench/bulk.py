@@ -5,7 +5,12 @@ alternating TCP and the Unix socket first):
 
 * baselines: a NumPy copy of 16 MiB (``np.copyto`` into a buffer reused); TCP on 127.0.0.1
   and a Unix domain socket between two Python processes (``sendall`` of 16 MiB, the other
-  process ``recv_into`` a buffer of its own, then one byte back);
+  process ``recv_into`` a buffer of its own, then one byte back), each measured in every
+  round just before and just after rlreplay's figures on that socket (their mean is the
+  round's baseline; a ratio is the median of the rounds' ratios, so a noisy minute weighs
+  on both sides alike); the disk under the server's data folder (16 MiB written with
+  ``O_DIRECT`` and ``fdatasync``ed, as the write-ahead log does: a push answered under
+  ``wal`` waits for it);
 * rlreplay (``rlreplay serve``, hybrid with ``wal``, on TCP and on ``--uds``; one
   ``ReplayClient`` in the bench's process): ``get_many`` of every item, ``sample`` of as
   many, ``stream`` (``prefetch=2``) and pushes replacing the same keys (``push`` for the
@@ -23,7 +28,11 @@ views of them, ``clients/columns.py``), the client's one wake per long body
 64 KiB joined, then gathered), the server's writev (values' slices sent where they lie,
 ``app/api/gathered_writes.py``: off, gathered into a reused buffer), and every server fast
 path (``app/api/column_answers.py``, ``app/tables/stacking.py``: off, values joined and
-copied into a fresh buffer).
+copied into a fresh buffer). Pushes run again with each of theirs off (:data:`PUSH_ARMS`):
+the client's pieces (``clients/body_pieces.py``: off, each body joined before it is sent),
+the server's bodies read straight into one buffer (``app/api/direct_bodies.py``: off, as
+uvicorn reads them, chunks copied and joined) and glibc's mmap threshold at 32 MiB
+(``wire/allocator.py``: off, at 4 MiB, so that each value of 4 MiB is a mapping of its own).
 
 With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
 masks) move with ``Content-Encoding: zstd`` on and off.
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import mmap
 import os
 import socket
 import statistics
@@ -167,6 +177,34 @@ def socket_gbps(family: str, folder: Path, seconds: float) -> float:
     return sends * BASELINE_BYTES / elapsed / 1e9
 
 
+def disk_gbps(folder: Path, seconds: float) -> float:
+    """16 MiB written to a file in ``folder`` and ``fdatasync``ed, over and over (with
+    ``O_DIRECT`` where the filesystem takes it, as the write-ahead log writes): what a push
+    answered under ``wal`` waits for."""
+    path = folder / "disk-baseline"
+    buf = mmap.mmap(-1, BASELINE_BYTES)  # page aligned, as O_DIRECT needs
+    buf.write(np.random.default_rng(2).integers(0, 256, BASELINE_BYTES, np.uint8).tobytes())
+    try:
+        for direct in (getattr(os, "O_DIRECT", 0), 0):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct)
+            try:
+                writes, t0 = 0, time.perf_counter()
+                while (elapsed := time.perf_counter() - t0) < seconds or writes < 3:
+                    os.pwrite(fd, buf, 0)
+                    os.fdatasync(fd)
+                    writes += 1
+                return writes * BASELINE_BYTES / elapsed / 1e9
+            except OSError:  # O_DIRECT refused (tmpfs, some filesystems): buffered then
+                if not direct:
+                    raise
+            finally:
+                os.close(fd)
+        raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        path.unlink(missing_ok=True)
+        buf.close()
+
+
 # --- rlreplay -----------------------------------------------------------------------------------
 
 
@@ -267,6 +305,8 @@ _SERVER_WITH = """
 import runpy, sys
 import rlreplay.app.api.column_answers as answers
 import rlreplay.app.tables.stacking as stacking
+import rlreplay.app.api.direct_bodies as direct
+import rlreplay.wire.allocator as allocator
 from rlreplay.wire.buffer_pool import BufferPool
 {off}
 sys.argv = ["rlreplay"] + sys.argv[1:]
@@ -405,6 +445,116 @@ def arm_rows(
     return headers, rows
 
 
+#: Request bodies read the way uvicorn's protocol reads them (chunks copied, then joined)
+#: rather than straight into one buffer (``app/api/direct_bodies.py``).
+_NO_DIRECT_BODIES = "direct.DIRECT_BODY_BYTES = 1 << 62"
+#: glibc's mmap threshold at 4 MiB: every value of 4 MiB or more a mapping of its own.
+_MMAP_4_MIB = "allocator.MMAP_THRESHOLD = 4 << 20"
+
+
+class _JoinedBodies:
+    """The client's pushes joined into one body before they are sent, not sent as pieces."""
+
+    def __enter__(self) -> None:
+        import rlreplay.clients.bodies as bodies
+
+        bodies.SEND_IN_PIECES = False
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.bodies as bodies
+
+        bodies.SEND_IN_PIECES = True
+
+
+#: The arms of ``--arms`` for pushes, as :data:`ARMS`.
+PUSH_ARMS: dict[str, tuple[str | None, Any]] = {
+    "on": (None, None),
+    "client pieces off": (None, _JoinedBodies),
+    "direct bodies off": (_NO_DIRECT_BODIES, None),
+    "mmap 4 MiB": (_MMAP_4_MIB, None),
+}
+
+
+async def _push_rates(
+    url: str, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float
+) -> dict[tuple[str, str], float]:
+    """(shape, call) -> bytes/s of ``push`` (items) and ``push_columns`` over ``url``."""
+    rates: dict[tuple[str, str], float] = {}
+    async with ReplayClient(url, timeout_s=120) as rb:
+        tables = {t["name"] for t in await rb.list_tables()}
+        for index, (name, values) in enumerate(shapes.items()):
+            table = f"{TABLE_PREFIX}{index}"
+            if table not in tables:
+                await _fill(rb, table, values)
+            keys = [f"k{i}" for i in range(len(values))]
+            items = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+            nbytes = _payload_bytes(values)
+
+            async def push(
+                table: str = table, items: list[dict[str, Any]] = items, nbytes: int = nbytes
+            ) -> int:
+                await rb.push(table, items)
+                return nbytes
+
+            rates[name, "push"] = await _rate(push, seconds)
+            if _stackable(values):
+                columns = {f: np.stack([v[f] for v in values]) for f in values[0]}
+
+                async def push_columns(
+                    table: str = table,
+                    keys: list[str] = keys,
+                    columns: dict[str, np.ndarray] = columns,
+                    nbytes: int = nbytes,
+                ) -> int:
+                    await rb.push_columns(table, keys, columns)
+                    return nbytes
+
+                rates[name, "push_columns"] = await _rate(push_columns, seconds)
+    return rates
+
+
+def push_arm_rows(
+    root: Path, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float, rounds: int
+) -> tuple[list[str], list[list[object]]]:
+    """Pushes with every fast path on, then each arm of :data:`PUSH_ARMS` off (in alternate
+    orders, round by round): the table's headers and rows."""
+    servers = {off for off, _ in PUSH_ARMS.values()}
+    procs, urls = {}, {}
+    for i, off in enumerate(servers):
+        command = None if off is None else [sys.executable, "-c", _SERVER_WITH.format(off=off)]
+        sock = root / f"push{i}.sock"
+        procs[off], tcp = _server(root / f"push-{i}", sock, command=command)
+        urls[off] = {"tcp": tcp, "unix": f"unix://{sock}"}
+    runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
+    try:
+        for r in range(rounds):
+            names = list(PUSH_ARMS) if r % 2 == 0 else list(PUSH_ARMS)[::-1]
+            for family in ("tcp", "unix"):
+                for arm in names:
+                    off, client = PUSH_ARMS[arm]
+                    with client() if client is not None else nullcontext():
+                        got = asyncio.run(_push_rates(urls[off][family], shapes, seconds))
+                    runs.setdefault((arm, family), []).append(got)
+    finally:
+        for proc in procs.values():
+            stop_process(proc)
+    headers = ["shape", "call", "socket", "on"]
+    for arm in list(PUSH_ARMS)[1:]:
+        headers += [arm, "on / off"]
+    rows: list[list[object]] = []
+    for key in runs["on", "tcp"][0]:
+        for family in ("tcp", "unix"):
+            gbps = {
+                arm: statistics.median(run[key] for run in runs[arm, family]) / 1e9
+                for arm in PUSH_ARMS
+            }
+            row: list[object] = [*key, family, gbps["on"]]
+            for arm in list(PUSH_ARMS)[1:]:
+                row += [gbps[arm], f"{gbps['on'] / gbps[arm]:.2f}x"]
+            rows.append(row)
+    return headers, rows
+
+
 def _compressible(rng: np.random.Generator) -> dict[str, np.ndarray]:
     """64 rows of 16 k int32 tokens from a 32 k vocabulary, Zipf-like, with a uint8 mask."""
     ranks = np.minimum(rng.zipf(1.3, (64, 16 * 1024)), 32_000).astype(np.int32)
@@ -517,6 +667,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server not ready in 60 s")
 
 
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bulk", description=__doc__)
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per figure")
@@ -531,29 +685,35 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rlrb") as folder:
         root = Path(folder)
         copy = statistics.median(numpy_copy_gbps(seconds) for _ in range(args.rounds))
-        base = {
-            family: statistics.median(
-                socket_gbps(family, root, seconds) for _ in range(args.rounds)
-            )
-            for family in ("tcp", "unix")
-        }
-        print_table(
-            f"Bulk: baselines (GB/s, medians of {args.rounds} rounds)",
-            ["NumPy copy of 16 MiB", "TCP 127.0.0.1, two processes", "Unix socket, two processes"],
-            [[copy, base["tcp"], base["unix"]]],
-        )
         sock = root / "replay.sock"
         proc, url = _server(root / "server", sock)
+        urls = {"tcp": url, "unix": f"unix://{sock}"}
+        # the sockets' baselines in the same rounds as rlreplay's figures, one just before and
+        # one just after each family's, so that a noisy minute weighs on both sides alike
+        base: dict[str, list[float]] = {"tcp": [], "unix": [], "disk": []}
+        runs: dict[str, list[dict[tuple[str, str, str], float]]] = {"tcp": [], "unix": []}
         try:
-            urls = {"tcp": url, "unix": f"unix://{sock}"}
-            runs: dict[str, list[dict[tuple[str, str, str], float]]] = {"tcp": [], "unix": []}
             for r in range(args.rounds):
-                order = ("tcp", "unix") if r % 2 == 0 else ("unix", "tcp")
-                for family in order:
+                base["disk"].append(disk_gbps(root / "server", seconds))
+                for family in ("tcp", "unix") if r % 2 == 0 else ("unix", "tcp"):
+                    before = socket_gbps(family, root, seconds)
                     runs[family].append(asyncio.run(rlreplay_rates(urls[family], shapes, seconds)))
+                    base[family].append((before + socket_gbps(family, root, seconds)) / 2)
         finally:
             stop_process(proc)
+        print_table(
+            f"Bulk: baselines (GB/s, medians of {args.rounds} rounds; the lowest and highest "
+            "round)",
+            [
+                "NumPy copy of 16 MiB",
+                "TCP 127.0.0.1, two processes",
+                "Unix socket, two processes",
+                "disk: 16 MiB written, fdatasync",
+            ],
+            [[copy, *(_spread(base[family]) for family in ("tcp", "unix", "disk"))]],
+        )
         arms = arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
+        pushes = push_arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
         zstd = zstd_rows(root, seconds, args.rounds) if args.arms or args.zstd else None
     rows = []
     for name in shapes:
@@ -570,10 +730,16 @@ def main(argv: list[str] | None = None) -> None:
                         cells += ["-", "-"]
                         continue
                     gbps = statistics.median(got) / 1e9  # type: ignore[type-var]
-                    cells += [gbps, f"{gbps / base[family]:.2f}x"]
+                    # each round's figure against the same round's socket
+                    ratio = statistics.median(
+                        g / 1e9 / b  # type: ignore[operator]
+                        for g, b in zip(got, base[family], strict=True)
+                    )
+                    cells += [gbps, f"{ratio:.2f}x"]
                 rows.append(cells)
     print_table(
-        "Bulk: rlreplay, GB/s of array bytes and the ratio to the same socket's baseline",
+        "Bulk: rlreplay, GB/s of array bytes and the ratio to the same socket's baseline "
+        "(the median of each round's ratio)",
         ["shape", "call", "layout", "TCP GB/s", "/ TCP", "Unix GB/s", "/ Unix"],
         rows,
     )
@@ -583,6 +749,8 @@ def main(argv: list[str] | None = None) -> None:
             "Bulk: columnar reads, GB/s with every fast path on, then each off (on / off)",
             *arms,
         )
+    if pushes is not None:
+        print_table("Bulk: pushes, GB/s with every fast path on, then each off (on / off)", *pushes)
     if zstd is not None:
         print_table(
             "Bulk: 64 x 16 k tokens (32 k vocabulary) and masks, columns, GB/s of array "

@@ -16,11 +16,13 @@ from typing import Any, Final, TypedDict
 import msgspec
 import numpy as np
 
+from rlreplay.clients.body_pieces import Packed, body_pieces, joined, stand_in
 from rlreplay.clients.columns import flat_columns
 from rlreplay.wire.arrays import BFloat16Array, torch_tensor_type
 from rlreplay.wire.codec import packb
 from rlreplay.wire.errors import ValidationFailed
-from rlreplay.wire.packing import array_ext, is_plain
+from rlreplay.wire.packing import array_ext, is_plain, pack_pieces
+from rlreplay.wire.pieces import LARGE_PIECE_BYTES, Pieces
 from rlreplay.wire.schemas import DEFAULT_PRIORITY, ColumnsPushRequest, ItemIn, PushRequest
 
 __all__ = ["ColumnsMeta", "columns_request", "encode_body", "packed_item", "push_request"]
@@ -31,6 +33,8 @@ def _pack_raw(obj: Any) -> msgspec.Raw:
     by the codec and spliced in."""
     if type(obj) is np.ndarray:
         return array_ext(obj)
+    if type(obj) is Packed:
+        return joined(obj)
     return msgspec.Raw(packb(obj))
 
 
@@ -40,8 +44,10 @@ _VALUE_SPANS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _ITEM_FIELDS: Final = frozenset(ItemIn.__struct_fields__)
 
 
-def encode_body(body: Any) -> bytes:
-    """A request body as msgpack: a wire Struct, or plain data (a table's config).
+def encode_body(body: Any) -> bytes | Pieces:
+    """A request body as msgpack: a wire Struct, or plain data (a table's config); a push
+    of large arrays as the :class:`~rlreplay.wire.pieces.Pieces` of its bytes, the arrays'
+    data where it lies (:mod:`rlreplay.clients.body_pieces`).
 
     Raises:
         TypeError: A field holds what the codec cannot encode.
@@ -50,7 +56,8 @@ def encode_body(body: Any) -> bytes:
     if not isinstance(body, msgspec.Struct):
         return packb(body)
     try:
-        return _ENCODER.encode(body)
+        pieces = body_pieces(body, _ENCODER)
+        return _ENCODER.encode(body) if pieces is None else pieces
     except OverflowError as exc:
         raise ValueError(f"cannot encode: {exc}") from exc
 
@@ -80,7 +87,9 @@ def push_request(
     """
     try:
         values: list[Any] = [item["value"] for item in items]
-        if not is_plain(values):
+        if _carries_large_arrays(values[0] if values else None):
+            values = [stand_in(pack_pieces(value)) for value in values]  # sent as they lie
+        elif not is_plain(values):
             values = _VALUE_SPANS.decode(packb(values))
         body_items = [
             ItemIn(item["key"], value, item.get("priority", DEFAULT_PRIORITY))
@@ -105,6 +114,22 @@ def push_request(
     if reservation is not None:
         request.reservation = reservation
     return request
+
+
+#: Pushes of large arrays go as pieces (off: joined into one body first; ``python -m
+#: bench.bulk --arms`` compares the two).
+SEND_IN_PIECES = True
+
+
+def _carries_large_arrays(value: Any) -> bool:
+    """Whether a push's first value is (or maps a name to) a NumPy array of
+    :data:`~rlreplay.wire.pieces.LARGE_PIECE_BYTES` or more: the push's values then go as
+    pieces (the others in a push are alike, nearly always)."""
+    if not SEND_IN_PIECES:
+        return False
+    if type(value) is dict:
+        return any(type(v) is np.ndarray and v.nbytes >= LARGE_PIECE_BYTES for v in value.values())
+    return type(value) is np.ndarray and value.nbytes >= LARGE_PIECE_BYTES
 
 
 #: The fields an item may have beside its key and value.
@@ -165,7 +190,8 @@ def columns_request(
         TypeError: A column has no wire form.
     """
     columns = flat_columns(columns)  # a TensorDict, flattened
-    packed = msgspec.Raw(packb({name: _column(values) for name, values in columns.items()}))
+    named = {name: _column(values) for name, values in columns.items()}
+    packed = stand_in(pack_pieces(named)) if SEND_IN_PIECES else msgspec.Raw(packb(named))
     given: Any = msgspec.UNSET
     if priorities is not None:
         given = msgspec.Raw(packb(np.ascontiguousarray(priorities, dtype=np.float64)))

@@ -16,6 +16,7 @@ from rlreplay.wire.buffer_pool import BufferPool
 __all__ = ["Connection"]
 
 _SCRATCH_BYTES: Final = 64 * 1024
+_WRITE_HIGH: Final = 64 * 1024  # asyncio's default high-water mark
 #: A long body wakes its reader once, when complete, rather than on every read from the
 #: socket (off: on every read; ``python -m bench.bulk --arms`` compares the two).
 WAKE_ON_BODY = True
@@ -55,6 +56,9 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # no isinstance check: uvloop's transports do not derive from asyncio's classes
         self._transport = cast("asyncio.Transport", transport)
+        # a writer paused resumes once the transport's buffer is empty: its next write then
+        # goes to the socket from where it lies, not appended (copied) behind the rest
+        self._transport.set_write_buffer_limits(high=_WRITE_HIGH, low=0)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body is not None and self._body_filled < len(self._body):
@@ -214,7 +218,7 @@ class Connection(asyncio.BufferedProtocol):
             await self._wait(timeout_s)
         return self._take(min(size, self._end - self._start))
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         """Queue ``data`` for sending.
 
         Raises:

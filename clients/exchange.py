@@ -16,12 +16,15 @@ import httpx
 
 from rlreplay.clients.connection import Connection
 from rlreplay.clients.http11 import BODY_PIECE, Answer, parse_head
+from rlreplay.wire.pieces import Pieces
 
-__all__ = ["StaleConnection", "read_answer", "write_request"]
+__all__ = ["WRITE_PIECE", "StaleConnection", "read_answer", "write_request"]
 
 _BODYLESS_STATUS: Final = frozenset({204, 304})
 #: Bodies shorter than this go out in one write with their head.
 _JOIN_BELOW: Final = 64 << 10
+#: A long piece of a body goes to the transport this much at a time.
+WRITE_PIECE: Final = 256 << 10
 
 
 class StaleConnection(Exception):
@@ -33,12 +36,16 @@ class StaleConnection(Exception):
 
 
 async def write_request(
-    conn: Connection, head: bytes, body: bytes, timeout_s: float | None
+    conn: Connection, head: bytes, body: bytes | Pieces, timeout_s: float | None
 ) -> None:
     """Send the request's ``head`` and ``body`` and wait until they are handed to the kernel.
 
     A short body goes out joined to the head (one write); a long one after it, not copied
-    into a joined request first (a push of columns is MiBs).
+    into a joined request first (a push of columns is MiBs). A body in
+    :class:`~rlreplay.wire.pieces.Pieces` goes a piece at a time, each long one in
+    :data:`WRITE_PIECE` steps, the next written once the transport has handed the last to
+    the kernel: the kernel copies the bytes from where they lie, and the transport's buffer
+    holds (a copy of) only what the socket did not take at once.
 
     Raises:
         httpx.WriteTimeout: The write did not drain within ``timeout_s``.
@@ -46,13 +53,17 @@ async def write_request(
         StaleConnection: A reused connection was found closed by the server.
     """
     try:
-        if len(body) < _JOIN_BELOW:
-            conn.write(head + body if body else head)
+        if isinstance(body, Pieces):
+            async with asyncio.timeout(timeout_s):
+                await _write_pieces(conn, head, body)
         else:
-            conn.write(head)
-            conn.write(body)
-        async with asyncio.timeout(timeout_s):
-            await conn.drain()
+            if len(body) < _JOIN_BELOW:
+                conn.write(head + body if body else head)
+            else:
+                conn.write(head)
+                conn.write(body)
+            async with asyncio.timeout(timeout_s):
+                await conn.drain()
     except TimeoutError as exc:
         raise httpx.WriteTimeout("writing the request timed out") from exc
     except OSError as exc:
@@ -61,6 +72,19 @@ async def write_request(
         if conn.reused and isinstance(exc, ConnectionError):
             raise StaleConnection(error) from exc
         raise error from exc
+
+
+async def _write_pieces(conn: Connection, head: bytes, body: Pieces) -> None:
+    parts = body.parts
+    if parts and len(parts[0]) < _JOIN_BELOW:  # the map's head and the keys, say
+        conn.write(head + parts[0])
+        parts = parts[1:]
+    else:
+        conn.write(head)
+    for part in parts:
+        for start in range(0, len(part), WRITE_PIECE):
+            conn.write(part[start : start + WRITE_PIECE])
+            await conn.drain()
 
 
 async def read_answer(

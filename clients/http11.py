@@ -6,15 +6,19 @@ checks that refuse a header with CR or LF) read in one place and need no event l
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
 
 import httpx
+
+from rlreplay.wire.pieces import Pieces
 
 __all__ = [
     "BODY_PIECE",
     "MAX_HEADER_BYTES",
     "Answer",
     "has_token",
+    "new_request",
     "parse_head",
     "request_body",
     "request_head",
@@ -75,7 +79,7 @@ def parse_head(head: bytes) -> Answer:
     return Answer(int(code), reason, version, headers, keep_alive)
 
 
-def request_head(request: httpx.Request, body: bytes) -> bytes:
+def request_head(request: httpx.Request, body: bytes | Pieces) -> bytes:
     """The request line and headers of ``request``, up to and including the blank line.
 
     Raises:
@@ -95,8 +99,44 @@ def request_head(request: httpx.Request, body: bytes) -> bytes:
     return b"".join(parts)
 
 
-async def request_body(request: httpx.Request) -> bytes:
-    """The body of ``request`` as sent: read in full, one chunk when it asks for chunked."""
+class _PiecesStream(httpx.AsyncByteStream, httpx.SyncByteStream):
+    """A request body given as :class:`~rlreplay.wire.pieces.Pieces`: the client's transport
+    sends the pieces as they lie; another transport gets each as ``bytes``."""
+
+    def __init__(self, pieces: Pieces) -> None:
+        self.pieces = pieces
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (bytes(part) for part in self.pieces.parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.pieces.parts:
+            yield bytes(part)
+
+
+def new_request(
+    method: str,
+    url: httpx.URL,
+    *,
+    headers: httpx.Headers,
+    content: bytes | Pieces | None,
+    extensions: dict[str, Any],
+) -> httpx.Request:
+    """``httpx.Request(...)``, with a body of :class:`~rlreplay.wire.pieces.Pieces` framed
+    by its ``Content-Length`` and kept in pieces (:func:`request_body` gives them back)."""
+    if type(content) is not Pieces:
+        return httpx.Request(method, url, headers=headers, content=content, extensions=extensions)
+    headers = headers.copy()
+    headers["Content-Length"] = str(len(content))
+    stream = _PiecesStream(content)
+    return httpx.Request(method, url, headers=headers, stream=stream, extensions=extensions)
+
+
+async def request_body(request: httpx.Request) -> bytes | Pieces:
+    """The body of ``request`` as sent: read in full, one chunk when it asks for chunked;
+    pieces (:func:`new_request`) as they are."""
+    if type(request.stream) is _PiecesStream:
+        return request.stream.pieces
     try:
         body = request.content
     except httpx.RequestNotRead:

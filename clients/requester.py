@@ -20,12 +20,14 @@ import httpx
 from rlreplay.clients.bodies import encode_body
 from rlreplay.clients.columns import decode_views
 from rlreplay.clients.event_loop import bound_loop
+from rlreplay.clients.http11 import new_request
 from rlreplay.clients.retry import RetryPolicy, parse_retry_after
 from rlreplay.clients.server_url import server_address
 from rlreplay.clients.transport import LeanTransport
 from rlreplay.wire.codec import from_jsonable, unpackb
 from rlreplay.wire.compression import MIN_BYTES, ZSTD, compress
 from rlreplay.wire.errors import Overloaded, ReplayError, Unavailable, error_from_body
+from rlreplay.wire.pieces import Pieces
 
 __all__ = ["MSGPACK", "Requester", "answer_map", "path_segment", "table_path"]
 
@@ -273,7 +275,7 @@ class Requester:
         self,
         method: str,
         path: str,
-        content: bytes | None,
+        content: bytes | Pieces | None,
         *,
         idempotent: bool,
         read_s: float | None,
@@ -307,7 +309,7 @@ class Requester:
         if body_headers is not None:
             headers = headers.copy()
             headers.update(body_headers)
-        request = httpx.Request(
+        request = new_request(
             method, self._url(path), headers=headers, content=content, extensions=extensions
         )
         response, answer = await self._lean.fetch(request)

@@ -81,6 +81,7 @@ from rlreplay.clients.http11 import (
 )
 from rlreplay.wire.buffer_pool import BufferPool
 from rlreplay.wire.compression import decompress_into, is_zstd
+from rlreplay.wire.pieces import Pieces
 
 __all__ = ["LeanTransport"]
 
@@ -226,7 +227,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         address: Address,
         timeouts: Mapping[str, float | None],
         head: bytes,
-        body: bytes,
+        body: bytes | Pieces,
         close_after: bool,
     ) -> tuple[Answer, bytes | bytearray | memoryview]:
         conn = self._pool.checkout(address)
@@ -252,7 +253,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         address: Address,
         timeouts: Mapping[str, float | None],
         head: bytes,
-        body: bytes,
+        body: bytes | Pieces,
         close_after: bool,
     ) -> tuple[Answer, bytes | bytearray | memoryview]:
         """One request on ``conn``; pools the connection after a clean answer, else closes it."""

@@ -6,7 +6,8 @@ glibc hands back to the OS as soon as it is freed at the heap's top. Either way 
 request faults its pages in again, a large share of a client's CPU per batch (count them in
 ``/proc/self/stat``; docs/benchmarks.md, "Per-request costs", has the figures). Fixed
 thresholds end that:
-buffers under :data:`MMAP_THRESHOLD` come from the heap, and the heap keeps up to
+buffers under :data:`MMAP_THRESHOLD` (glibc's largest, 32 MiB: the 4 MiB values a push
+of columns is cut into among them) come from the heap, and the heap keeps up to
 :data:`TRIM_THRESHOLD` of free memory at its top (``malloc_trim`` still returns it).
 
 Only glibc has these knobs; elsewhere the functions do nothing and return False.
@@ -24,7 +25,7 @@ __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "raise_malloc_thresholds
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 #: Allocations at least this large get their own mapping.
-MMAP_THRESHOLD = 4 << 20
+MMAP_THRESHOLD = 32 << 20
 #: Free bytes at the heap's top that glibc keeps rather than trims.
 TRIM_THRESHOLD = 32 << 20
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from rlreplay.wire.pieces import Pieces
+
 __all__ = [
     "LEVEL",
     "MIN_BYTES",
@@ -80,7 +82,8 @@ def is_zstd(content_encoding: bytes | str) -> bool:
 
 def compress(pieces: Sequence[Any], level: int = LEVEL) -> bytes:
     """One zstd frame of the buffers ``pieces`` in order (not joined first), its content
-    size written in it."""
+    size written in it; a :class:`~rlreplay.wire.pieces.Pieces` stands for its own."""
+    pieces = [p for piece in pieces for p in (piece.parts if type(piece) is Pieces else (piece,))]
     sizes = [memoryview(piece).nbytes for piece in pieces]
     stream = _zstd().ZstdCompressor(level=level).compressobj(size=sum(sizes))
     out = [stream.compress(piece) for piece, size in zip(pieces, sizes, strict=True) if size]

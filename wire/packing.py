@@ -37,8 +37,9 @@ from rlreplay.wire.arrays import (
     zero_padding,
 )
 from rlreplay.wire.headers import array_header, float_bytes, int_bytes, map_header, str_bytes
+from rlreplay.wire.pieces import Pieces
 
-__all__ = ["array_ext", "encode_default", "is_plain", "packb"]
+__all__ = ["array_ext", "encode_default", "is_plain", "pack_pieces", "packb"]
 
 _PYTHON_SCALARS = (bool, int, float, str, bytes)
 #: Maps and lists nested deeper than this are handed to msgpack-python as a whole.
@@ -228,3 +229,15 @@ def packb(obj: Any) -> bytes:
     parts: list[Any] = []
     _append(obj, parts, 0)
     return parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+
+
+def pack_pieces(obj: Any) -> Pieces:
+    """:func:`packb`'s bytes, not joined: each long array a view of its own memory (which
+    must not change until the pieces are sent).
+
+    Raises:
+        TypeError, ValueError: As :func:`packb`.
+    """
+    parts: list[Any] = []
+    _append(obj, parts, 0)
+    return Pieces(parts)

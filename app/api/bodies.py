@@ -96,7 +96,7 @@ class PushBody:
     wait: bool
     #: The body itself when it is msgpack (the write-ahead log keeps it as sent, instead of
     #: encoding the items again); None for JSON.
-    raw: bytes | None = field(default=None, compare=False)
+    raw: bytes | memoryview | None = field(default=None, compare=False)
     #: The write's idempotency key, if it has one.
     request_id: str | None = None
     #: A msgpack columnar body's ``columns`` map as sent (the log keeps it, and replay
@@ -273,7 +273,7 @@ def _item_priority(i: int) -> str:
 # --- push -------------------------------------------------------------------------------------
 
 
-def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
+def parse_push(body: bytes | memoryview, fmt: BodyFormat) -> PushBody:
     """Parses a push body; msgpack values stay the raw bytes sent, JSON values are converted.
 
     Args:
@@ -293,7 +293,7 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
         push = _decode_msgpack_push(body)
         values = [bytes(it.value) for it in push.items]
     else:
-        push, values = _decode_json_push(body)
+        push, values = _decode_json_push(bytes(body))
     items = push.items
     keys = [it.key for it in items]
     priorities = [it.priority for it in items]
@@ -324,7 +324,7 @@ def parse_push(body: bytes, fmt: BodyFormat) -> PushBody:
     )
 
 
-def _decode_msgpack_push(body: bytes) -> PushRequest:
+def _decode_msgpack_push(body: bytes | memoryview) -> PushRequest:
     size = map_size(body)
     # a map of two entries must hold both fields, so that a repeated "items" is refused
     decoder: msgspec.msgpack.Decoder[Any] = _MSGPACK_PUSH_WITH_WAIT if size == 2 else _MSGPACK_PUSH
@@ -348,7 +348,7 @@ def _decode_msgpack_push(body: bytes) -> PushRequest:
     return push
 
 
-def _decode_items_and_id(body: bytes) -> PushRequest:
+def _decode_items_and_id(body: bytes | memoryview) -> PushRequest:
     """A msgpack push body of two entries without ``wait``: ``items`` and ``request_id``
     or ``reservation``, or ``items`` twice (refused)."""
     try:

@@ -65,7 +65,7 @@ _COLUMNS_FIRST: Final = (b"\xa4keys", b"\xa7columns")  # the names as msgpack fi
 _NULL: Final = msgspec.Raw(b"null")
 
 
-def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
+def parse_any_push(body: bytes | memoryview, fmt: BodyFormat) -> PushBody:
     """Parses a push body of either form (see the module docstring).
 
     Raises:
@@ -90,13 +90,13 @@ def parse_any_push(body: bytes, fmt: BodyFormat) -> PushBody:
     return parse_columns_push(body, fmt, top)
 
 
-def _columns_first(body: bytes) -> bool:
+def _columns_first(body: bytes | memoryview) -> bool:
     """Whether ``body`` is a small msgpack map whose first field is ``keys`` or ``columns``
     (as the clients write the columnar form): the per-item form cannot have it."""
-    return len(body) > 8 and 0x80 <= body[0] <= 0x8F and body[1:9].startswith(_COLUMNS_FIRST)
+    return len(body) > 8 and 0x80 <= body[0] <= 0x8F and bytes(body[1:9]).startswith(_COLUMNS_FIRST)
 
 
-def _top_fields(body: bytes, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:
+def _top_fields(body: bytes | memoryview, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:
     """The body's fields, unread; None when it is not a map of names.
 
     Raises:
@@ -109,7 +109,7 @@ def _top_fields(body: bytes, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:
     except _UNREADABLE as exc:
         if fmt is BodyFormat.JSON:  # JSON that only Python's parser reads, as the per-item form
             try:
-                obj = json.loads(body)
+                obj = json.loads(bytes(body))
             except (ValueError, RecursionError):
                 pass
             else:
@@ -119,7 +119,7 @@ def _top_fields(body: bytes, fmt: BodyFormat) -> dict[str, msgspec.Raw] | None:
 
 
 def parse_columns_push(
-    body: bytes, fmt: BodyFormat, top: dict[str, msgspec.Raw] | None = None
+    body: bytes | memoryview, fmt: BodyFormat, top: dict[str, msgspec.Raw] | None = None
 ) -> PushBody:
     """Parses a columnar push body into the items it stands for.
 

@@ -41,7 +41,8 @@ its chunks (up to ``body_hold_bytes``) and hands them over, joined, when the bod
 complete. uvicorn hands over every 64 KiB instead: each piece copied twice, a wake-up of
 the app, and a pause and resume of reading, which cost a push of 64 x 4 KiB more than its
 parse. A body past ``body_hold_bytes`` is handed over in pieces of that size, reading
-paused until the app takes each, so a connection holds at most that much.
+paused until the app takes each. A body of a known length from 256 KiB is read by the
+kernel straight into one buffer (:mod:`rlreplay.app.api.direct_bodies`).
 
 The cost on the hot path is a byte count, a clock read and a few attribute writes per
 request, in three parser callbacks: each connection has one timer, armed when it is accepted
@@ -71,6 +72,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from rlreplay.app.api.direct_bodies import BodyReader, direct_reader
 from rlreplay.app.api.gathered_writes import GATHERED_WRITES, GatheringTransport
 
 __all__ = ["BODY_HOLD_BYTES", "ConnectionLimits", "guarded_protocol", "raise_descriptor_limit"]
@@ -119,6 +121,9 @@ class ConnectionLimits:
     body_hold_bytes: int = BODY_HOLD_BYTES
     #: Bytes past which a request head still incomplete is refused with 431.
     max_head_bytes: int = 64 << 10
+    #: The longest body read straight into a buffer of its ``Content-Length`` (httptools;
+    #: see :mod:`rlreplay.app.api.direct_bodies`); 0: none. The server's is its request limit.
+    max_direct_body_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("head_timeout_s", "body_timeout_s"):
@@ -133,6 +138,8 @@ class ConnectionLimits:
             raise ValueError(f"body_hold_bytes ({self.body_hold_bytes}) must be > 0")
         if self.max_head_bytes <= 0:
             raise ValueError(f"max_head_bytes ({self.max_head_bytes}) must be > 0")
+        if self.max_direct_body_bytes < 0:
+            raise ValueError(f"max_direct_body_bytes ({self.max_direct_body_bytes}) must be >= 0")
 
     @property
     def check_every_s(self) -> float:
@@ -355,6 +362,8 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
                 # llhttp stopped past the head: the body and what follows, not copied
                 rest = memoryview(rest)[exc.args[0] :]
         self._received = received  # after: a body's first window counts the head's chunk
+        if self._reader is not None and not self.transport.is_closing():
+            self.transport.set_protocol(self._reader)  # the rest of the body, straight in
         if self._phase == _HEAD and received - self._head_mark > self.limits.max_head_bytes:
             self.logger.warning("Invalid HTTP request received.")
             self._refuse(431, _HEAD_TOO_LARGE)
@@ -405,6 +414,7 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is scope:  # not a websocket's upgrade
             cycle.transport = self._gathering
+            self._reader = direct_reader(self, cycle, self.limits.max_direct_body_bytes)
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's ``on_body``, but the chunks wait here until the body is complete or
@@ -413,6 +423,9 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
             return  # as uvicorn: an upgrade's body is not the app's (and it may have no cycle)
         cycle = self.cycle
         if cycle.response_complete:  # answered already: the rest of the body is dropped
+            return
+        if self._reader is not None:
+            self._reader.take(body)
             return
         self._chunks.append(body)
         self._held += len(body)
@@ -426,7 +439,10 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
             return  # a declined upgrade's, without a body: its head is parsed again
         self._phase = _IDLE
         self._head_mark = self._chunk_end
-        if self._held and not self.cycle.response_complete:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self.cycle.body = reader.body
+        elif self._held and not self.cycle.response_complete:
             self._hand_over(self.cycle)
         self._chunks = []
         self._held = 0
@@ -440,9 +456,22 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._chunks = []  # a body cut off: nobody takes it
-        self._held = 0
+        self._chunks, self._held, self._reader = [], 0, None  # a body cut off: nobody takes it
         super().connection_lost(exc)
+
+    #: The reader of the body in progress, when it goes straight into a buffer.
+    _reader: BodyReader | None = None
+
+    def direct_body_read(self, nbytes: int) -> None:
+        """The reader took ``nbytes`` more of the body (counted for the body's deadline)."""
+        self._received += nbytes
+        self._chunk_end = self._received
+
+    def direct_body_done(self) -> None:
+        """The body is whole: the transport and a fresh parser take the next request."""
+        self.transport.set_protocol(self)
+        self.parser = self._fresh_parser()
+        self.on_message_complete()
 
     def _hand_over(self, cycle: Any) -> None:
         """Moves the chunks held to the cycle's body, which the app's receive() takes."""

@@ -20,7 +20,7 @@ ways and compares the answers.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -114,11 +114,13 @@ class HotRoutes:
         try:
             fmt = format_of(content_type.decode("latin-1"))
             body = await _read_body(receive)
+            if type(body) is not bytes and handler is not items.push_reply:
+                body = bytes(body)  # a long body read into a buffer: a push reads it there
             reply = await handler(
                 self.engine,
                 self.metrics,
                 scope["path_params"]["table"],
-                body,
+                cast(bytes, body),
                 fmt,
                 wants_msgpack_header(accept.decode("latin-1")),
             )
@@ -141,9 +143,10 @@ class HotRoutes:
         await send({"type": "http.response.body", "body": answer})
 
 
-async def _read_body(receive: Receive) -> bytes:
-    """The whole request body, as Starlette's ``Request.body`` reads it."""
-    chunks: list[bytes] = []
+async def _read_body(receive: Receive) -> bytes | memoryview:
+    """The whole request body, as Starlette's ``Request.body`` reads it (a long one in the
+    buffer it was read into: :mod:`rlreplay.app.api.direct_bodies`)."""
+    chunks: list[bytes | memoryview] = []
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":

@@ -114,9 +114,17 @@ async def push_items(request: Request, table: TableName) -> Response:
 
 
 async def push_reply(
-    engine: Engine, metrics: Metrics, table: str, body: bytes, fmt: BodyFormat, as_msgpack: bool
+    engine: Engine,
+    metrics: Metrics,
+    table: str,
+    body: bytes | memoryview,
+    fmt: BodyFormat,
+    as_msgpack: bool,
 ) -> Reply:
-    """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`)."""
+    """The work of :func:`push_items` (a :data:`~rlreplay.app.api.deps.BodyHandler`); a long
+    msgpack body is read where it lies, in the buffer the socket read it into."""
+    if fmt is not BodyFormat.MSGPACK and type(body) is not bytes:
+        body = bytes(body)
     push = parse_any_push(body, fmt)
     answer = await engine.admission.push_answer(
         table,

@@ -643,7 +643,11 @@ def test_the_settings_reach_uvicorn(tmp_path: Path) -> None:
     options = uvicorn_options(settings)
     assert options["timeout_keep_alive"] == 7
     assert options["http"].limits == ConnectionLimits(
-        head_timeout_s=3, body_timeout_s=4, body_min_bytes_per_s=2048, max_connections=9
+        head_timeout_s=3,
+        body_timeout_s=4,
+        body_min_bytes_per_s=2048,
+        max_connections=9,
+        max_direct_body_bytes=int(settings.max_request_mb * 1024 * 1024),
     )
     assert options["http"].limits.body_hold_bytes == BODY_HOLD_BYTES
     # a chunked body past a lower limit is handed over, and refused, as soon as it passes it

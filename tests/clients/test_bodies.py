@@ -48,3 +48,61 @@ def test_a_push_body_carries_each_value_as_the_codec_packs_it(value: Any) -> Non
 def test_an_int_past_64_bits_in_a_flat_value_is_refused() -> None:
     with pytest.raises(ValueError):
         encode_body(push_request([{"key": "a", "value": {"n": 2**64}}], False))
+
+
+_COLUMNS = {
+    "big": np.arange(3 * 40_000, dtype="<i4").reshape(3, 40_000),  # a piece of its own
+    "fortran": np.asfortranarray(np.arange(3 * 30_000, dtype=">f8").reshape(3, 30_000)),
+    "small": np.arange(6, dtype=np.float16).reshape(3, 2),
+    "r": np.array([1.0, 2.0, 3.0]),
+}
+
+
+@pytest.mark.parametrize("meta", [{}, {"tags": [{"a": 1}, None, {"b": "x"}], "reservation": "r"}])
+def test_a_columnar_body_in_pieces_is_the_body_joined(meta: dict[str, Any]) -> None:
+    from rlreplay.clients.bodies import columns_request
+    from rlreplay.wire.pieces import Pieces
+    from rlreplay.wire.schemas import ColumnsPushRequest
+
+    keys = ["k0", "é" * 40, "k" * 300]  # key headers of three lengths
+    body = columns_request(keys, _COLUMNS, [1.0, 2.0, 0.5], True, meta)  # type: ignore[arg-type]
+    body.request_id = "rid-1"
+    sent = encode_body(body)
+    assert isinstance(sent, Pieces)
+    # the arrays' long data goes as views of their memory, not copied into the body
+    assert any(isinstance(p, memoryview) and p.nbytes == _COLUMNS["big"].nbytes for p in sent.parts)
+    joined = msgspec.structs.replace(body, columns=msgspec.Raw(packb(_COLUMNS)))
+    assert bytes(sent) == msgspec.msgpack.encode(joined) and len(sent) == len(bytes(sent))
+    read = msgspec.msgpack.decode(bytes(sent), type=ColumnsPushRequest)
+    assert read.keys == keys and bytes(read.columns) == packb(_COLUMNS)
+    assert bytes(encode_body(body)) == bytes(sent)  # encoded again (a retry): the same
+
+
+def test_a_push_of_large_values_in_pieces_is_the_body_joined() -> None:
+    from rlreplay.wire.pieces import Pieces
+    from rlreplay.wire.schemas import ItemIn
+
+    big = np.arange(3 * 30_000, dtype="<f4").reshape(3, 30_000)
+    items = [
+        {"key": "a", "value": {"x": big, "r": 1.0}},
+        {"key": "é" * 50, "value": {"x": big[::-1].copy(), "s": "t"}, "priority": 2.0},
+        {"key": "c", "value": {"x": np.asfortranarray(big)}, "group": "g", "tags": {"k": 1}},
+    ]
+    body = push_request(items, True, reservation="r1")
+    body.request_id = "rid"
+    sent = encode_body(body)
+    assert isinstance(sent, Pieces)
+    # each array a view (the Fortran one of its copy in C order, which the codec makes)
+    assert sum(isinstance(p, memoryview) and p.nbytes == big.nbytes for p in sent.parts) == 3
+    expected = PushRequest(
+        [
+            ItemIn("a", msgspec.Raw(packb(items[0]["value"]))),
+            ItemIn("é" * 50, msgspec.Raw(packb(items[1]["value"])), 2.0),
+            ItemIn("c", msgspec.Raw(packb(items[2]["value"])), group="g", tags={"k": 1}),
+        ],
+        True,
+        "rid",
+        "r1",
+    )
+    assert bytes(sent) == msgspec.msgpack.encode(expected)
+    assert _as_server_reads(bytes(sent))[1][1] == packb(items[1]["value"])
