@@ -61,9 +61,11 @@ __all__ = [
     "storage_for",
 ]
 
-#: Bytes of values a step writes: RocksDB holds the GIL for about 0.1 ms (0.4 ms at the
-#: 99th percentile) for 256 KiB here, a quarter of 1 MiB's, for the same throughput.
-STEP_BYTES = 256 << 10
+#: Bytes of values a step writes: RocksDB holds the GIL for about 0.5 ms (2 ms at the 99th
+#: percentile) for 1 MiB here. Each step waits for a turn of a busy event loop (several
+#: milliseconds under a full push load), so the step's size sets how fast a checkpoint
+#: goes: 256 KiB steps made checkpoints twice as long (``bench.ingest``).
+STEP_BYTES = 1 << 20
 STEP_SLOTS = 2048  # slots a step visits at most (metadata-only steps)
 _STALL_WAIT_S = 0.005  # the wait before a write RocksDB refused to stall is tried again
 #: How long memory mode's checkpoint waits for its file before applying pushes again.

@@ -83,7 +83,7 @@ async def test_pushes_are_applied_between_the_steps_of_a_checkpoint(tmp_path: Pa
     await eng.start()
     try:
         await eng.create_table("t", TableConfig())
-        for n in range(8):  # 64 MiB: 256 steps of 256 KiB
+        for n in range(8):  # 64 MiB: 64 steps of 1 MiB
             await eng.push("t", _values(f"b{n}/", 128, 65_536), wait=True)
         await eng.flush()  # the next checkpoint writes them
         checkpoint = asyncio.ensure_future(eng.flush())
@@ -250,3 +250,18 @@ async def test_memory_mode_applies_pushes_while_its_checkpoint_file_is_written(
         assert all(g is not None for g in got)
     finally:
         await again.stop()
+
+
+async def test_at_the_defaults_the_recovery_bound_sets_the_cadence_not_the_cap(
+    tmp_path: Path,
+) -> None:
+    """30 s at the assumed 32 MiB/s: 960 MiB of log to replay, a previous interval and this
+    one; the 1 GiB cap is past it."""
+    defaults = _checkpointer(tmp_path)
+    log = SimpleNamespace(bytes_since_checkpoint=400 * MB)
+    assert not defaults.due(log)  # type: ignore[arg-type]  # a 256 MB cap called for one
+    defaults._new_interval(500 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 400 * MB
+    assert not defaults.due(log)  # type: ignore[arg-type]  # 900 MiB
+    log.bytes_since_checkpoint = 461 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # 961 MiB
