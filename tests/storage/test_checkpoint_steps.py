@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 
 from rlreplay.app.engine.engine import Engine
@@ -265,3 +266,32 @@ async def test_at_the_defaults_the_recovery_bound_sets_the_cadence_not_the_cap(
     assert not defaults.due(log)  # type: ignore[arg-type]  # 900 MiB
     log.bytes_since_checkpoint = 461 * MB
     assert defaults.due(log)  # type: ignore[arg-type]  # 961 MiB
+
+
+@pytest.mark.parametrize(
+    ("remover", "newest_first"), [("fifo", True), ("lifo", False), ("uniform", None)]
+)
+async def test_a_checkpoint_visits_last_what_the_remover_takes_first(
+    tmp_path: Path, remover: str, newest_first: bool | None
+) -> None:
+    """Items a bounded FIFO table is about to remove are visited last: many are gone
+    before their step comes, and are never written."""
+    eng = Engine(make_settings(tmp_path, storage_mode="hybrid"))
+    await eng.start()
+    try:
+        await eng.create_table(
+            "t", TableConfig.model_validate({"max_size": 100, "remover": {"type": remover}})
+        )
+        for n in range(4):
+            await eng.push("t", _values(f"p{n}/", 20, 16), wait=True)
+        t = eng.state.tables["t"]
+        slots = np.flatnonzero(np.frombuffer(t.dirty, dtype=np.uint8, count=len(t.keys)))
+        assert len(slots) == 80
+        visited = await storage_module._removed_last(eng.state.io, t, slots)
+        orders = t.order[visited].tolist()
+        if newest_first is None:
+            assert visited.tolist() == slots.tolist()
+        else:
+            assert orders == sorted(orders, reverse=newest_first)
+    finally:
+        await eng.stop()
