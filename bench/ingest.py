@@ -7,8 +7,8 @@ One server at a time (``hybrid``, ``wal``), fed for ``--duration`` seconds (60 b
 * ``wrk`` (when installed): 1 thread, ``--connections`` keep-alive connections, new-key
   pushes of the same shape into the same kind of table.
 
-Each arm runs against the default settings (checkpoints every 256 MB of log, or sooner
-when recovery would take longer than its bound) and against the same server with
+Each arm runs against the default settings (a checkpoint when recovery would take longer
+than its bound, at the latest every 1024 MB of log) and against the same server with
 checkpoints pushed past the run (``--wal-checkpoint-mb 100000 --recovery-bound-s 0``); the
 pipelined writer also runs against Reverb 0.14's writer (same values, same table) when its
 venv is there (``RLREPLAY_REVERB_PYTHON``, else ``.venv-reverb``).
