@@ -115,12 +115,18 @@ async def test_a_checkpoint_comes_due_at_the_cap_or_sooner_by_the_recovery_bound
 
     bounded = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
     bounded.note_recovery(4.0, 400 * MB, 3.0)  # a start at 100 MiB/s: 200 MiB in the bound
-    log.bytes_since_checkpoint = 150 * MB
+    # the first interval takes half: it is the previous one at the next checkpoint
+    log.bytes_since_checkpoint = 99 * MB
     assert not bounded.due(log)  # type: ignore[arg-type]
-    log.bytes_since_checkpoint = 201 * MB
+    log.bytes_since_checkpoint = 101 * MB
     assert bounded.due(log)  # type: ignore[arg-type]
-    assert bounded.stats.replay_bytes == 201 * MB
+    assert bounded.stats.replay_bytes == 101 * MB
     assert bounded.stats.recovery_s == 4.0
+    bounded._new_interval(101 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 98 * MB
+    assert not bounded.due(log)  # type: ignore[arg-type]  # 101 + 98
+    log.bytes_since_checkpoint = 100 * MB
+    assert bounded.due(log)  # type: ignore[arg-type]  # 101 + 100
 
     # a slower replay calls for checkpoints sooner; the previous interval counts too
     slow = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
@@ -261,6 +267,8 @@ async def test_at_the_defaults_the_recovery_bound_sets_the_cadence_not_the_cap(
     defaults = _checkpointer(tmp_path)
     log = SimpleNamespace(bytes_since_checkpoint=400 * MB)
     assert not defaults.due(log)  # type: ignore[arg-type]  # a 256 MB cap called for one
+    log.bytes_since_checkpoint = 481 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # twice this interval: 962 MiB
     defaults._new_interval(500 * MB, time.monotonic())
     log.bytes_since_checkpoint = 400 * MB
     assert not defaults.due(log)  # type: ignore[arg-type]  # 900 MiB
