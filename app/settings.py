@@ -45,11 +45,12 @@ class Settings(BaseSettings):
         "wal", description="wal: answered writes survive kill -9; none: write-back, may lose."
     )
     wal_checkpoint_mb: float = Field(
-        256,
+        1024,
         gt=0,
         description=(
-            "Checkpoint (flush to RocksDB, truncate the log) past this log size; hybrid "
-            "keeps up to about 3x this (values pushed since the last checkpoint)."
+            "Checkpoint (flush to RocksDB, truncate the log) past this log size at the "
+            "latest (--recovery-bound-s usually calls for one sooner); hybrid keeps up to "
+            "about 3x this (values pushed since the last checkpoint)."
         ),
     )
     recovery_bound_s: float = Field(

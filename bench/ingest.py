@@ -7,8 +7,8 @@ One server at a time (``hybrid``, ``wal``), fed for ``--duration`` seconds (60 b
 * ``wrk`` (when installed): 1 thread, ``--connections`` keep-alive connections, new-key
   pushes of the same shape into the same kind of table.
 
-Each arm runs against the default settings (checkpoints every 256 MB of log, or sooner
-when recovery would take longer than its bound) and against the same server with
+Each arm runs against the default settings (a checkpoint when recovery would take longer
+than its bound, at the latest every 1024 MB of log) and against the same server with
 checkpoints pushed past the run (``--wal-checkpoint-mb 100000 --recovery-bound-s 0``); the
 pipelined writer also runs against Reverb 0.14's writer (same values, same table) when its
 venv is there (``RLREPLAY_REVERB_PYTHON``, else ``.venv-reverb``).
@@ -18,7 +18,10 @@ its longest answer show how long the server's event loop stalled (every route wa
 behind a stall). The server's own figures come from ``/metrics`` at the end: checkpoints
 taken, the longest event-loop stall during one, the longest checkpoint. Then the server is
 killed (``kill -9``) and started again on the same data: the seconds until it is ready
-are the recovery time, next to the bound the server states.
+are the recovery time, next to the bound the server states. Each arm's line also gives the
+CPU seconds the server's threads took during the load, by name (Linux): ``loop`` (the event
+loop's thread), ``python`` (its other threads: I/O, the watchdog), ``rocksdb:low``
+(compactions), ``rocksdb:high`` (flushes), ``child:python`` (the log writer process).
 
 Run: ``python -m bench.ingest [--duration 60] [--repeats 1] [--arms writer,wrk,reverb]
 [--servers default,"no checkpoints"] [--quick] [--log-loop-stalls-ms 50 --server-logs DIR]``.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
@@ -167,6 +171,49 @@ def _start(data_dir: Path, log: Path, port: int, flags: tuple[str, ...]) -> subp
     raise RuntimeError(f"the server on port {port} was not ready in {_READY_WITHIN_S} s")
 
 
+def thread_cpu(pid: int) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds so far of each thread of process ``pid`` and of its children (Linux's
+    ``/proc``; empty elsewhere): (process, thread) -> (name, seconds). The main thread
+    of ``pid`` is named ``loop`` (the event loop's), a child's threads ``child:<name>``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = entry.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            pids.append(int(entry.parent.name))
+    out: dict[tuple[int, int], tuple[str, float]] = {}
+    for p in pids:
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            tid = int(task.name)
+            if p != pid:
+                name = f"child:{name}"
+            elif tid == pid:
+                name = "loop"
+            out[(p, tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_name(
+    before: dict[tuple[int, int], tuple[str, float]],
+    after: dict[tuple[int, int], tuple[str, float]],
+) -> dict[str, float]:
+    """CPU seconds between two :func:`thread_cpu` readings, summed by thread name."""
+    spent: dict[str, float] = {}
+    for key, (name, seconds) in after.items():
+        was = before.get(key, (name, 0.0))[1]
+        spent[name] = round(spent.get(name, 0.0) + seconds - was, 2)
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
+
+
 def _metric(text: str, name: str) -> float:
     """The value of an unlabelled series ``name`` in a /metrics scrape (0 if absent)."""
     found = re.search(rf"^{re.escape(name)} ([-+0-9.e]+)$", text, re.MULTILINE)
@@ -192,6 +239,7 @@ def run_arm(
             json={"max_size": CAPACITY, "remover": {"type": "fifo"}},
             timeout=30,
         ).raise_for_status()
+        cpu_before = thread_cpu(proc.pid)
         with HealthProbe(url) as probe:
             if arm == "writer":
                 out = subprocess.run(
@@ -215,6 +263,7 @@ def run_arm(
                 )
                 figures["rate"] = rate * PUSH_ITEMS
                 figures["refused"] = bad
+        figures["cpu_s"] = cpu_by_name(cpu_before, thread_cpu(proc.pid))
         figures["healthz_p99"], figures["healthz_max"] = probe.figures()
         scrape = httpx.get(f"{url}/metrics", timeout=30).text
         figures["checkpoints"] = _metric(scrape, "rlreplay_checkpoints_total")

@@ -45,6 +45,8 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     Checkpoint,
+    DBCompressionType,
+    Env,
     Options,
     Rdict,
     RdictIter,
@@ -63,6 +65,21 @@ _VERIFY_READAHEAD = 4 << 20  # bytes read ahead while verify() reads every block
 # the file a RocksDB "Corruption" status names: "... in /data/rocksdb/000012.sst offset 0",
 # "The file /data/rocksdb/MANIFEST-000005 may be corrupted", "CURRENT file corrupted"
 _NAMED_FILE = re.compile(r"(/[^\s:,]+?\.sst)\b|The file (\S+) may be corrupted|(CURRENT) file")
+
+
+#: Levels 0 and 1 uncompressed, then Snappy (RocksDB's default) for the levels below.
+_COMPRESSION_PER_LEVEL = [DBCompressionType.none()] * 2 + [DBCompressionType.snappy()] * 5
+
+
+def _background_env() -> Env:
+    """RocksDB's environment with its compaction threads at the lowest CPU priority: on a
+    busy machine they take what the event loop leaves (a compaction only has to keep up
+    on average; a write that would wait for one is refused and tried again, see
+    :meth:`RocksStore.try_write`). Flushes keep their priority. Applies to the process's
+    default environment, which every database of the process shares."""
+    env = Env()
+    env.lower_thread_pool_cpu_priority()
+    return env
 
 
 class _WriteStalled(Exception):
@@ -109,7 +126,7 @@ class RocksStore:
         self,
         path: Path,
         *,
-        write_buffer_mb: int = 8,
+        write_buffer_mb: int = 32,
         block_cache_mb: int = 8,
         verify: bool = True,
     ) -> None:
@@ -191,6 +208,9 @@ class RocksStore:
         opts.set_paranoid_checks(True)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         opts.set_max_write_buffer_number(2)
+        # what flushes write (level 0, and 1) is rewritten soon: left uncompressed
+        opts.set_compression_per_level(_COMPRESSION_PER_LEVEL)
+        opts.set_env(_background_env())
         table = BlockBasedOptions()
         table.set_block_cache(Cache(block_cache_mb * 1024 * 1024))
         table.set_cache_index_and_filter_blocks(True)

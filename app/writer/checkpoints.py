@@ -8,7 +8,8 @@ When one is due (:meth:`Checkpointer.due`): when the log since the last checkpoi
 ``--wal-checkpoint-mb`` (a cap), or sooner when replaying what a restart would replay would
 take longer than ``--recovery-bound-s`` at the log's replay rate (measured at the last
 start that replayed enough of it; :data:`REPLAY_BYTES_S` until then), counting what the log
-will grow by while the checkpoint runs (its growth rate times the last checkpoint's time).
+will grow by while the checkpoint runs (its growth rate times the last checkpoint's time),
+and an interval as at least as long as the one before it (see :meth:`Checkpointer.due`).
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ class Checkpointer:
 
         A restart replays the log from the position the previous checkpoint covered
         (hybrid and disk modes cut there; see :meth:`checkpoint`): the last interval's log
-        and this one's, and this one grows while the checkpoint runs.
+        and this one's, and this one grows while the checkpoint runs. An interval is
+        counted as at least as long as the one before it: it is the previous one at the
+        next checkpoint.
         """
         since = wal.bytes_since_checkpoint
         if since > self._cap_bytes:
@@ -104,7 +107,10 @@ class Checkpointer:
         stats.replay_bytes = self._previous_interval + since
         if not stats.recovery_bound_s or since < _LEAST_INTERVAL_BYTES:
             return False
-        ahead = stats.replay_bytes + growth * stats.last_seconds
+        # this interval becomes the previous one of the next checkpoint, which a restart
+        # replays too: it may take half the bound at most (the first one, with no
+        # previous interval, would otherwise take it all, and the next twice as much)
+        ahead = max(self._previous_interval, since) + since + growth * stats.last_seconds
         return ahead > stats.replay_bytes_s * stats.recovery_bound_s
 
     def note_recovery(self, seconds: float, replayed_bytes: int, replay_s: float) -> None:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 
 from rlreplay.app.engine.engine import Engine
@@ -83,7 +84,7 @@ async def test_pushes_are_applied_between_the_steps_of_a_checkpoint(tmp_path: Pa
     await eng.start()
     try:
         await eng.create_table("t", TableConfig())
-        for n in range(8):  # 64 MiB: 256 steps of 256 KiB
+        for n in range(8):  # 64 MiB: 64 steps of 1 MiB
             await eng.push("t", _values(f"b{n}/", 128, 65_536), wait=True)
         await eng.flush()  # the next checkpoint writes them
         checkpoint = asyncio.ensure_future(eng.flush())
@@ -114,12 +115,18 @@ async def test_a_checkpoint_comes_due_at_the_cap_or_sooner_by_the_recovery_bound
 
     bounded = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
     bounded.note_recovery(4.0, 400 * MB, 3.0)  # a start at 100 MiB/s: 200 MiB in the bound
-    log.bytes_since_checkpoint = 150 * MB
+    # the first interval takes half: it is the previous one at the next checkpoint
+    log.bytes_since_checkpoint = 99 * MB
     assert not bounded.due(log)  # type: ignore[arg-type]
-    log.bytes_since_checkpoint = 201 * MB
+    log.bytes_since_checkpoint = 101 * MB
     assert bounded.due(log)  # type: ignore[arg-type]
-    assert bounded.stats.replay_bytes == 201 * MB
+    assert bounded.stats.replay_bytes == 101 * MB
     assert bounded.stats.recovery_s == 4.0
+    bounded._new_interval(101 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 98 * MB
+    assert not bounded.due(log)  # type: ignore[arg-type]  # 101 + 98
+    log.bytes_since_checkpoint = 100 * MB
+    assert bounded.due(log)  # type: ignore[arg-type]  # 101 + 100
 
     # a slower replay calls for checkpoints sooner; the previous interval counts too
     slow = _checkpointer(tmp_path, wal_checkpoint_mb=256, recovery_bound_s=2)
@@ -250,3 +257,49 @@ async def test_memory_mode_applies_pushes_while_its_checkpoint_file_is_written(
         assert all(g is not None for g in got)
     finally:
         await again.stop()
+
+
+async def test_at_the_defaults_the_recovery_bound_sets_the_cadence_not_the_cap(
+    tmp_path: Path,
+) -> None:
+    """30 s at the assumed 32 MiB/s: 960 MiB of log to replay, a previous interval and this
+    one; the 1 GiB cap is past it."""
+    defaults = _checkpointer(tmp_path)
+    log = SimpleNamespace(bytes_since_checkpoint=400 * MB)
+    assert not defaults.due(log)  # type: ignore[arg-type]  # a 256 MB cap called for one
+    log.bytes_since_checkpoint = 481 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # twice this interval: 962 MiB
+    defaults._new_interval(500 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 400 * MB
+    assert not defaults.due(log)  # type: ignore[arg-type]  # 900 MiB
+    log.bytes_since_checkpoint = 461 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # 961 MiB
+
+
+@pytest.mark.parametrize(
+    ("remover", "newest_first"), [("fifo", True), ("lifo", False), ("uniform", None)]
+)
+async def test_a_checkpoint_visits_last_what_the_remover_takes_first(
+    tmp_path: Path, remover: str, newest_first: bool | None
+) -> None:
+    """Items a bounded FIFO table is about to remove are visited last: many are gone
+    before their step comes, and are never written."""
+    eng = Engine(make_settings(tmp_path, storage_mode="hybrid"))
+    await eng.start()
+    try:
+        await eng.create_table(
+            "t", TableConfig.model_validate({"max_size": 100, "remover": {"type": remover}})
+        )
+        for n in range(4):
+            await eng.push("t", _values(f"p{n}/", 20, 16), wait=True)
+        t = eng.state.tables["t"]
+        slots = np.flatnonzero(np.frombuffer(t.dirty, dtype=np.uint8, count=len(t.keys)))
+        assert len(slots) == 80
+        visited = await storage_module._removed_last(eng.state.io, t, slots)
+        orders = t.order[visited].tolist()
+        if newest_first is None:
+            assert visited.tolist() == slots.tolist()
+        else:
+            assert orders == sorted(orders, reverse=newest_first)
+    finally:
+        await eng.stop()
