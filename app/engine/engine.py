@@ -411,7 +411,7 @@ class Engine:
         wait: bool = False,
         timeout_s: float | None = None,
         validated: bool = False,
-        body: bytes | None = None,
+        body: bytes | memoryview | None = None,
         request_id: str | None = None,
         columns: bytes | memoryview | None = None,
     ) -> int:

@@ -31,7 +31,7 @@ def _body(keys: list[str], seed: int, request_id: str | None = None) -> bytes:
     request = columns_request(keys, columns, rng.random(n) * 3, False)
     if request_id is not None:
         request = msgspec.structs.replace(request, request_id=request_id)
-    return encode_body(request)
+    return bytes(encode_body(request))  # a body of pieces, joined as the server reads it
 
 
 @pytest.mark.parametrize("mode", ["memory", "disk", "hybrid"])
