@@ -93,6 +93,10 @@ def _shapes(rng: np.random.Generator) -> dict[str, list[dict[str, np.ndarray]]]:
     }
 
 
+#: Short names for ``--shapes``.
+SHAPE_NAMES = {"4k": "512 x 4 KiB", "400k": "32 x 400 KiB", "4m": "4 x 4 MiB", "rows": "64 token rows"}
+
+
 def _payload_bytes(values: list[dict[str, np.ndarray]]) -> int:
     return sum(array.nbytes for value in values for array in value.values())
 
@@ -678,10 +682,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="0.25 s per figure")
     parser.add_argument("--arms", action="store_true", help="fast paths on and off")
     parser.add_argument("--zstd", action="store_true", help="zstd on and off (with --arms too)")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(SHAPE_NAMES),
+        help=f"the shapes to run, comma-separated, of {','.join(SHAPE_NAMES)} (all by default)",
+    )
     args = parser.parse_args(argv)
+    unknown = set(args.shapes.split(",")) - set(SHAPE_NAMES)
+    if unknown:
+        parser.error(f"unknown shapes: {', '.join(sorted(unknown))}")
+    picked = [SHAPE_NAMES[name] for name in args.shapes.split(",")]
     seconds = 0.25 if args.quick else args.duration
     tune_malloc()
-    shapes = _shapes(np.random.default_rng(7))
+    shapes = {k: v for k, v in _shapes(np.random.default_rng(7)).items() if k in picked}
     with tempfile.TemporaryDirectory(prefix="rlrb") as folder:
         root = Path(folder)
         copy = statistics.median(numpy_copy_gbps(seconds) for _ in range(args.rounds))
