@@ -94,7 +94,12 @@ def _shapes(rng: np.random.Generator) -> dict[str, list[dict[str, np.ndarray]]]:
 
 
 #: Short names for ``--shapes``.
-SHAPE_NAMES = {"4k": "512 x 4 KiB", "400k": "32 x 400 KiB", "4m": "4 x 4 MiB", "rows": "64 token rows"}
+SHAPE_NAMES = {
+    "4k": "512 x 4 KiB",
+    "400k": "32 x 400 KiB",
+    "4m": "4 x 4 MiB",
+    "rows": "64 token rows",
+}
 
 
 def _payload_bytes(values: list[dict[str, np.ndarray]]) -> int:
