@@ -18,6 +18,9 @@ alternating TCP and the Unix socket first):
   shapes: 512 x 4 KiB (uint8), 32 x 400 KiB (int32 tokens), 4 x 4 MiB (uint8), and 64
   variable-length token rows (2 to 32 k int32 tokens, two fields: tokens and float32
   log-probabilities; ``cu_seqlens`` in columns, which ``push_columns`` cannot take).
+  The pushes run once more with :data:`PIPELINED` calls in flight (``asyncio.gather``, each
+  replacing keys of its own), so that the write-ahead log's group commit can share its
+  fdatasyncs among them.
 
 GB/s counts the arrays' bytes (not msgpack's framing); the ratio is to the socket baseline
 of the same transport. With ``--arms`` the columnar reads run again with each fast path
@@ -37,7 +40,8 @@ uvicorn reads them, chunks copied and joined) and glibc's mmap threshold at 32 M
 With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
 masks) move with ``Content-Encoding: zstd`` on and off.
 
-Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms] [--zstd]``.
+Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms] [--zstd]
+[--shapes 4k,400k,4m,rows]``.
 """
 
 from __future__ import annotations
@@ -279,7 +283,17 @@ async def _shape_rates(
         await rb.push(table, items)
         return nbytes
 
+    # the same pushes, PIPELINED of them in flight, each replacing keys of its own: under
+    # `wal` one push in flight waits for its own fdatasync; several share the log's flushes
+    slots = [[f"p{j}-{k}" for k in keys] for j in range(PIPELINED)]
+    slot_items = [[{"key": k, "value": v} for k, v in zip(ks, values, strict=True)] for ks in slots]
+
+    async def pushes() -> int:
+        await asyncio.gather(*(rb.push(table, its) for its in slot_items))
+        return nbytes * PIPELINED
+
     rates["push", "items"] = await _rate(push, seconds)
+    rates["pushes", "items"] = await _rate(pushes, seconds)
     if _stackable(values):  # push_columns takes no rows of varying length
         columns = {field: np.stack([v[field] for v in values]) for field in values[0]}
 
@@ -287,7 +301,12 @@ async def _shape_rates(
             await rb.push_columns(table, keys, columns)
             return nbytes
 
+        async def pushes_columns() -> int:
+            await asyncio.gather(*(rb.push_columns(table, ks, columns) for ks in slots))
+            return nbytes * PIPELINED
+
         rates["push", "columns"] = await _rate(push_columns, seconds)
+        rates["pushes", "columns"] = await _rate(pushes_columns, seconds)
     return rates
 
 
@@ -307,7 +326,9 @@ async def rlreplay_rates(
     return rates
 
 
-OPS = ("get_many", "sample", "stream", "push")
+OPS = ("get_many", "sample", "stream", "push", "pushes")
+#: Pushes in flight at once in the ``pushes`` rows.
+PIPELINED = 4
 
 #: A server with some of its columnar-answer fast paths off (``{off}``: Python run first).
 _SERVER_WITH = """
@@ -676,6 +697,13 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server not ready in 60 s")
 
 
+def _call_name(op: str, layout: str) -> str:
+    if op in ("push", "pushes"):
+        call = "push_columns" if layout == "columns" else "push"
+        return call if op == "push" else f"{call} x{PIPELINED}"
+    return op
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
@@ -737,11 +765,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in shapes:
         for op in OPS:
             for layout in ("items", "columns"):
-                cells: list[object] = [
-                    name,
-                    "push_columns" if op == "push" and layout == "columns" else op,
-                    layout,
-                ]
+                cells: list[object] = [name, _call_name(op, layout), layout]
                 for family in ("tcp", "unix"):
                     got = [run.get((name, op, layout)) for run in runs[family]]
                     if any(g is None for g in got):
