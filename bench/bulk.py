@@ -35,7 +35,9 @@ copied into a fresh buffer). Pushes run again with each of theirs off (:data:`PU
 the client's pieces (``clients/body_pieces.py``: off, each body joined before it is sent),
 the server's bodies read straight into one buffer (``app/api/direct_bodies.py``: off, as
 uvicorn reads them, chunks copied and joined) and glibc's mmap threshold at 32 MiB
-(``wire/allocator.py``: off, at 4 MiB, so that each value of 4 MiB is a mapping of its own).
+(``wire/allocator.py``: off, at 4 MiB, so that each value of 4 MiB is a mapping of its own),
+and the server's pool of body buffers keeping one for each of four pushes in flight (off:
+two, as before; it shows in ``push_columns x4``).
 
 With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
 masks) move with ``Content-Encoding: zstd`` on and off.
@@ -497,11 +499,15 @@ class _JoinedBodies:
 
 
 #: The arms of ``--arms`` for pushes, as :data:`ARMS`.
+#: The server's pool of body buffers keeping two (as until 2026-11-28), not one for each of
+#: four pushes in flight: the third and fourth bodies read into fresh, zeroed buffers.
+_TWO_BODY_BUFFERS = "direct._BUFFERS.pool = BufferPool(max_buffers=2)"
 PUSH_ARMS: dict[str, tuple[str | None, Any]] = {
     "on": (None, None),
     "client pieces off": (None, _JoinedBodies),
     "direct bodies off": (_NO_DIRECT_BODIES, None),
     "mmap 4 MiB": (_MMAP_4_MIB, None),
+    "2 body buffers": (_TWO_BODY_BUFFERS, None),
 }
 
 
@@ -540,6 +546,18 @@ async def _push_rates(
                     return nbytes
 
                 rates[name, "push_columns"] = await _rate(push_columns, seconds)
+                slots = [[f"p{j}-{k}" for k in keys] for j in range(PIPELINED)]
+
+                async def pushes_columns(
+                    table: str = table,
+                    slots: list[list[str]] = slots,
+                    columns: dict[str, np.ndarray] = columns,
+                    nbytes: int = nbytes,
+                ) -> int:
+                    await asyncio.gather(*(rb.push_columns(table, ks, columns) for ks in slots))
+                    return nbytes * PIPELINED
+
+                rates[name, f"push_columns x{PIPELINED}"] = await _rate(pushes_columns, seconds)
     return rates
 
 
