@@ -18,6 +18,9 @@ alternating TCP and the Unix socket first):
   shapes: 512 x 4 KiB (uint8), 32 x 400 KiB (int32 tokens), 4 x 4 MiB (uint8), and 64
   variable-length token rows (2 to 32 k int32 tokens, two fields: tokens and float32
   log-probabilities; ``cu_seqlens`` in columns, which ``push_columns`` cannot take).
+  The pushes run once more with :data:`PIPELINED` calls in flight (``asyncio.gather``, each
+  replacing keys of its own), so that the write-ahead log's group commit can share its
+  fdatasyncs among them.
 
 GB/s counts the arrays' bytes (not msgpack's framing); the ratio is to the socket baseline
 of the same transport. With ``--arms`` the columnar reads run again with each fast path
@@ -32,12 +35,15 @@ copied into a fresh buffer). Pushes run again with each of theirs off (:data:`PU
 the client's pieces (``clients/body_pieces.py``: off, each body joined before it is sent),
 the server's bodies read straight into one buffer (``app/api/direct_bodies.py``: off, as
 uvicorn reads them, chunks copied and joined) and glibc's mmap threshold at 32 MiB
-(``wire/allocator.py``: off, at 4 MiB, so that each value of 4 MiB is a mapping of its own).
+(``wire/allocator.py``: off, at 4 MiB, so that each value of 4 MiB is a mapping of its own),
+and the server's pool of body buffers keeping one for each of four pushes in flight (off:
+two, as before; it shows in ``push_columns x4``).
 
 With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
 masks) move with ``Content-Encoding: zstd`` on and off.
 
-Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms] [--zstd]``.
+Run: ``python -m bench.bulk [--duration 1.0] [--rounds 3] [--quick] [--arms] [--zstd]
+[--shapes 4k,400k,4m,rows]``.
 """
 
 from __future__ import annotations
@@ -91,6 +97,15 @@ def _shapes(rng: np.random.Generator) -> dict[str, list[dict[str, np.ndarray]]]:
         "4 x 4 MiB": [{"x": row} for row in big],
         "64 token rows": varlen,
     }
+
+
+#: Short names for ``--shapes``.
+SHAPE_NAMES = {
+    "4k": "512 x 4 KiB",
+    "400k": "32 x 400 KiB",
+    "4m": "4 x 4 MiB",
+    "rows": "64 token rows",
+}
 
 
 def _payload_bytes(values: list[dict[str, np.ndarray]]) -> int:
@@ -270,7 +285,17 @@ async def _shape_rates(
         await rb.push(table, items)
         return nbytes
 
+    # the same pushes, PIPELINED of them in flight, each replacing keys of its own: under
+    # `wal` one push in flight waits for its own fdatasync; several share the log's flushes
+    slots = [[f"p{j}-{k}" for k in keys] for j in range(PIPELINED)]
+    slot_items = [[{"key": k, "value": v} for k, v in zip(ks, values, strict=True)] for ks in slots]
+
+    async def pushes() -> int:
+        await asyncio.gather(*(rb.push(table, its) for its in slot_items))
+        return nbytes * PIPELINED
+
     rates["push", "items"] = await _rate(push, seconds)
+    rates["pushes", "items"] = await _rate(pushes, seconds)
     if _stackable(values):  # push_columns takes no rows of varying length
         columns = {field: np.stack([v[field] for v in values]) for field in values[0]}
 
@@ -278,7 +303,12 @@ async def _shape_rates(
             await rb.push_columns(table, keys, columns)
             return nbytes
 
+        async def pushes_columns() -> int:
+            await asyncio.gather(*(rb.push_columns(table, ks, columns) for ks in slots))
+            return nbytes * PIPELINED
+
         rates["push", "columns"] = await _rate(push_columns, seconds)
+        rates["pushes", "columns"] = await _rate(pushes_columns, seconds)
     return rates
 
 
@@ -298,7 +328,9 @@ async def rlreplay_rates(
     return rates
 
 
-OPS = ("get_many", "sample", "stream", "push")
+OPS = ("get_many", "sample", "stream", "push", "pushes")
+#: Pushes in flight at once in the ``pushes`` rows.
+PIPELINED = 4
 
 #: A server with some of its columnar-answer fast paths off (``{off}``: Python run first).
 _SERVER_WITH = """
@@ -467,11 +499,15 @@ class _JoinedBodies:
 
 
 #: The arms of ``--arms`` for pushes, as :data:`ARMS`.
+#: The server's pool of body buffers keeping two (as until 2026-11-28), not one for each of
+#: four pushes in flight: the third and fourth bodies read into fresh, zeroed buffers.
+_TWO_BODY_BUFFERS = "direct._BUFFERS.pool = BufferPool(max_buffers=2)"
 PUSH_ARMS: dict[str, tuple[str | None, Any]] = {
     "on": (None, None),
     "client pieces off": (None, _JoinedBodies),
     "direct bodies off": (_NO_DIRECT_BODIES, None),
     "mmap 4 MiB": (_MMAP_4_MIB, None),
+    "2 body buffers": (_TWO_BODY_BUFFERS, None),
 }
 
 
@@ -510,6 +546,18 @@ async def _push_rates(
                     return nbytes
 
                 rates[name, "push_columns"] = await _rate(push_columns, seconds)
+                slots = [[f"p{j}-{k}" for k in keys] for j in range(PIPELINED)]
+
+                async def pushes_columns(
+                    table: str = table,
+                    slots: list[list[str]] = slots,
+                    columns: dict[str, np.ndarray] = columns,
+                    nbytes: int = nbytes,
+                ) -> int:
+                    await asyncio.gather(*(rb.push_columns(table, ks, columns) for ks in slots))
+                    return nbytes * PIPELINED
+
+                rates[name, f"push_columns x{PIPELINED}"] = await _rate(pushes_columns, seconds)
     return rates
 
 
@@ -667,6 +715,13 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server not ready in 60 s")
 
 
+def _call_name(op: str, layout: str) -> str:
+    if op in ("push", "pushes"):
+        call = "push_columns" if layout == "columns" else "push"
+        return call if op == "push" else f"{call} x{PIPELINED}"
+    return op
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
@@ -678,10 +733,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="0.25 s per figure")
     parser.add_argument("--arms", action="store_true", help="fast paths on and off")
     parser.add_argument("--zstd", action="store_true", help="zstd on and off (with --arms too)")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(SHAPE_NAMES),
+        help=f"the shapes to run, comma-separated, of {','.join(SHAPE_NAMES)} (all by default)",
+    )
     args = parser.parse_args(argv)
+    unknown = set(args.shapes.split(",")) - set(SHAPE_NAMES)
+    if unknown:
+        parser.error(f"unknown shapes: {', '.join(sorted(unknown))}")
+    picked = [SHAPE_NAMES[name] for name in args.shapes.split(",")]
     seconds = 0.25 if args.quick else args.duration
     tune_malloc()
-    shapes = _shapes(np.random.default_rng(7))
+    shapes = {k: v for k, v in _shapes(np.random.default_rng(7)).items() if k in picked}
     with tempfile.TemporaryDirectory(prefix="rlrb") as folder:
         root = Path(folder)
         copy = statistics.median(numpy_copy_gbps(seconds) for _ in range(args.rounds))
@@ -719,11 +783,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in shapes:
         for op in OPS:
             for layout in ("items", "columns"):
-                cells: list[object] = [
-                    name,
-                    "push_columns" if op == "push" and layout == "columns" else op,
-                    layout,
-                ]
+                cells: list[object] = [name, _call_name(op, layout), layout]
                 for family in ("tcp", "unix"):
                     got = [run.get((name, op, layout)) for run in runs[family]]
                     if any(g is None for g in got):

@@ -36,9 +36,12 @@ __all__ = ["DIRECT_BODY_BYTES", "POOLED_BODY_BYTES", "BodyReader", "direct_reade
 
 #: Bodies at least this long are read straight into a buffer of their length.
 DIRECT_BODY_BYTES: Final = 256 << 10
-#: Bodies up to this long get a pooled buffer (longer ones a fresh one, freed after use):
-#: a server keeps at most two such buffers per event loop, 64 MiB, outside the cache's limit.
+#: Bodies up to this long get a pooled buffer (longer ones a fresh one, freed after use).
 POOLED_BODY_BYTES: Final = 32 << 20
+#: Pooled buffers a server keeps per event loop, 128 MiB at most, outside the cache's
+#: limit: one per push in flight, up to four (a writer's pushes pipelined to share the
+#: log's fdatasyncs), each then reused with its pages mapped rather than zeroed afresh.
+POOLED_BODIES: Final = 4
 
 
 class _Owner(Protocol):
@@ -101,7 +104,7 @@ class _Buffers(threading.local):
     tests run several) takes and fills its own."""
 
     def __init__(self) -> None:
-        self.pool = BufferPool(max_buffers=2)
+        self.pool = BufferPool(max_buffers=POOLED_BODIES)
 
 
 _BUFFERS: Final = _Buffers()

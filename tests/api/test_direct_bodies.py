@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,28 @@ async def test_a_buffer_the_app_still_holds_is_not_reused() -> None:
     kept_first, kept_second = h.kept
     assert bytes(kept_first) == first and bytes(kept_second) == second
     assert kept_first.obj is not kept_second.obj
+
+
+def test_four_bodies_in_flight_each_get_a_buffer_used_again() -> None:
+    # on a thread of its own: the pool is the thread's, and none of other tests' buffers
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, _four_bodies_in_flight()).result()
+
+
+async def _four_bodies_in_flight() -> None:
+    h = Keeping("httptools", DIRECT)
+    transports = [h.connect()[1] for _ in range(4)]  # a writer's four pushes in flight
+    for i, transport in enumerate(transports):
+        feed(transport, head(SIZE) + body_of(SIZE, i))  # each held by the app, all at once
+    await settle()
+    first = {id(view.obj) for view in h.kept}
+    assert len(first) == 4
+    h.kept.clear()  # the app lets go of them: the next four reuse the same four buffers
+    for i, transport in enumerate(transports):
+        feed(transport, head(SIZE) + body_of(SIZE, 10 + i))
+    await settle()
+    assert all(answered(transport, 2) for transport in transports)
+    assert {id(view.obj) for view in h.kept} == first
 
 
 def test_pushes_of_mibs_round_trip_over_tcp_and_the_unix_socket(tmp_path: Path) -> None:
