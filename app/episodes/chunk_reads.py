@@ -71,25 +71,24 @@ class ChunkReads:
         c = start // K
         if c >= steps.sealed_chunks:  # the open tail
             return self._table_read(ep, start, stop, fields)
-        specs = et.specs or {}
         lo, hi = start - c * K, stop - c * K
-        cache, fetched = et.cache, self._fetched
+        cache, fetched, sid = et.cache, self._fetched, steps.id
         ready: dict[str, npt.NDArray[Any]] = {}
         sealed: dict[str, tuple[ChunkKey, bytes, FieldSpec]] = {}
         others: list[str] = []
         for f in fields:
             held = steps.chunks_of(f)[c]
             if isinstance(held, np.ndarray):  # stored uncompressed, or not compressed yet
-                ready[f] = held[lo:hi]
+                ready[f] = held if lo == 0 and hi == len(held) else held[lo:hi]
                 continue
-            key = (steps.id, f, c)
+            key = (sid, f, c)
             array = cache.get(key)
             if array is None and fetched is not None:
                 array = fetched.get(key)
-            if array is not None:
-                ready[f] = array[lo:hi]
+            if array is not None:  # a whole chunk (what a gather reads): no view to make
+                ready[f] = array if lo == 0 and hi == len(array) else array[lo:hi]
             elif held is not None:
-                sealed[f] = (key, held, specs[f])
+                sealed[f] = (key, held, (et.specs or {})[f])
             else:  # in RocksDB only and not read back: the table's read
                 others.append(f)
         steps.touch(c)  # in use: evicted last

@@ -256,3 +256,6 @@ async def test_next_frames_of_transitions_are_sent_where_the_chunks_lie(app: Fas
     for b, step in enumerate(nxt.tolist()):
         want = obs[step] if step < len(obs) else np.zeros_like(obs[0])  # no final: zeros
         np.testing.assert_array_equal(got["next"]["obs"][b, 0], want)
+    none = WindowSampleRequest(batch_size=0, length=1, n_step=3, next_fields=["obs"])
+    figures = await engine.windows.sample("nx", none)  # no windows: slices of none
+    assert figures.batch.next["obs"].shape == (0, 1, 32, 40) and figures.selectable > 0
