@@ -112,7 +112,10 @@ class WindowGather:
         # the distinct chunks the windows touch: key = episode * span + chunk, sorted
         self._span = int(self._lengths.max(initial=0)) // chunk_steps + 2
         self._keys, self._chunk_stops = self._chunks()
+        self._ranges: list[tuple[int, int, int]] | None = None
         self._pieces: list[Mapping[str, npt.NDArray[Any]]] = []
+        #: Field -> each piece's bytes, as :meth:`_slices` needed them.
+        self._views: dict[str, list[memoryview | None]] = {}
 
     def _array(self, alloc: Alloc, name: str, b: int, w: int) -> npt.NDArray[Any]:
         spec, k = self._schema[name], self._request.stack(name)
@@ -139,11 +142,13 @@ class WindowGather:
     def ranges(self) -> list[tuple[int, int, int]]:
         """The ``(episode, lo, hi)`` of each distinct chunk the windows read: together they
         cover every window's steps (what a read-back plans from)."""
-        K, span = self._K, self._span
-        return [
-            (key // span, key % span * K, stop)
-            for key, stop in zip(self._keys.tolist(), self._chunk_stops.tolist(), strict=True)
-        ]
+        if self._ranges is None:
+            K, span = self._K, self._span
+            self._ranges = [
+                (key // span, key % span * K, stop)
+                for key, stop in zip(self._keys.tolist(), self._chunk_stops.tolist(), strict=True)
+            ]
+        return self._ranges
 
     def read(self, read_steps: ReadSteps) -> None:
         """Reads each distinct chunk once (every field a window needs)."""
@@ -218,9 +223,10 @@ class WindowGather:
         )
         heads = np.flatnonzero(~follows)  # each one part: a run's first step, or a value
         stops = begin[np.append(heads[1:], len(steps))[: len(heads)] - 1] + size
-        views: list[memoryview | None] = [None] * len(self._pieces)
+        views = self._views.setdefault(name, [None] * len(self._pieces))
         for p in np.unique(piece[valid]).tolist():
-            views[p] = np.ascontiguousarray(self._pieces[p][name]).data.cast("B")
+            if views[p] is None:  # each chunk's bytes once (a column and next share them)
+                views[p] = np.ascontiguousarray(self._pieces[p][name]).data.cast("B")
         zeros = memoryview(bytes(size))
         ends = np.zeros(len(steps), dtype=np.bool_) if at_end is None else at_end
         parts: list[memoryview] = []
