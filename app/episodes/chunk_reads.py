@@ -77,6 +77,7 @@ class ChunkReads:
         ready: dict[str, npt.NDArray[Any]] = {}
         sealed: dict[str, tuple[ChunkKey, bytes, FieldSpec]] = {}
         others: list[str] = []
+        array: npt.NDArray[Any] | None
         for f in fields:
             held = steps.chunks_of(f)[c]
             if isinstance(held, np.ndarray):  # stored uncompressed, or not compressed yet

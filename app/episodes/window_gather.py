@@ -241,7 +241,7 @@ class WindowGather:
             strict=True,
         ):
             if ok:
-                add(views[p][a:z])  # type: ignore[index]
+                add(views[p][a:z])
             elif end and (final := self._finals[b]) is not None and name in final:
                 value = np.ascontiguousarray(final[name], dtype=spec.np_dtype)
                 add(value.reshape(spec.shape).data.cast("B"))
