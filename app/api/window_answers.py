@@ -72,7 +72,7 @@ def window_entries(sample: WindowSample) -> list[tuple[str, Any]]:
     if batch.targets is not None:
         entries.append(("return", batch.targets.returns))
         entries.append(("discount", batch.targets.discounts))
-        entries.append(("next", {name: Column.of(a) for name, a in (batch.next or {}).items()}))
+        entries.append(("next", {name: _column(a) for name, a in (batch.next or {}).items()}))
     return entries
 
 

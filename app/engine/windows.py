@@ -308,7 +308,11 @@ class Windows:
         ranges = build.ranges()  # (episode index, lo, hi): the steps the windows read
         fetched = await read_back(  # chunks in RocksDB only: read back off the loop first
             et,
-            lambda: ((held[index].name, lo, hi) for index, lo, hi in ranges),
+            lambda: (
+                (held[index].name, lo, hi)
+                for index, lo, hi in ranges
+                if held[index].steps.evicted_chunks  # none evicted: nothing to read back
+            ),
             fields,
             self._core.state.io.run,
         )

@@ -58,40 +58,43 @@ class ChunkReads:
         #: Reads handed over with chunks left to decompress (in the copy).
         self.deferred = 0
         self._decompressor: zstandard.ZstdDecompressor | None = None
+        self._K = table.chunk_steps
+        self._cached = table.cache.get
 
     def read(
         self, index: int, start: int, stop: int, fields: Sequence[str]
     ) -> Mapping[str, npt.NDArray[Any]]:
         """Steps ``[start, stop)`` (within one chunk) of episode ``index``: a
         :data:`~rlreplay.app.episodes.windows.ReadSteps`."""
-        et = self._table
         ep = self._episodes[index]
         steps = ep.steps
-        K = et.chunk_steps
+        K = self._K
         c = start // K
         if c >= steps.sealed_chunks:  # the open tail
             return self._table_read(ep, start, stop, fields)
-        specs = et.specs or {}
         lo, hi = start - c * K, stop - c * K
-        cache, fetched = et.cache, self._fetched
+        cached, fetched, sid = self._cached, self._fetched, steps.id
         ready: dict[str, npt.NDArray[Any]] = {}
         sealed: dict[str, tuple[ChunkKey, bytes, FieldSpec]] = {}
         others: list[str] = []
+        array: npt.NDArray[Any] | None
         for f in fields:
             held = steps.chunks_of(f)[c]
             if isinstance(held, np.ndarray):  # stored uncompressed, or not compressed yet
-                ready[f] = held[lo:hi]
-                continue
-            key = (steps.id, f, c)
-            array = cache.get(key)
-            if array is None and fetched is not None:
-                array = fetched.get(key)
-            if array is not None:
-                ready[f] = array[lo:hi]
-            elif held is not None:
-                sealed[f] = (key, held, specs[f])
-            else:  # in RocksDB only and not read back: the table's read
-                others.append(f)
+                array = held
+            else:
+                key = (sid, f, c)
+                array = cached(key)
+                if array is None and fetched is not None:
+                    array = fetched.get(key)
+                if array is None:
+                    if held is not None:
+                        sealed[f] = (key, held, (self._table.specs or {})[f])
+                    else:  # in RocksDB only and not read back: the table's read
+                        others.append(f)
+                    continue
+            # a whole chunk (what a gather reads): no view to make
+            ready[f] = array if lo == 0 and hi == len(array) else array[lo:hi]
         steps.touch(c)  # in use: evicted last
         if others:
             ready.update(self._table_read(ep, start, stop, others))

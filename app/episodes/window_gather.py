@@ -112,7 +112,10 @@ class WindowGather:
         # the distinct chunks the windows touch: key = episode * span + chunk, sorted
         self._span = int(self._lengths.max(initial=0)) // chunk_steps + 2
         self._keys, self._chunk_stops = self._chunks()
+        self._ranges: list[tuple[int, int, int]] | None = None
         self._pieces: list[Mapping[str, npt.NDArray[Any]]] = []
+        #: Field -> each piece's bytes, as :meth:`_slices` needed them.
+        self._views: dict[str, list[memoryview | None]] = {}
 
     def _array(self, alloc: Alloc, name: str, b: int, w: int) -> npt.NDArray[Any]:
         spec, k = self._schema[name], self._request.stack(name)
@@ -139,11 +142,13 @@ class WindowGather:
     def ranges(self) -> list[tuple[int, int, int]]:
         """The ``(episode, lo, hi)`` of each distinct chunk the windows read: together they
         cover every window's steps (what a read-back plans from)."""
-        K, span = self._K, self._span
-        return [
-            (key // span, key % span * K, stop)
-            for key, stop in zip(self._keys.tolist(), self._chunk_stops.tolist(), strict=True)
-        ]
+        if self._ranges is None:
+            K, span = self._K, self._span
+            self._ranges = [
+                (key // span, key % span * K, stop)
+                for key, stop in zip(self._keys.tolist(), self._chunk_stops.tolist(), strict=True)
+            ]
+        return self._ranges
 
     def read(self, read_steps: ReadSteps) -> None:
         """Reads each distinct chunk once (every field a window needs)."""
@@ -211,36 +216,37 @@ class WindowGather:
         chunk = steps // self._K
         piece = np.searchsorted(self._keys, self._episodes[rows] * self._span + chunk)
         begin = (steps - chunk * self._K) * size
-        ends = np.zeros(len(steps), dtype=np.bool_) if at_end is None else at_end
-        views: dict[int, memoryview] = {}
+        # a run: consecutive valid steps of one chunk, sent as one slice
+        follows = np.zeros(len(steps), dtype=np.bool_)
+        follows[1:] = (
+            valid[1:] & valid[:-1] & (piece[1:] == piece[:-1]) & (begin[1:] == begin[:-1] + size)
+        )
+        heads = np.flatnonzero(~follows)  # each one part: a run's first step, or a value
+        stops = begin[np.append(heads[1:], len(steps))[: len(heads)] - 1] + size
+        views = self._views.setdefault(name, [None] * len(self._pieces))
+        for p in np.unique(piece[valid]).tolist():
+            if views[p] is None:  # each chunk's bytes once (a column and next share them)
+                views[p] = np.ascontiguousarray(self._pieces[p][name]).data.cast("B")
         zeros = memoryview(bytes(size))
+        ends = np.zeros(len(steps), dtype=np.bool_) if at_end is None else at_end
         parts: list[memoryview] = []
-        run: tuple[int, int, int] | None = None  # the open slice: piece, first byte, end
-        for ok, end, b, p, a in zip(
-            valid.tolist(),
-            ends.tolist(),
-            rows.tolist(),
-            piece.tolist(),
-            begin.tolist(),
+        add = parts.append
+        for ok, end, b, p, a, z in zip(
+            valid[heads].tolist(),
+            ends[heads].tolist(),
+            rows[heads].tolist(),
+            piece[heads].tolist(),
+            begin[heads].tolist(),
+            stops.tolist(),
             strict=True,
         ):
-            if ok and run is not None and run[0] == p and run[2] == a:
-                run = (p, run[1], a + size)  # the next step of the same chunk: one slice
-                continue
-            if run is not None:
-                parts.append(views[run[0]][run[1] : run[2]])
-                run = None
             if ok:
-                if p not in views:
-                    views[p] = np.ascontiguousarray(self._pieces[p][name]).data.cast("B")
-                run = (p, a, a + size)
+                add(views[p][a:z])
             elif end and (final := self._finals[b]) is not None and name in final:
                 value = np.ascontiguousarray(final[name], dtype=spec.np_dtype)
-                parts.append(value.reshape(spec.shape).data.cast("B"))
+                add(value.reshape(spec.shape).data.cast("B"))
             else:
-                parts.append(zeros)
-        if run is not None:
-            parts.append(views[run[0]][run[1] : run[2]])
+                add(zeros)
         shape = (len(self._starts), self._request.window.steps, *spec.shape)
         return WindowSlices(parts, shape, spec.np_dtype)
 

@@ -234,3 +234,28 @@ async def test_large_fields_are_sent_where_the_chunks_lie(
         as_json = from_jsonable(window_columns_json(window_entries(sample)))  # joined
         np.testing.assert_array_equal(as_json["columns"]["obs"], got["columns"]["obs"])
     assert list(answers[True]["columns"]) == ["obs", "action"]
+
+
+async def test_next_frames_of_transitions_are_sent_where_the_chunks_lie(app: FastAPI) -> None:
+    engine = app.state.engine
+    await engine.create_table("nx", TableConfig(episodes={"compression": "zstd"}))
+    rng = np.random.default_rng(5)
+    obs = rng.integers(0, 256, (70, 32, 40), dtype=np.uint8)
+    steps = {"obs": obs, "reward": rng.standard_normal(70).astype(np.float32)}
+    await engine.episodes.append("nx", "e", start=0, steps=steps, end="terminated", wait=True)
+    request = WindowSampleRequest(batch_size=64, length=1, n_step=3, next_fields=["obs"])
+    sample = await engine.windows.sample("nx", request)
+    assert type(sample.batch.next["obs"]) is WindowSlices
+    entries = dict(window_entries(sample))
+    column = entries["next"]["obs"]
+    assert type(column) is Column and type(column.data) is not np.ndarray  # not joined
+    answer = window_columns_msgpack(window_entries(sample))
+    assert isinstance(answer, AnswerPieces)
+    got = unpackb(answer.join())
+    nxt = sample.batch.targets.next_steps[:, 0]
+    for b, step in enumerate(nxt.tolist()):
+        want = obs[step] if step < len(obs) else np.zeros_like(obs[0])  # no final: zeros
+        np.testing.assert_array_equal(got["next"]["obs"][b, 0], want)
+    none = WindowSampleRequest(batch_size=0, length=1, n_step=3, next_fields=["obs"])
+    figures = await engine.windows.sample("nx", none)  # no windows: slices of none
+    assert figures.batch.next["obs"].shape == (0, 1, 32, 40) and figures.selectable > 0
