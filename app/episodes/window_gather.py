@@ -289,7 +289,9 @@ class WindowGather:
         value of field ``name`` at ``steps[i]`` of window ``rows[i]``'s episode where
         ``valid[i]`` (the ``k`` frames ending there for a stacked field), zeros elsewhere."""
         k = self._request.stack(name) if stack is None else stack
-        spec = self._schema[name]
+        spec = self._schema.get(name)
+        if spec is None:  # a table with no steps yet (a sample of no windows): nothing to read
+            return
         depth = max(k, 1)
         flat = _rows(out, len(steps) * depth, spec.shape)
         if not valid.all():

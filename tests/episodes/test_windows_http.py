@@ -245,3 +245,15 @@ async def test_a_sample_of_no_windows_answers_the_starts_mass(
     assert limiter.samples == 4
     et = app.state.engine.core.table("mass").episodes
     assert et.times_sampled.sum() == 4
+
+
+@pytest.mark.parametrize("n_step", [{}, {"n_step": 3}])
+async def test_a_sample_of_no_windows_from_a_table_with_no_steps_answers_no_mass(
+    client: httpx.AsyncClient, n_step: dict[str, int]
+) -> None:
+    # a sharded client asks every server this, those that hold none of the table's episodes too
+    await make_table(client, "empty")
+    body = {"batch_size": 0, "length": 2, "timeout_ms": 60_000, **n_step}
+    status, got = await post(client, "/v1/tables/empty/sample", body, "msgpack")
+    assert status == 200, got
+    assert got["episodes"] == [] and (got["draw_mass"], got["selectable"]) == (0.0, 0)
