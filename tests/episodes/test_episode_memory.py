@@ -27,13 +27,21 @@ def episode_table(eng: Engine) -> EpisodeTable:
 
 
 async def held_under_limit(eng: Engine) -> None:
-    """Wait (bounded) until the writer's evictions bring the ledger under its limit."""
+    """Wait (bounded) until the writer's evictions bring the ledger, and the chunks the
+    episode table holds, under the limit (the ledger lets go of a chunk it picked before
+    the chunk, written to RocksDB in an I/O thread, leaves memory)."""
     ledger = eng.core.state.ledger
+    residency = episode_table(eng).residency
+
+    def under() -> bool:
+        return ledger.bytes <= ledger.limit_bytes and residency.held_bytes <= ledger.limit_bytes
+
     for _ in range(1200):  # 60 s at most
-        if ledger.bytes <= ledger.limit_bytes:
+        if under():
             break
         await asyncio.sleep(0.05)
     assert ledger.bytes <= ledger.limit_bytes
+    assert residency.held_bytes <= ledger.limit_bytes
 
 
 async def check_reads(eng: Engine, data: dict[str, np.ndarray]) -> None:
