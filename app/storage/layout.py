@@ -31,11 +31,23 @@ import struct
 from typing import Any
 
 import msgpack
+import numpy as np
 
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 REQUEST_IDS_KEY = b"\x00request_ids"
 META = struct.Struct("<ddIIQ")
+#: :data:`META` as a NumPy record, to pack many records at once (:func:`pack_metas`).
+META_ROW = np.dtype(
+    [
+        ("priority", "<f8"),
+        ("inserted_at", "<f8"),
+        ("times_sampled", "<u4"),
+        ("size", "<u4"),
+        ("order", "<u8"),
+    ]
+)
+assert META_ROW.itemsize == META.size
 
 
 def table_id(tid: int) -> bytes:
@@ -56,6 +68,18 @@ def value_key(table_prefix: bytes, key: str) -> bytes:
 def meta_key(table_prefix: bytes, key: str) -> bytes:
     """The key of an item's metadata."""
     return b"m" + table_prefix + key.encode()
+
+
+def value_keys(table_prefix: bytes, keys: list[str]) -> list[bytes]:
+    """:func:`value_key` of each of ``keys``."""
+    prefix = b"v" + table_prefix
+    return [prefix + key.encode() for key in keys]
+
+
+def meta_keys(table_prefix: bytes, keys: list[str]) -> list[bytes]:
+    """:func:`meta_key` of each of ``keys``."""
+    prefix = b"m" + table_prefix
+    return [prefix + key.encode() for key in keys]
 
 
 def item_key_of(raw_key: bytes) -> str:
@@ -117,10 +141,43 @@ def pack_meta(
     head = META.pack(priority, inserted_at, times_sampled, size, order)
     if fields is None and rollout is None:
         return head
+    return head + pack_meta_extra(fields, rollout)
+
+
+def pack_meta_extra(fields: dict[str, Any] | None, rollout: list[Any] | None) -> bytes:
+    """What follows :data:`META` in a record (see :func:`pack_meta`): nothing when both
+    are None."""
+    if fields is None and rollout is None:
+        return b""
     extra: bytes = msgpack.packb(fields or {}, use_bin_type=True)
     if rollout is not None:
         extra += msgpack.packb(rollout, use_bin_type=True)
-    return head + extra
+    return extra
+
+
+def pack_metas(
+    priority: np.ndarray,
+    inserted_at: np.ndarray,
+    times_sampled: np.ndarray,
+    size: np.ndarray,
+    order: np.ndarray,
+    extras: list[bytes] | None = None,
+) -> list[bytes]:
+    """The records of many items at once (the columns of :func:`pack_meta`, one entry per
+    item; ``extras``: each one's :func:`pack_meta_extra`, None when all are empty): the
+    same bytes as :func:`pack_meta` gives each, built in one NumPy pass."""
+    rows = np.empty(len(priority), dtype=META_ROW)
+    rows["priority"] = priority
+    rows["inserted_at"] = inserted_at
+    rows["times_sampled"] = times_sampled
+    rows["size"] = size
+    rows["order"] = order
+    raw = rows.tobytes()
+    width = META.size
+    heads = [raw[at : at + width] for at in range(0, len(raw), width)]
+    if extras is None:
+        return heads
+    return [head + extra for head, extra in zip(heads, extras, strict=True)]
 
 
 def unpack_meta(

@@ -34,10 +34,10 @@ from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
     LSN_KEY,
     REQUEST_IDS_KEY,
-    meta_key,
+    meta_keys,
     pack_count,
     table_key,
-    value_key,
+    value_keys,
 )
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.storage.salvage import salvage_rocksdb
@@ -49,7 +49,7 @@ from rlreplay.app.writer.memory_checkpoint import (
     read_checkpoint_file,
     write_checkpoint_file,
 )
-from rlreplay.app.writer.state import EngineState, cache_charge, meta_bytes, table_record
+from rlreplay.app.writer.state import EngineState, cache_charge, meta_records, table_record
 from rlreplay.workers.blocking import BlockingIO
 
 __all__ = [
@@ -375,7 +375,7 @@ class RocksStorage(Storage):
             found = np.flatnonzero(dirty | t.meta_dirty[:n])
             found = found[(dirty[found] == 0) | (t.put_seq[found] <= upto)]
             del dirty
-            changed = (await _removed_last(io, t, found)).tolist()
+            changed = await _removed_last(io, t, found)
             at = 0
             while at < len(changed) and not t.dropped:
                 at = await self._step(t, changed, at, upto, steps)
@@ -405,40 +405,54 @@ class RocksStorage(Storage):
         return steps.bytes
 
     @staticmethod
-    async def _step(t: Table, changed: list[int], at: int, upto: int, steps: _Steps) -> int:
+    async def _step(t: Table, changed: np.ndarray, at: int, upto: int, steps: _Steps) -> int:
         """Visit ``changed[at:]`` until a step's worth of bytes, and write them; returns
-        where the next step starts."""
-        puts: list[tuple[bytes, bytes]] = []
-        # what the visit clears, to set again if the write fails: (slot, value written,
-        # its old on_disk, its old disk_size)
-        cleared: list[tuple[int, bool, int, int]] = []
-        size = 0
-        end = min(len(changed), at + STEP_SLOTS)
-        while at < end and size < STEP_BYTES:
-            slot = changed[at]
-            at += 1
-            key = t.keys[slot]
-            if key is None or not (t.dirty[slot] or t.meta_dirty[slot]):
-                continue  # gone, or written (by an eviction) since the visit began
-            wrote = bool(t.dirty[slot])
-            if wrote and t.put_seq[slot] > upto:
-                continue  # logged after the cut: the log keeps it
-            cleared.append((slot, wrote, t.on_disk[slot], int(t.disk_size[slot])))
-            if wrote:
-                value = t.values[slot]
-                assert value is not None
-                puts.append((value_key(t.prefix, key), value))
-                size += len(value)
-            puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
-            t.mark_checkpointed(slot, wrote=wrote)
+        where the next step starts. The visit reads the table's columns for the step's
+        slots at once (flags, then the metadata records: :func:`meta_records`)."""
+        slots = changed[at : at + STEP_SLOTS]
+        keys = t.keys
+        n = len(keys)
+        wrote = np.frombuffer(t.dirty, dtype=np.uint8, count=n)[slots] != 0
+        # written (by an eviction) since the visit began, or logged after the cut (the
+        # log keeps it): not written
+        take = (wrote | (t.meta_dirty[slots] != 0)) & ~(wrote & (t.put_seq[slots] > upto))
+        wrote &= take
+        # the step ends with the value that takes it past STEP_BYTES
+        past = np.flatnonzero(np.cumsum(np.where(wrote, t.size[slots], 0)) >= STEP_BYTES)
+        end = int(past[0]) + 1 if len(past) else len(slots)
+        taken, wrote = slots[:end][take[:end]], wrote[:end][take[:end]]
+        # and gone (its key): not written
+        live = np.fromiter((keys[s] is not None for s in taken.tolist()), bool, len(taken))
+        if not live.all():
+            taken, wrote = taken[live], wrote[live]
+        taken_list, wrote_list = taken.tolist(), wrote.tolist()
+        # every taken slot has a key (live), and a value where it is written (dirty)
+        taken_keys = [k for s in taken_list if (k := keys[s]) is not None]
+        values = t.values
+        puts: list[tuple[bytes, bytes]] = [
+            (k, v)
+            for k, s in zip(
+                value_keys(t.prefix, [k for k, w in zip(taken_keys, wrote_list, strict=True) if w]),
+                taken[wrote].tolist(),
+                strict=True,
+            )
+            if (v := values[s]) is not None
+        ]
+        puts.extend(zip(meta_keys(t.prefix, taken_keys), meta_records(t, taken), strict=True))
+        # what the visit clears, to set again if the write fails
+        on_disk = np.frombuffer(t.on_disk, dtype=np.uint8, count=n)[taken]
+        disk_size = t.disk_size[taken]
+        t.mark_checkpointed(taken, wrote)
         try:
             await steps.write_batch(puts)
         except OSError:  # nothing of this step was written: the next checkpoint writes it
-            for slot, wrote, on_disk, disk_size in cleared:
+            for slot, w, old_on_disk, old_size in zip(
+                taken_list, wrote_list, on_disk.tolist(), disk_size.tolist(), strict=True
+            ):
                 if t.keys[slot] is not None:
-                    t.unmark_checkpointed(slot, wrote=wrote, on_disk=on_disk, disk_size=disk_size)
+                    t.unmark_checkpointed(slot, wrote=w, on_disk=old_on_disk, disk_size=old_size)
             raise
-        return at
+        return at + end
 
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
         """RocksDB's checkpoint into ``dest/rocksdb``: hard links to its immutable files,
