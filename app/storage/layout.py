@@ -13,6 +13,8 @@ key                         value
                             metadata (msgpack ``[group, version, field names, names of
                             the tasks that acknowledged it]``), if it has any
 ``\x00request_ids``         the idempotency window's request ids and answers (msgpack)
+``\\x00replay_bytes_s``      the log replay rate the last start measured (a little-endian
+                            double: :func:`pack_rate`), where one has
 ``e`` + table id            an episode table's own state (msgpack: its fields, chunk length,
                             counters)
 ``e`` + table id + name     an episode's record (msgpack: length, end, final values, per-step
@@ -36,6 +38,7 @@ import numpy as np
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 REQUEST_IDS_KEY = b"\x00request_ids"
+REPLAY_RATE_KEY = b"\x00replay_bytes_s"
 META = struct.Struct("<ddIIQ")
 #: :data:`META` as a NumPy record, to pack many records at once (:func:`pack_metas`).
 META_ROW = np.dtype(
@@ -195,6 +198,16 @@ def unpack_meta(
         fields = parts[0]
         rollout = parts[1] if len(parts) > 1 else None
     return priority, inserted_at, times_sampled, size, order, fields, rollout
+
+
+def pack_rate(rate: float) -> bytes:
+    """A replay rate as stored."""
+    return struct.pack("<d", rate)
+
+
+def unpack_rate(raw: bytes | None) -> float:
+    """A stored replay rate, 0.0 where none is stored."""
+    return float(struct.unpack("<d", raw)[0]) if raw else 0.0
 
 
 def pack_count(n: int) -> bytes:

@@ -33,6 +33,7 @@ from rlreplay.app.storage import layout
 from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
     LSN_KEY,
+    REPLAY_RATE_KEY,
     REQUEST_IDS_KEY,
     meta_keys,
     pack_count,
@@ -94,6 +95,10 @@ class Storage(ABC):
 
     #: The RocksDB database (None in memory mode).
     store: RocksStore | None = None
+    #: The log's replay rate (bytes a second) that a start measured on this data, saved
+    #: with each checkpoint and loaded by :meth:`open` (0.0: none measured yet; a
+    #: snapshot just restored, from another machine perhaps, brings none).
+    replay_bytes_s: float = 0.0
 
     @abstractmethod
     async def open(self, state: EngineState, *, restored: bool = False) -> int:
@@ -184,6 +189,8 @@ class MemoryStorage(Storage):
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])
         state.request_ids.load(header.get("request_ids", []))
+        if not restored:
+            self.replay_bytes_s = float(header.get("replay_bytes_s", 0.0))
         return int(header["lsn"])
 
     async def checkpoint(
@@ -203,9 +210,8 @@ class MemoryStorage(Storage):
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
         await self._write(state, covered, dest / MEMORY_CHECKPOINT)
 
-    @staticmethod
     async def _write(
-        state: EngineState, upto: int, path: Path, between: BetweenSteps | None = None
+        self, state: EngineState, upto: int, path: Path, between: BetweenSteps | None = None
     ) -> None:
         """Write the tables to ``path`` as they are now, off the event loop; without
         ``between`` the writer waits for the file."""
@@ -214,6 +220,7 @@ class MemoryStorage(Storage):
             "next_tid": state.next_tid,
             "tables": [{"name": t.name, **t.state_dict()} for t in state.tables.values()],
             "request_ids": state.request_ids.state(),
+            "replay_bytes_s": self.replay_bytes_s,
         }
         tables = await capture_rows(list(state.tables.values()), upto)
         written = asyncio.ensure_future(state.io.run(write_checkpoint_file, path, header, tables))
@@ -286,16 +293,16 @@ class RocksStorage(Storage):
         file, rather than being served); with ``--accept-data-loss``, a damaged database is
         salvaged (:mod:`rlreplay.app.storage.salvage`) and the log replayed on top."""
         try:
-            return await self._open(state)
+            return await self._open(state, restored)
         except StorageDamaged as exc:
             state.data_loss.found("checkpoint_damaged", str(exc))  # raises unless accepted
         if self.store is not None:
             await self.close(state.io)
             self.store = None
         await state.io.run(salvage_rocksdb, state.settings.data_dir / "rocksdb")
-        return await self._open(state)
+        return await self._open(state, restored)
 
-    async def _open(self, state: EngineState) -> int:
+    async def _open(self, state: EngineState, restored: bool) -> int:
         self.store = store = await state.io.run(RocksStore, state.settings.data_dir / "rocksdb")
 
         def load() -> tuple[int, int, list[Table]]:
@@ -325,6 +332,8 @@ class RocksStorage(Storage):
             )
 
         covered, next_tid, tables = await state.io.run(load)
+        if not restored:
+            self.replay_bytes_s = layout.unpack_rate(await state.io.run(store.get, REPLAY_RATE_KEY))
         state.next_tid = next_tid
         for table in tables:
             state.tables[table.name] = table
@@ -392,6 +401,8 @@ class RocksStorage(Storage):
             self.deletes.extend(e_deletes)
         ids = await io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
         puts.append((REQUEST_IDS_KEY, ids))
+        if self.replay_bytes_s:
+            puts.append((REPLAY_RATE_KEY, layout.pack_rate(self.replay_bytes_s)))
         puts.append((LSN_KEY, pack_count(upto)))
         deletes = self.take_deletes()
         try:
