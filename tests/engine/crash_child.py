@@ -39,7 +39,7 @@ async def worker(eng: Engine, wid: int, acked: list[str]) -> None:
         elif wid == 2:  # as the API pushes a columnar body: the log keeps its columns
             pads = [k.encode() * 50 for k in keys]
             columns = {"key": np.array(keys), "pad": np.array(pads)}
-            body = encode_body(columns_request(keys, columns, None, False))
+            body = bytes(encode_body(columns_request(keys, columns, None, False)))
             push = parse_any_push(body, BodyFormat.MSGPACK)
             assert [it.value for it in push.items] == [value_of(k) for k in keys]
             await eng.push("t", push.items, validated=True, columns=push.columns)
