@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from rlreplay.app.log.wal import WriteAheadLog
 
 #: Bytes of log a start gets through per second (its checkpoint after replay included),
-#: until a start on this data has measured it: under what the restarts of
+#: until a start on this data has measured it: under what every restart of
 #: ``bench.ingest`` measured on its 2-core machine at loads of 2 to 8 (see
 #: docs/durability.md for the figures, and for a busier machine's).
-REPLAY_BYTES_S = 48 * 2**20
+REPLAY_BYTES_S = 40 * 2**20
 #: A start that replayed less than this keeps the rate it had (a small log times badly).
 _MEASURE_AFTER_BYTES = 64 * 2**20
 #: The least log a checkpoint waits for, whatever the bound says (no checkpoint storms).

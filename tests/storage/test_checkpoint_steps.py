@@ -54,7 +54,7 @@ async def test_the_checkpoint_figures_appear_and_move(tmp_path: Path) -> None:
         text = metrics.render().decode()
         assert _series(text, "rlreplay_checkpoints_total") == 0
         assert _series(text, "rlreplay_recovery_bound_seconds") == 30
-        assert _series(text, "rlreplay_recovery_replay_bytes_per_second") == 48 * MB
+        assert _series(text, "rlreplay_recovery_replay_bytes_per_second") == 40 * MB
         assert _series(text, "rlreplay_recovery_seconds") > 0
         await eng.push("t", _values("a", 64, 16_384), wait=True)
         await eng.flush()  # covers the pushes; writes what came before the last one: none
@@ -143,7 +143,7 @@ async def test_a_measured_replay_rate_is_saved_with_the_checkpoint_for_later_sta
     stats = again.checkpoint_stats
     assert stats is not None
     rate = stats.replay_bytes_s
-    assert rate > 0 and rate != 48 * MB
+    assert rate > 0 and rate != 40 * MB
     await again.flush()  # saves it
     await crash(again)
     monkeypatch.setattr(checkpoints_module, "_MEASURE_AFTER_BYTES", 2**40)
@@ -315,20 +315,20 @@ async def test_memory_mode_applies_pushes_while_its_checkpoint_file_is_written(
 async def test_at_the_defaults_the_recovery_bound_sets_the_cadence_not_the_cap(
     tmp_path: Path,
 ) -> None:
-    """30 s at the assumed 48 MiB/s (no start has measured the rate on this data): 1440
+    """30 s at the assumed 40 MiB/s (no start has measured the rate on this data): 1200
     MiB of log to replay, a previous interval and this one; the 1 GiB cap is past it."""
     defaults = _checkpointer(tmp_path)
     defaults.note_recovery(0.5, 0, 0.0)
-    assert defaults.stats.replay_bytes_s == 48 * MB
-    log = SimpleNamespace(bytes_since_checkpoint=700 * MB)
+    assert defaults.stats.replay_bytes_s == 40 * MB
+    log = SimpleNamespace(bytes_since_checkpoint=590 * MB)
     assert not defaults.due(log)  # type: ignore[arg-type]  # a 256 MB cap called for one
-    log.bytes_since_checkpoint = 721 * MB
-    assert defaults.due(log)  # type: ignore[arg-type]  # twice this interval: 1442 MiB
-    defaults._new_interval(800 * MB, time.monotonic())
-    log.bytes_since_checkpoint = 600 * MB
-    assert not defaults.due(log)  # type: ignore[arg-type]  # 1400 MiB
-    log.bytes_since_checkpoint = 641 * MB
-    assert defaults.due(log)  # type: ignore[arg-type]  # 1441 MiB
+    log.bytes_since_checkpoint = 601 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # twice this interval: 1202 MiB
+    defaults._new_interval(700 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 450 * MB
+    assert not defaults.due(log)  # type: ignore[arg-type]  # 1150 MiB
+    log.bytes_since_checkpoint = 501 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # 1201 MiB
 
 
 @pytest.mark.parametrize(
