@@ -13,6 +13,8 @@ key                         value
                             metadata (msgpack ``[group, version, field names, names of
                             the tasks that acknowledged it]``), if it has any
 ``\x00request_ids``         the idempotency window's request ids and answers (msgpack)
+``\\x00replay_bytes_s``      the log replay rate the last start measured (a little-endian
+                            double: :func:`pack_rate`), where one has
 ``e`` + table id            an episode table's own state (msgpack: its fields, chunk length,
                             counters)
 ``e`` + table id + name     an episode's record (msgpack: length, end, final values, per-step
@@ -31,11 +33,24 @@ import struct
 from typing import Any
 
 import msgpack
+import numpy as np
 
 LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 REQUEST_IDS_KEY = b"\x00request_ids"
+REPLAY_RATE_KEY = b"\x00replay_bytes_s"
 META = struct.Struct("<ddIIQ")
+#: :data:`META` as a NumPy record, to pack many records at once (:func:`pack_metas`).
+META_ROW = np.dtype(
+    [
+        ("priority", "<f8"),
+        ("inserted_at", "<f8"),
+        ("times_sampled", "<u4"),
+        ("size", "<u4"),
+        ("order", "<u8"),
+    ]
+)
+assert META_ROW.itemsize == META.size
 
 
 def table_id(tid: int) -> bytes:
@@ -56,6 +71,18 @@ def value_key(table_prefix: bytes, key: str) -> bytes:
 def meta_key(table_prefix: bytes, key: str) -> bytes:
     """The key of an item's metadata."""
     return b"m" + table_prefix + key.encode()
+
+
+def value_keys(table_prefix: bytes, keys: list[str]) -> list[bytes]:
+    """:func:`value_key` of each of ``keys``."""
+    prefix = b"v" + table_prefix
+    return [prefix + key.encode() for key in keys]
+
+
+def meta_keys(table_prefix: bytes, keys: list[str]) -> list[bytes]:
+    """:func:`meta_key` of each of ``keys``."""
+    prefix = b"m" + table_prefix
+    return [prefix + key.encode() for key in keys]
 
 
 def item_key_of(raw_key: bytes) -> str:
@@ -117,10 +144,43 @@ def pack_meta(
     head = META.pack(priority, inserted_at, times_sampled, size, order)
     if fields is None and rollout is None:
         return head
+    return head + pack_meta_extra(fields, rollout)
+
+
+def pack_meta_extra(fields: dict[str, Any] | None, rollout: list[Any] | None) -> bytes:
+    """What follows :data:`META` in a record (see :func:`pack_meta`): nothing when both
+    are None."""
+    if fields is None and rollout is None:
+        return b""
     extra: bytes = msgpack.packb(fields or {}, use_bin_type=True)
     if rollout is not None:
         extra += msgpack.packb(rollout, use_bin_type=True)
-    return head + extra
+    return extra
+
+
+def pack_metas(
+    priority: np.ndarray,
+    inserted_at: np.ndarray,
+    times_sampled: np.ndarray,
+    size: np.ndarray,
+    order: np.ndarray,
+    extras: list[bytes] | None = None,
+) -> list[bytes]:
+    """The records of many items at once (the columns of :func:`pack_meta`, one entry per
+    item; ``extras``: each one's :func:`pack_meta_extra`, None when all are empty): the
+    same bytes as :func:`pack_meta` gives each, built in one NumPy pass."""
+    rows = np.empty(len(priority), dtype=META_ROW)
+    rows["priority"] = priority
+    rows["inserted_at"] = inserted_at
+    rows["times_sampled"] = times_sampled
+    rows["size"] = size
+    rows["order"] = order
+    raw = rows.tobytes()
+    width = META.size
+    heads = [raw[at : at + width] for at in range(0, len(raw), width)]
+    if extras is None:
+        return heads
+    return [head + extra for head, extra in zip(heads, extras, strict=True)]
 
 
 def unpack_meta(
@@ -138,6 +198,16 @@ def unpack_meta(
         fields = parts[0]
         rollout = parts[1] if len(parts) > 1 else None
     return priority, inserted_at, times_sampled, size, order, fields, rollout
+
+
+def pack_rate(rate: float) -> bytes:
+    """A replay rate as stored."""
+    return struct.pack("<d", rate)
+
+
+def unpack_rate(raw: bytes | None) -> float:
+    """A stored replay rate, 0.0 where none is stored."""
+    return float(struct.unpack("<d", raw)[0]) if raw else 0.0
 
 
 def pack_count(n: int) -> bytes:

@@ -89,16 +89,19 @@ def evict(t: Table, slot: int) -> int:
     return size
 
 
-def mark_checkpointed(t: Table, slot: int, *, wrote: bool) -> None:
-    """A checkpoint's batch holds the metadata of the item at ``slot``, and its value if
-    ``wrote``."""
-    if wrote:
-        size = int(t._size[slot])
-        t._bytes_on_disk += size - int(t._disk_size[slot])
-        t._disk_size[slot] = size
-        t._on_disk[slot] = 1
-        t._dirty[slot] = 0
-    t._meta_dirty[slot] = 0
+def mark_checkpointed(t: Table, slots: np.ndarray, wrote: np.ndarray) -> None:
+    """A checkpoint's batch holds the metadata of the items at ``slots`` (distinct), and
+    the values of those where ``wrote`` (a mask of them) is set."""
+    t._meta_dirty[slots] = 0
+    written = slots[wrote]
+    if not len(written):
+        return
+    sizes = t._size[written]
+    t._bytes_on_disk += int(sizes.sum()) - int(t._disk_size[written].sum())
+    t._disk_size[written] = sizes
+    # short-lived views of the flag bytearrays (a live view would block their growth)
+    np.frombuffer(t._on_disk, np.uint8)[written] = 1
+    np.frombuffer(t._dirty, np.uint8)[written] = 0
 
 
 def unmark_checkpointed(t: Table, slot: int, *, wrote: bool, on_disk: int, disk_size: int) -> None:

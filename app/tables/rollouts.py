@@ -201,6 +201,25 @@ class Rollouts:
             meta.append(tags)
         return meta
 
+    def metas_of(self, slots: np.ndarray) -> list[list[Any] | None] | None:
+        """:meth:`meta_of` of each of ``slots`` (distinct), or None when none of them has
+        anything to keep: found from the table's columns at once, so a table without
+        rollout metadata pays no lookup per item."""
+        if self.groups or self.tag_index.of or self.field_masks.high or self.acked_masks.high:
+            return [self.meta_of(slot) for slot in slots.tolist()]
+        has = (
+            (self.table.policy_version[slots] != NO_VERSION)
+            | (self.field_masks.low[slots] != 0)
+            | (self.acked_masks.low[slots] != 0)
+        )
+        if not has.any():
+            return None
+        meta_of = self.meta_of
+        return [
+            meta_of(slot) if h else None
+            for slot, h in zip(slots.tolist(), has.tolist(), strict=True)
+        ]
+
     # -- the writer's hooks -----------------------------------------------------------------
 
     def on_put(self, slot_list: list[int], items: Any, values: list[bytes]) -> None:

@@ -374,9 +374,9 @@ class Table:
         """The value at ``slot`` is in RocksDB now: it leaves the cache. Returns its size."""
         return residency.evict(self, slot)
 
-    def mark_checkpointed(self, slot: int, *, wrote: bool) -> None:
-        """A checkpoint's batch holds the item at ``slot`` (its value too if ``wrote``)."""
-        residency.mark_checkpointed(self, slot, wrote=wrote)
+    def mark_checkpointed(self, slots: np.ndarray, wrote: np.ndarray) -> None:
+        """A checkpoint's batch holds the items at ``slots`` (their values where ``wrote``)."""
+        residency.mark_checkpointed(self, slots, wrote)
 
     def unmark_checkpointed(self, slot: int, *, wrote: bool, on_disk: int, disk_size: int) -> None:
         """A checkpoint's batch failed: the item at ``slot`` is to write again."""

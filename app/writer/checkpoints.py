@@ -6,8 +6,9 @@ The storage mode does the writing (:mod:`rlreplay.app.writer.storage`); a checkp
 
 When one is due (:meth:`Checkpointer.due`): when the log since the last checkpoint passes
 ``--wal-checkpoint-mb`` (a cap), or sooner when replaying what a restart would replay would
-take longer than ``--recovery-bound-s`` at the log's replay rate (measured at the last
-start that replayed enough of it; :data:`REPLAY_BYTES_S` until then), counting what the log
+take longer than ``--recovery-bound-s`` at the log's replay rate (measured by the last
+start on this data that replayed enough of it, and saved with the checkpoints;
+:data:`REPLAY_BYTES_S` until one has), counting what the log
 will grow by while the checkpoint runs (its growth rate times the last checkpoint's time),
 and an interval as at least as long as the one before it (see :meth:`Checkpointer.due`).
 """
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
     from rlreplay.app.log.wal import WriteAheadLog
 
 #: Bytes of log a start gets through per second (its checkpoint after replay included),
-#: until a start has measured it: below what ``bench.ingest`` measured on a busy 2-core
-#: machine (17 to 60 MB/s for pushes of 64 x 4 KiB).
-REPLAY_BYTES_S = 32 * 2**20
+#: until a start on this data has measured it: under what every restart of
+#: ``bench.ingest`` measured on its 2-core machine at loads of 2 to 8 (see
+#: docs/durability.md for the figures, and for a busier machine's).
+REPLAY_BYTES_S = 40 * 2**20
 #: A start that replayed less than this keeps the rate it had (a small log times badly).
 _MEASURE_AFTER_BYTES = 64 * 2**20
 #: The least log a checkpoint waits for, whatever the bound says (no checkpoint storms).
@@ -116,10 +118,15 @@ class Checkpointer:
     def note_recovery(self, seconds: float, replayed_bytes: int, replay_s: float) -> None:
         """The start took ``seconds``, of which ``replay_s`` replaying ``replayed_bytes``
         of log: the rate the cadence counts on, once enough was replayed, is the log's
-        bytes per second of the whole start (the checkpoint after replay writes them)."""
+        bytes per second of the whole start (the checkpoint after replay writes them).
+        The storage saves it with each checkpoint, so later starts count on it too (one
+        that replays too little to measure keeps the rate the storage loaded)."""
         self.stats.recovery_s = seconds
+        storage = self._state.storage
         if replayed_bytes >= _MEASURE_AFTER_BYTES and seconds > 0:
-            self.stats.replay_bytes_s = replayed_bytes / seconds
+            storage.replay_bytes_s = replayed_bytes / seconds
+        if storage.replay_bytes_s > 0:
+            self.stats.replay_bytes_s = storage.replay_bytes_s
 
     async def checkpoint(self, *, full: bool = False) -> None:
         """Make what is applied durable without the log, then drop the log it covers.

@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgpack
+import numpy as np
 
 from rlreplay.app.episodes.chunk_residency import ChunkResidency
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.wal import WriteAheadLog
 from rlreplay.app.settings import Settings
 from rlreplay.app.storage.cache import ENTRY_OVERHEAD, CacheLedger
-from rlreplay.app.storage.layout import pack_meta
+from rlreplay.app.storage.layout import pack_meta, pack_meta_extra, pack_metas
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.stats import TableCounters
 from rlreplay.app.tables.table import Table
@@ -70,6 +71,31 @@ def meta_bytes(table: Table, slot: int) -> bytes:
         int(table.order[slot]),
         table.fields.get(slot, {}) if table.index_fields else None,
         table.rollouts.meta_of(slot),
+    )
+
+
+def meta_records(table: Table, slots: np.ndarray) -> list[bytes]:
+    """:func:`meta_bytes` of each of ``slots`` (distinct), built from the table's columns
+    at once: a checkpoint's step packs thousands."""
+    rollouts = table.rollouts.metas_of(slots)
+    extras: list[bytes] | None = None
+    if table.index_fields or rollouts is not None:
+        fields = table.fields if table.index_fields else None
+        slot_list = slots.tolist()
+        extras = [
+            pack_meta_extra(
+                fields.get(slot, {}) if fields is not None else None,
+                rollouts[i] if rollouts is not None else None,
+            )
+            for i, slot in enumerate(slot_list)
+        ]
+    return pack_metas(
+        table.priority[slots],
+        table.inserted_at[slots],
+        table.times_sampled[slots],
+        table.size[slots],
+        table.order[slots],
+        extras,
     )
 
 

@@ -33,11 +33,12 @@ from rlreplay.app.storage import layout
 from rlreplay.app.storage.faults import StorageDamaged
 from rlreplay.app.storage.layout import (
     LSN_KEY,
+    REPLAY_RATE_KEY,
     REQUEST_IDS_KEY,
-    meta_key,
+    meta_keys,
     pack_count,
     table_key,
-    value_key,
+    value_keys,
 )
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.storage.salvage import salvage_rocksdb
@@ -49,7 +50,7 @@ from rlreplay.app.writer.memory_checkpoint import (
     read_checkpoint_file,
     write_checkpoint_file,
 )
-from rlreplay.app.writer.state import EngineState, cache_charge, meta_bytes, table_record
+from rlreplay.app.writer.state import EngineState, cache_charge, meta_records, table_record
 from rlreplay.workers.blocking import BlockingIO
 
 __all__ = [
@@ -94,6 +95,10 @@ class Storage(ABC):
 
     #: The RocksDB database (None in memory mode).
     store: RocksStore | None = None
+    #: The log's replay rate (bytes a second) that a start measured on this data, saved
+    #: with each checkpoint and loaded by :meth:`open` (0.0: none measured yet; a
+    #: snapshot just restored, from another machine perhaps, brings none).
+    replay_bytes_s: float = 0.0
 
     @abstractmethod
     async def open(self, state: EngineState, *, restored: bool = False) -> int:
@@ -184,6 +189,8 @@ class MemoryStorage(Storage):
             state.tables[table.name] = table
         state.next_tid = int(header["next_tid"])
         state.request_ids.load(header.get("request_ids", []))
+        if not restored:
+            self.replay_bytes_s = float(header.get("replay_bytes_s", 0.0))
         return int(header["lsn"])
 
     async def checkpoint(
@@ -203,9 +210,8 @@ class MemoryStorage(Storage):
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
         await self._write(state, covered, dest / MEMORY_CHECKPOINT)
 
-    @staticmethod
     async def _write(
-        state: EngineState, upto: int, path: Path, between: BetweenSteps | None = None
+        self, state: EngineState, upto: int, path: Path, between: BetweenSteps | None = None
     ) -> None:
         """Write the tables to ``path`` as they are now, off the event loop; without
         ``between`` the writer waits for the file."""
@@ -214,6 +220,7 @@ class MemoryStorage(Storage):
             "next_tid": state.next_tid,
             "tables": [{"name": t.name, **t.state_dict()} for t in state.tables.values()],
             "request_ids": state.request_ids.state(),
+            "replay_bytes_s": self.replay_bytes_s,
         }
         tables = await capture_rows(list(state.tables.values()), upto)
         written = asyncio.ensure_future(state.io.run(write_checkpoint_file, path, header, tables))
@@ -286,16 +293,16 @@ class RocksStorage(Storage):
         file, rather than being served); with ``--accept-data-loss``, a damaged database is
         salvaged (:mod:`rlreplay.app.storage.salvage`) and the log replayed on top."""
         try:
-            return await self._open(state)
+            return await self._open(state, restored)
         except StorageDamaged as exc:
             state.data_loss.found("checkpoint_damaged", str(exc))  # raises unless accepted
         if self.store is not None:
             await self.close(state.io)
             self.store = None
         await state.io.run(salvage_rocksdb, state.settings.data_dir / "rocksdb")
-        return await self._open(state)
+        return await self._open(state, restored)
 
-    async def _open(self, state: EngineState) -> int:
+    async def _open(self, state: EngineState, restored: bool) -> int:
         self.store = store = await state.io.run(RocksStore, state.settings.data_dir / "rocksdb")
 
         def load() -> tuple[int, int, list[Table]]:
@@ -325,6 +332,8 @@ class RocksStorage(Storage):
             )
 
         covered, next_tid, tables = await state.io.run(load)
+        if not restored:
+            self.replay_bytes_s = layout.unpack_rate(await state.io.run(store.get, REPLAY_RATE_KEY))
         state.next_tid = next_tid
         for table in tables:
             state.tables[table.name] = table
@@ -375,7 +384,7 @@ class RocksStorage(Storage):
             found = np.flatnonzero(dirty | t.meta_dirty[:n])
             found = found[(dirty[found] == 0) | (t.put_seq[found] <= upto)]
             del dirty
-            changed = (await _removed_last(io, t, found)).tolist()
+            changed = await _removed_last(io, t, found)
             at = 0
             while at < len(changed) and not t.dropped:
                 at = await self._step(t, changed, at, upto, steps)
@@ -392,6 +401,8 @@ class RocksStorage(Storage):
             self.deletes.extend(e_deletes)
         ids = await io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
         puts.append((REQUEST_IDS_KEY, ids))
+        if self.replay_bytes_s:
+            puts.append((REPLAY_RATE_KEY, layout.pack_rate(self.replay_bytes_s)))
         puts.append((LSN_KEY, pack_count(upto)))
         deletes = self.take_deletes()
         try:
@@ -405,40 +416,54 @@ class RocksStorage(Storage):
         return steps.bytes
 
     @staticmethod
-    async def _step(t: Table, changed: list[int], at: int, upto: int, steps: _Steps) -> int:
+    async def _step(t: Table, changed: np.ndarray, at: int, upto: int, steps: _Steps) -> int:
         """Visit ``changed[at:]`` until a step's worth of bytes, and write them; returns
-        where the next step starts."""
-        puts: list[tuple[bytes, bytes]] = []
-        # what the visit clears, to set again if the write fails: (slot, value written,
-        # its old on_disk, its old disk_size)
-        cleared: list[tuple[int, bool, int, int]] = []
-        size = 0
-        end = min(len(changed), at + STEP_SLOTS)
-        while at < end and size < STEP_BYTES:
-            slot = changed[at]
-            at += 1
-            key = t.keys[slot]
-            if key is None or not (t.dirty[slot] or t.meta_dirty[slot]):
-                continue  # gone, or written (by an eviction) since the visit began
-            wrote = bool(t.dirty[slot])
-            if wrote and t.put_seq[slot] > upto:
-                continue  # logged after the cut: the log keeps it
-            cleared.append((slot, wrote, t.on_disk[slot], int(t.disk_size[slot])))
-            if wrote:
-                value = t.values[slot]
-                assert value is not None
-                puts.append((value_key(t.prefix, key), value))
-                size += len(value)
-            puts.append((meta_key(t.prefix, key), meta_bytes(t, slot)))
-            t.mark_checkpointed(slot, wrote=wrote)
+        where the next step starts. The visit reads the table's columns for the step's
+        slots at once (flags, then the metadata records: :func:`meta_records`)."""
+        slots = changed[at : at + STEP_SLOTS]
+        keys = t.keys
+        n = len(keys)
+        wrote = np.frombuffer(t.dirty, dtype=np.uint8, count=n)[slots] != 0
+        # written (by an eviction) since the visit began, or logged after the cut (the
+        # log keeps it): not written
+        take = (wrote | (t.meta_dirty[slots] != 0)) & ~(wrote & (t.put_seq[slots] > upto))
+        wrote &= take
+        # the step ends with the value that takes it past STEP_BYTES
+        past = np.flatnonzero(np.cumsum(np.where(wrote, t.size[slots], 0)) >= STEP_BYTES)
+        end = int(past[0]) + 1 if len(past) else len(slots)
+        taken, wrote = slots[:end][take[:end]], wrote[:end][take[:end]]
+        # and gone (its key): not written
+        live = np.fromiter((keys[s] is not None for s in taken.tolist()), bool, len(taken))
+        if not live.all():
+            taken, wrote = taken[live], wrote[live]
+        taken_list, wrote_list = taken.tolist(), wrote.tolist()
+        # every taken slot has a key (live), and a value where it is written (dirty)
+        taken_keys = [k for s in taken_list if (k := keys[s]) is not None]
+        values = t.values
+        puts: list[tuple[bytes, bytes]] = [
+            (k, v)
+            for k, s in zip(
+                value_keys(t.prefix, [k for k, w in zip(taken_keys, wrote_list, strict=True) if w]),
+                taken[wrote].tolist(),
+                strict=True,
+            )
+            if (v := values[s]) is not None
+        ]
+        puts.extend(zip(meta_keys(t.prefix, taken_keys), meta_records(t, taken), strict=True))
+        # what the visit clears, to set again if the write fails
+        on_disk = np.frombuffer(t.on_disk, dtype=np.uint8, count=n)[taken]
+        disk_size = t.disk_size[taken]
+        t.mark_checkpointed(taken, wrote)
         try:
             await steps.write_batch(puts)
         except OSError:  # nothing of this step was written: the next checkpoint writes it
-            for slot, wrote, on_disk, disk_size in cleared:
+            for slot, w, old_on_disk, old_size in zip(
+                taken_list, wrote_list, on_disk.tolist(), disk_size.tolist(), strict=True
+            ):
                 if t.keys[slot] is not None:
-                    t.unmark_checkpointed(slot, wrote=wrote, on_disk=on_disk, disk_size=disk_size)
+                    t.unmark_checkpointed(slot, wrote=w, on_disk=old_on_disk, disk_size=old_size)
             raise
-        return at
+        return at + end
 
     async def capture(self, state: EngineState, dest: Path, covered: int) -> None:
         """RocksDB's checkpoint into ``dest/rocksdb``: hard links to its immutable files,

@@ -22,6 +22,7 @@ from rlreplay.app.metrics import Metrics
 from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
+from rlreplay.app.writer import checkpoints as checkpoints_module
 from rlreplay.app.writer import storage as storage_module
 from rlreplay.app.writer.apply import EVICT_STEP_BYTES
 from rlreplay.app.writer.checkpoints import Checkpointer
@@ -53,7 +54,7 @@ async def test_the_checkpoint_figures_appear_and_move(tmp_path: Path) -> None:
         text = metrics.render().decode()
         assert _series(text, "rlreplay_checkpoints_total") == 0
         assert _series(text, "rlreplay_recovery_bound_seconds") == 30
-        assert _series(text, "rlreplay_recovery_replay_bytes_per_second") == 32 * MB
+        assert _series(text, "rlreplay_recovery_replay_bytes_per_second") == 40 * MB
         assert _series(text, "rlreplay_recovery_seconds") > 0
         await eng.push("t", _values("a", 64, 16_384), wait=True)
         await eng.flush()  # covers the pushes; writes what came before the last one: none
@@ -98,9 +99,61 @@ async def test_pushes_are_applied_between_the_steps_of_a_checkpoint(tmp_path: Pa
         await eng.stop()
 
 
-def _checkpointer(tmp_path: Path, **settings: object) -> Checkpointer:
-    state = SimpleNamespace(settings=make_settings(tmp_path, **settings))
+def _checkpointer(tmp_path: Path, saved_rate: float = 0.0, **settings: object) -> Checkpointer:
+    state = SimpleNamespace(
+        settings=make_settings(tmp_path, **settings),
+        storage=SimpleNamespace(replay_bytes_s=saved_rate),
+    )
     return Checkpointer(state, oldest_queued_seq=lambda: None)  # type: ignore[arg-type]
+
+
+async def test_the_cadence_counts_on_the_replay_rate_a_start_measured_on_this_data(
+    tmp_path: Path,
+) -> None:
+    log = SimpleNamespace(bytes_since_checkpoint=0)
+    # a rate a start measured on this data was loaded with the checkpoint (for none, see
+    # the test of the defaults): 10 MiB/s; this start replayed too little to measure one
+    saved = _checkpointer(tmp_path, saved_rate=10 * MB)
+    saved.note_recovery(0.5, MB, 0.1)
+    assert saved.stats.replay_bytes_s == 10 * MB
+    log.bytes_since_checkpoint = 149 * MB
+    assert not saved.due(log)  # type: ignore[arg-type]
+    log.bytes_since_checkpoint = 151 * MB  # 2 x 151 past 300 MiB
+    assert saved.due(log)  # type: ignore[arg-type]
+    # a start that replays enough measures its own, which the storage saves from then on
+    measured = _checkpointer(tmp_path, saved_rate=10 * MB)
+    measured.note_recovery(5.0, 500 * MB, 4.0)
+    assert measured.stats.replay_bytes_s == 100 * MB
+    assert measured._state.storage.replay_bytes_s == 100 * MB
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "memory"])
+async def test_a_measured_replay_rate_is_saved_with_the_checkpoint_for_later_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    monkeypatch.setattr(checkpoints_module, "_MEASURE_AFTER_BYTES", MB)
+    settings = make_settings(tmp_path, storage_mode=mode)
+    eng = Engine(settings)
+    await eng.start()
+    await eng.create_table("t", TableConfig())
+    await eng.push("t", _values("a", 64, 64 * 1024), wait=True)  # 4 MiB of log
+    await crash(eng)
+    again = Engine(settings)
+    await again.start()  # replays the 4 MiB: measures its rate
+    stats = again.checkpoint_stats
+    assert stats is not None
+    rate = stats.replay_bytes_s
+    assert rate > 0 and rate != 40 * MB
+    await again.flush()  # saves it
+    await crash(again)
+    monkeypatch.setattr(checkpoints_module, "_MEASURE_AFTER_BYTES", 2**40)
+    third = Engine(settings)
+    await third.start()  # measures nothing: counts on the saved rate
+    try:
+        stats = third.checkpoint_stats
+        assert stats is not None and stats.replay_bytes_s == rate
+    finally:
+        await third.stop()
 
 
 async def test_a_checkpoint_comes_due_at_the_cap_or_sooner_by_the_recovery_bound(
@@ -262,18 +315,20 @@ async def test_memory_mode_applies_pushes_while_its_checkpoint_file_is_written(
 async def test_at_the_defaults_the_recovery_bound_sets_the_cadence_not_the_cap(
     tmp_path: Path,
 ) -> None:
-    """30 s at the assumed 32 MiB/s: 960 MiB of log to replay, a previous interval and this
-    one; the 1 GiB cap is past it."""
+    """30 s at the assumed 40 MiB/s (no start has measured the rate on this data): 1200
+    MiB of log to replay, a previous interval and this one; the 1 GiB cap is past it."""
     defaults = _checkpointer(tmp_path)
-    log = SimpleNamespace(bytes_since_checkpoint=400 * MB)
+    defaults.note_recovery(0.5, 0, 0.0)
+    assert defaults.stats.replay_bytes_s == 40 * MB
+    log = SimpleNamespace(bytes_since_checkpoint=590 * MB)
     assert not defaults.due(log)  # type: ignore[arg-type]  # a 256 MB cap called for one
-    log.bytes_since_checkpoint = 481 * MB
-    assert defaults.due(log)  # type: ignore[arg-type]  # twice this interval: 962 MiB
-    defaults._new_interval(500 * MB, time.monotonic())
-    log.bytes_since_checkpoint = 400 * MB
-    assert not defaults.due(log)  # type: ignore[arg-type]  # 900 MiB
-    log.bytes_since_checkpoint = 461 * MB
-    assert defaults.due(log)  # type: ignore[arg-type]  # 961 MiB
+    log.bytes_since_checkpoint = 601 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # twice this interval: 1202 MiB
+    defaults._new_interval(700 * MB, time.monotonic())
+    log.bytes_since_checkpoint = 450 * MB
+    assert not defaults.due(log)  # type: ignore[arg-type]  # 1150 MiB
+    log.bytes_since_checkpoint = 501 * MB
+    assert defaults.due(log)  # type: ignore[arg-type]  # 1201 MiB
 
 
 @pytest.mark.parametrize(
