@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import aclosing, nullcontext
 from pathlib import Path
 from typing import Any
@@ -433,48 +433,71 @@ async def _read_rates(
     return rates
 
 
+def _arm_runs(
+    root: Path,
+    prefix: str,
+    arms: dict[str, tuple[str | None, Any]],
+    rates: Callable[[str, Any, float], Coroutine[Any, Any, dict[tuple[str, str], float]]],
+    shapes: dict[str, list[dict[str, np.ndarray]]],
+    seconds: float,
+    rounds: int,
+) -> dict[tuple[str, str], list[dict[tuple[str, str], float]]]:
+    """``rates`` of every arm on both sockets, a server per arm's server flag (in alternate
+    orders, round by round): (arm, socket) -> each round's rates."""
+    servers = {off for off, _ in arms.values()}
+    procs, urls = {}, {}
+    for i, off in enumerate(servers):
+        command = None if off is None else [sys.executable, "-c", _SERVER_WITH.format(off=off)]
+        sock = root / f"{prefix}{i}.sock"
+        procs[off], tcp = _server(root / f"{prefix}-{i}", sock, command=command)
+        urls[off] = {"tcp": tcp, "unix": f"unix://{sock}"}
+    runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
+    try:
+        for r in range(rounds):
+            names = list(arms) if r % 2 == 0 else list(arms)[::-1]
+            for family in ("tcp", "unix"):
+                for arm in names:
+                    off, client = arms[arm]
+                    with client() if client is not None else nullcontext():
+                        got = asyncio.run(rates(urls[off][family], shapes, seconds))
+                    runs.setdefault((arm, family), []).append(got)
+    finally:
+        for proc in procs.values():
+            stop_process(proc)
+    return runs
+
+
+def _arm_table(
+    arms: dict[str, tuple[str | None, Any]],
+    runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]],
+    keys: list[tuple[str, str]],
+) -> tuple[list[str], list[list[object]]]:
+    """The table of :func:`_arm_runs`: per (shape, call) and socket, GB/s with every path on,
+    then each arm's GB/s and the ratio on / off."""
+    headers = ["shape", "call", "socket", "on"]
+    for arm in list(arms)[1:]:
+        headers += [arm, "on / off"]
+    rows: list[list[object]] = []
+    for key in keys:
+        for family in ("tcp", "unix"):
+            gbps = {
+                arm: statistics.median(run[key] for run in runs[arm, family]) / 1e9 for arm in arms
+            }
+            row: list[object] = [*key, family, gbps["on"]]
+            for arm in list(arms)[1:]:
+                row += [gbps[arm], f"{gbps['on'] / gbps[arm]:.2f}x"]
+            rows.append(row)
+    return headers, rows
+
+
 def arm_rows(
     root: Path, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float, rounds: int
 ) -> tuple[list[str], list[list[object]]]:
     """Columnar reads with every fast path on, then each arm of :data:`ARMS` (in alternate
     orders, round by round): the table's headers and rows."""
-    servers = {off for off, _ in ARMS.values()}
-    procs, urls = {}, {}
-    for i, off in enumerate(servers):
-        command = None if off is None else [sys.executable, "-c", _SERVER_WITH.format(off=off)]
-        sock = root / f"arm{i}.sock"
-        procs[off], tcp = _server(root / f"arm-{i}", sock, command=command)
-        urls[off] = {"tcp": tcp, "unix": f"unix://{sock}"}
-    runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
-    try:
-        for r in range(rounds):
-            names = list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]
-            for family in ("tcp", "unix"):
-                for arm in names:
-                    off, client = ARMS[arm]
-                    url = urls[off][family]
-                    with client() if client is not None else nullcontext():
-                        got = asyncio.run(_read_rates(url, shapes, seconds))
-                    runs.setdefault((arm, family), []).append(got)
-    finally:
-        for proc in procs.values():
-            stop_process(proc)
-    headers = ["shape", "call", "socket", "on"]
-    for arm in list(ARMS)[1:]:
-        headers += [arm, "on / off"]
-    rows: list[list[object]] = []
-    for name in shapes:
-        for op in ("get_many", "sample"):
-            for family in ("tcp", "unix"):
-                gbps = {
-                    arm: statistics.median(run[name, op] for run in runs[arm, family]) / 1e9
-                    for arm in ARMS
-                }
-                row: list[object] = [name, op, family, gbps["on"]]
-                for arm in list(ARMS)[1:]:
-                    row += [gbps[arm], f"{gbps['on'] / gbps[arm]:.2f}x"]
-                rows.append(row)
-    return headers, rows
+    runs = _arm_runs(root, "arm", ARMS, _read_rates, shapes, seconds, rounds)
+    keys = [(name, op) for name in shapes for op in ("get_many", "sample")]
+    return _arm_table(ARMS, runs, keys)
 
 
 #: Request bodies read the way uvicorn's protocol reads them (chunks copied, then joined)
@@ -566,41 +589,8 @@ def push_arm_rows(
 ) -> tuple[list[str], list[list[object]]]:
     """Pushes with every fast path on, then each arm of :data:`PUSH_ARMS` off (in alternate
     orders, round by round): the table's headers and rows."""
-    servers = {off for off, _ in PUSH_ARMS.values()}
-    procs, urls = {}, {}
-    for i, off in enumerate(servers):
-        command = None if off is None else [sys.executable, "-c", _SERVER_WITH.format(off=off)]
-        sock = root / f"push{i}.sock"
-        procs[off], tcp = _server(root / f"push-{i}", sock, command=command)
-        urls[off] = {"tcp": tcp, "unix": f"unix://{sock}"}
-    runs: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
-    try:
-        for r in range(rounds):
-            names = list(PUSH_ARMS) if r % 2 == 0 else list(PUSH_ARMS)[::-1]
-            for family in ("tcp", "unix"):
-                for arm in names:
-                    off, client = PUSH_ARMS[arm]
-                    with client() if client is not None else nullcontext():
-                        got = asyncio.run(_push_rates(urls[off][family], shapes, seconds))
-                    runs.setdefault((arm, family), []).append(got)
-    finally:
-        for proc in procs.values():
-            stop_process(proc)
-    headers = ["shape", "call", "socket", "on"]
-    for arm in list(PUSH_ARMS)[1:]:
-        headers += [arm, "on / off"]
-    rows: list[list[object]] = []
-    for key in runs["on", "tcp"][0]:
-        for family in ("tcp", "unix"):
-            gbps = {
-                arm: statistics.median(run[key] for run in runs[arm, family]) / 1e9
-                for arm in PUSH_ARMS
-            }
-            row: list[object] = [*key, family, gbps["on"]]
-            for arm in list(PUSH_ARMS)[1:]:
-                row += [gbps[arm], f"{gbps['on'] / gbps[arm]:.2f}x"]
-            rows.append(row)
-    return headers, rows
+    runs = _arm_runs(root, "push", PUSH_ARMS, _push_rates, shapes, seconds, rounds)
+    return _arm_table(PUSH_ARMS, runs, list(runs["on", "tcp"][0]))
 
 
 def _compressible(rng: np.random.Generator) -> dict[str, np.ndarray]:
