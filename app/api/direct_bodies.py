@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -140,9 +141,19 @@ def direct_reader(owner: _Owner, cycle: Any, limit: int) -> BodyReader | None:
 def view_receive(cycle: Any) -> Callable[[], Awaitable[Message]]:
     """uvicorn's ``RequestResponseCycle.receive`` for a cycle whose body is a view read by a
     :class:`BodyReader`: the same messages, the body handed over as it is (uvicorn's makes
-    ``bytes`` of it, a copy)."""
+    ``bytes`` of it, a copy).
+
+    The cycle holds the function and the function only a weak reference to the cycle: a
+    strong one would make each request a reference cycle that only the garbage collector
+    frees, and a collection of a few thousand requests' cycles holds the event loop for
+    tens of milliseconds. The cycle's task holds it while the app may call ``receive``.
+    """
+    cycle_ref = weakref.ref(cycle)
 
     async def receive() -> Message:
+        cycle = cycle_ref()
+        if cycle is None:  # the request is over and its cycle gone
+            return {"type": "http.disconnect"}
         if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
             cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             cycle.waiting_for_100_continue = False

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,24 @@ async def test_a_long_body_reaches_the_app_as_one_view_of_its_buffer() -> None:
     feed(transport, b"POST /small HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
     await settle()
     assert answered(transport, 2) and h.bodies[-1] == b"abc"
+
+
+async def test_a_long_bodys_request_is_freed_without_the_garbage_collector() -> None:
+    # a request that left a reference cycle behind would wait for a collection, and a
+    # collection of thousands of them holds the event loop for tens of milliseconds
+    h = Harness("httptools", DIRECT)
+    protocol, transport = h.connect()
+    gc.disable()
+    try:
+        feed(transport, head(SIZE) + body_of(SIZE))
+        await settle()
+        first = weakref.ref(protocol.cycle)
+        feed(transport, b"POST /small HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+        await settle()
+        assert answered(transport, 2) and protocol.cycle is not first()
+        assert first() is None
+    finally:
+        gc.enable()
 
 
 async def test_requests_behind_a_long_body_are_answered_in_order() -> None:
