@@ -32,6 +32,7 @@ from xxhash import xxh3_64_intdigest
 from rlreplay.app.episodes.persistence import episode_blobs
 from rlreplay.app.log.framing import LogRecoveryError
 from rlreplay.app.tables.rollouts import NO_VERSION
+from rlreplay.app.writer.request_ids import WindowSnapshot
 
 if TYPE_CHECKING:
     from rlreplay.app.log.data_loss import DataLoss
@@ -138,6 +139,17 @@ def write_checkpoint_file(path: Path, header: dict[str, Any], tables: list[Table
         os.close(fd)
 
 
+def _pack_header(packer: msgpack.Packer, header: dict[str, Any]) -> bytes:
+    """The header's msgpack, a :class:`WindowSnapshot` in it packed in slices (the window
+    of request ids can hold 100,000: one call into msgpack would hold the GIL for tens of
+    milliseconds, and the event loop with it)."""
+    parts = [packer.pack_map_header(len(header))]
+    for key, value in header.items():
+        parts.append(packer.pack(key))
+        parts.append(value.packed() if isinstance(value, WindowSnapshot) else packer.pack(value))
+    return b"".join(parts)
+
+
 class _ChunkWriter:
     """Writes checksummed chunks to a file and counts them."""
 
@@ -156,7 +168,7 @@ def _write_rows(tmp: Path, header: dict[str, Any], tables: list[TableRows]) -> N
     packer = msgpack.Packer(use_bin_type=True)
     with open(tmp, "wb", buffering=_SNAPSHOT_BUFFER) as f:
         out = _ChunkWriter(f)
-        out.chunk(HEADER, packer.pack(header))
+        out.chunk(HEADER, _pack_header(packer, header))
         rows = bytearray()
         for t in tables:
             priority = t.priority.tolist()

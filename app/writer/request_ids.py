@@ -13,6 +13,13 @@ The window keeps what happened to a write, never how HTTP says it: an answer bod
 (:mod:`rlreplay.app.api.write_status`). The log's request record and a checkpoint's window
 carry the kind's name beside the body; files written before the kind was named carry a
 number there, which reading ignores: the body says the same.
+
+The window can hold 100,000 answers, and the event loop must not feel them: an answered
+id costs the garbage collector nothing (its time and its answer body, a dict of a string
+and a count, sit in two dicts, where an object per id would be walked by every
+collection until it leaves the window), and a checkpoint takes a
+:class:`WindowSnapshot` on the loop (two list copies) and packs it in an I/O thread, a
+slice at a time (:meth:`WindowSnapshot.packed`), so the loop gets the GIL between slices.
 """
 
 from __future__ import annotations
@@ -24,7 +31,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "AnswerKind", "RequestIds", "answer_count", "answer_kind", "scoped_id"]
+import msgpack
+
+__all__ = [
+    "Answer",
+    "AnswerKind",
+    "RequestIds",
+    "WindowSnapshot",
+    "answer_count",
+    "answer_kind",
+    "scoped_id",
+]
 
 #: A write's answer body as the window keeps it: ``{"committed": n}`` once applied, else
 #: ``{"accepted": n}`` (a patch adds ``"missing"``).
@@ -44,10 +61,15 @@ def answer_kind(body: Answer) -> AnswerKind:
 
 
 @dataclass(slots=True, eq=False)
-class _Entry:
-    at: float  # unix time of the first request
-    answer: Answer | None = None  # None while the first request is in flight
+class _InFlight:
+    """An id whose first request is being served."""
+
+    answer: Answer | None = None  # set only by :meth:`RequestIds.remember` (replay)
     done: asyncio.Future[Answer] | None = field(default=None)
+
+
+#: Answered ids packed per call in :meth:`WindowSnapshot.packed`.
+_PACK_SLICE = 2048
 
 
 def answer_count(body: dict[str, Any]) -> int:
@@ -67,61 +89,74 @@ class RequestIds:
     def __init__(self, *, window_s: float = 600.0, keep: int = 100_000) -> None:
         self.window_s = window_s
         self.keep = keep
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        #: id -> unix time of its first request, oldest first
+        self._at: OrderedDict[str, float] = OrderedDict()
+        #: id -> its answer, or its entry while in flight; the same ids in the same order
+        #: (both gain and lose an id together; a new value keeps its key's place)
+        self._answer: dict[str, Answer | _InFlight] = {}
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._at)
 
     def begin(self, request_id: str) -> asyncio.Future[Answer] | Answer | None:
         """Note a request id about to be served: None when it is new (the caller serves it,
         then calls :meth:`finish` or :meth:`forget`); else the first answer, or a future
         of it while the first request is in flight."""
-        entry = self._entries.get(request_id)
+        entry = self._answer.get(request_id)
         if entry is not None:
+            if not isinstance(entry, _InFlight):
+                return entry
             if entry.answer is not None:
                 return entry.answer
             if entry.done is None:
                 entry.done = asyncio.get_running_loop().create_future()
             return entry.done
-        self._trim(time.time())
-        self._entries[request_id] = _Entry(time.time())
+        now = time.time()
+        self._trim(now)
+        self._at[request_id] = now
+        self._answer[request_id] = _InFlight()
         return None
 
     def finish(self, request_id: str, answer: Answer) -> None:
         """The first request of ``request_id`` was answered ``answer``."""
-        entry = self._entries.get(request_id)
+        entry = self._answer.get(request_id)
         if entry is None:
             self.remember(request_id, answer, time.time())
             return
-        entry.answer = answer
-        if entry.done is not None and not entry.done.done():
+        self._answer[request_id] = answer  # replaced, not changed: see WindowSnapshot
+        if isinstance(entry, _InFlight) and entry.done is not None and not entry.done.done():
             entry.done.set_result(answer)
 
     def forget(self, request_id: str, exc: BaseException) -> None:
         """The first request of ``request_id`` was refused (it changed nothing): repeats
         waiting for it get the same error, and a later one is served anew."""
-        entry = self._entries.pop(request_id, None)
-        if entry is not None and entry.done is not None and not entry.done.done():
+        self._at.pop(request_id, None)
+        entry = self._answer.pop(request_id, None)
+        if not isinstance(entry, _InFlight):
+            return
+        if entry.done is not None and not entry.done.done():
             entry.done.set_exception(exc)
             entry.done.exception()  # retrieved: a waiter may have gone
 
     def remember(self, request_id: str, answer: Answer, at: float) -> None:
         """An id answered before (the log's replay, a checkpoint's window)."""
-        entry = self._entries.get(request_id)
+        entry = self._answer.get(request_id)
         if entry is None:
-            self._entries[request_id] = _Entry(at, answer)
-        elif entry.answer is None:
+            self._at[request_id] = at
+            self._answer[request_id] = answer
+        elif isinstance(entry, _InFlight) and entry.answer is None:
             entry.answer = answer
 
     def _trim(self, now: float) -> None:
-        entries = self._entries
-        excess = len(entries) - self.keep
+        at_of, answers = self._at, self._answer
+        excess = len(at_of) - self.keep
         horizon = now - self.window_s
         while excess > 0:
-            request_id, entry = next(iter(entries.items()))
-            if entry.at >= horizon or entry.answer is None:
+            request_id, at = next(iter(at_of.items()))
+            entry = answers[request_id]
+            if at >= horizon or (isinstance(entry, _InFlight) and entry.answer is None):
                 break
-            del entries[request_id]
+            del at_of[request_id], answers[request_id]
             excess -= 1
 
     def state(self) -> list[list[Any]]:
@@ -129,12 +164,61 @@ class RequestIds:
         :class:`AnswerKind`'s value)."""
         self._trim(time.time())
         return [
-            [rid, e.at, answer_kind(e.answer).value, e.answer]
-            for rid, e in self._entries.items()
-            if e.answer is not None
+            [rid, at, answer_kind(answer).value, answer]
+            for rid, at, answer in zip(
+                self._at, self._at.values(), map(_answer_of, self._answer.values()), strict=True
+            )
+            if answer is not None
         ]
+
+    def snapshot(self) -> WindowSnapshot:
+        """The answered ids as of now, for :meth:`WindowSnapshot.packed` to pack off the
+        event loop (what :meth:`state` gives, without building it on the loop)."""
+        self._trim(time.time())
+        return WindowSnapshot(list(self._at), list(self._at.values()), list(self._answer.values()))
 
     def load(self, state: list[list[Any]]) -> None:
         """Remember the ids of :meth:`state` (the kind is read from each body)."""
         for rid, at, _kind, body in state:
             self.remember(str(rid), dict(body), float(at))
+
+
+def _answer_of(entry: Answer | _InFlight) -> Answer | None:
+    return entry.answer if isinstance(entry, _InFlight) else entry
+
+
+class WindowSnapshot:
+    """The window's ids, times and answers at one moment (list copies: the window goes on
+    changing). An answer replaces its id's in-flight entry rather than changing it, so an
+    id answered after the snapshot stays unanswered in it."""
+
+    def __init__(self, ids: list[str], ats: list[float], answers: list[Answer | _InFlight]) -> None:
+        self._ids = ids
+        self._ats = ats
+        self._answers = answers
+
+    def packed(self) -> bytes:
+        """The msgpack of :meth:`RequestIds.state` at the snapshot (blocking: run it in an
+        I/O thread). Each call into msgpack packs :data:`_PACK_SLICE` ids, so the GIL
+        changes hands between slices."""
+        packer = msgpack.Packer()
+        committed, accepted = AnswerKind.COMMITTED.value, AnswerKind.ACCEPTED.value
+        parts: list[bytes] = []
+        count = 0
+        for at in range(0, len(self._ids), _PACK_SLICE):
+            cut = slice(at, at + _PACK_SLICE)
+            rows = [
+                (rid, when, committed if "committed" in answer else accepted, answer)
+                for rid, when, answer in zip(
+                    self._ids[cut],
+                    self._ats[cut],
+                    map(_answer_of, self._answers[cut]),
+                    strict=True,
+                )
+                if answer is not None
+            ]
+            # a slice packs as an array: its elements are what the whole array holds
+            parts.append(packer.pack(rows)[len(packer.pack_array_header(len(rows))) :])
+            count += len(rows)
+        head: bytes = packer.pack_array_header(count)
+        return head + b"".join(parts)

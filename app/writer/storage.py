@@ -219,7 +219,7 @@ class MemoryStorage(Storage):
             "lsn": upto,
             "next_tid": state.next_tid,
             "tables": [{"name": t.name, **t.state_dict()} for t in state.tables.values()],
-            "request_ids": state.request_ids.state(),
+            "request_ids": state.request_ids.snapshot(),  # packed with the file
             "replay_bytes_s": self.replay_bytes_s,
         }
         tables = await capture_rows(list(state.tables.values()), upto)
@@ -399,7 +399,7 @@ class RocksStorage(Storage):
         for e_puts, e_deletes, _ in episode_writes:
             puts.extend(e_puts)
             self.deletes.extend(e_deletes)
-        ids = await io.run(msgpack.packb, state.request_ids.state())  # up to ~10 MB
+        ids = await io.run(state.request_ids.snapshot().packed)  # up to ~10 MB
         puts.append((REQUEST_IDS_KEY, ids))
         if self.replay_bytes_s:
             puts.append((REPLAY_RATE_KEY, layout.pack_rate(self.replay_bytes_s)))

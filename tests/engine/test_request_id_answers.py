@@ -4,14 +4,23 @@ API turns into a status), never an HTTP status; files written when it kept a sta
 
 from __future__ import annotations
 
+import gc
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
+
+import msgpack
 
 from rlreplay.app.api.write_status import status_of
 from rlreplay.app.engine.admission import note_answer, write_answer
 from rlreplay.app.engine.recovery import remember_request
 from rlreplay.app.log import records
+from rlreplay.app.writer.memory_checkpoint import (
+    MEMORY_CHECKPOINT,
+    read_checkpoint_file,
+    write_checkpoint_file,
+)
 from rlreplay.app.writer.request_ids import AnswerKind, RequestIds, answer_kind
 from rlreplay.app.writer.state import EngineState
 
@@ -65,3 +74,43 @@ def test_the_api_maps_each_kind_to_its_status() -> None:
     assert answer_kind({"committed": 1, "missing": 0}) is AnswerKind.COMMITTED
     assert status_of({"accepted": 1}) == 202
     assert status_of({"committed": 1, "missing": 2}) == 200
+
+
+def test_a_snapshot_packs_what_state_gives_as_of_when_it_was_taken() -> None:
+    ids = RequestIds()
+    for i in range(5000):  # more than one slice of the packing
+        ids.begin(f"push:{i}")
+        ids.finish(f"push:{i}", write_answer(i, applied=i % 2 == 0))
+    ids.begin("push:in-flight")
+    snapshot = ids.snapshot()
+    expected = ids.state()
+    ids.finish("push:in-flight", write_answer(1, applied=True))  # after the snapshot
+    ids.begin("push:later")
+    ids.finish("push:later", write_answer(1, applied=True))
+    assert msgpack.unpackb(snapshot.packed()) == expected
+    assert len(expected) == 5000
+    again = RequestIds()
+    again.load(msgpack.unpackb(ids.snapshot().packed()))
+    assert again.begin("push:in-flight") == {"committed": 1}
+
+
+def test_answered_ids_leave_the_garbage_collectors_lists() -> None:
+    # a window of 100,000 answers walked by every collection would stall the event loop
+    ids = RequestIds()
+    for i in range(1000):
+        ids.begin(f"push:{i}")
+        ids.finish(f"push:{i}", write_answer(i, applied=False))
+    gc.collect()
+    assert not any(map(gc.is_tracked, ids._answer.values()))
+
+
+def test_the_memory_checkpoint_file_keeps_a_snapshot_of_the_window(tmp_path: Path) -> None:
+    ids = RequestIds()
+    for i in range(3000):
+        ids.begin(f"push:{i}")
+        ids.finish(f"push:{i}", write_answer(i, applied=False))
+    header = {"lsn": 7, "next_tid": 1, "tables": [], "request_ids": ids.snapshot()}
+    write_checkpoint_file(tmp_path / MEMORY_CHECKPOINT, header, [])
+    read, rows = read_checkpoint_file(tmp_path / MEMORY_CHECKPOINT)
+    assert read is not None and rows == []
+    assert read["lsn"] == 7 and read["request_ids"] == ids.state()
