@@ -114,3 +114,17 @@ def test_the_memory_checkpoint_file_keeps_a_snapshot_of_the_window(tmp_path: Pat
     read, rows = read_checkpoint_file(tmp_path / MEMORY_CHECKPOINT)
     assert read is not None and rows == []
     assert read["lsn"] == 7 and read["request_ids"] == ids.state()
+
+
+def test_ids_past_keep_and_out_of_the_window_are_dropped_oldest_first() -> None:
+    ids = RequestIds(window_s=0.0, keep=10)
+    ids.begin("push:in-flight")  # never dropped while in flight, nor anything after it
+    for i in range(3000):
+        ids.begin(f"push:{i}")
+        ids.finish(f"push:{i}", write_answer(i, applied=False))
+    assert len(ids) == 3001  # held behind the one in flight
+    ids.finish("push:in-flight", write_answer(1, applied=False))
+    ids.begin("push:new")
+    assert 10 <= len(ids) < 10 + 1024 + 2
+    assert ids.begin("push:2999") == {"accepted": 2999}
+    assert ids.begin("push:0") is None  # dropped: served anew
