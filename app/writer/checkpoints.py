@@ -14,7 +14,8 @@ and an interval as at least as long as the one before it (see :meth:`Checkpointe
 
 Where the log is cut (:meth:`Checkpointer.checkpoint`): at the position the previous
 checkpoint covered, or lower, down to the oldest value only the cache and the log hold,
-as long as the log kept takes at most :data:`KEEP_FRACTION` of the bound to replay. In a
+as long as the log kept takes at most :data:`KEEP_FRACTION` of the bound to replay (and
+at most twice the cap: the log holds three intervals at most, as before). In a
 bounded table that turns over within that much log (a FIFO table fed new keys), such a
 checkpoint writes no values at all: each one would be deleted again soon after.
 """
@@ -201,11 +202,15 @@ class Checkpointer:
         lower, down to just before ``first_unwritten`` (the oldest value logged that only
         the cache and the log hold), so the values logged between are left to the log,
         as long as the log then kept would replay within :data:`KEEP_FRACTION` of the
-        bound; else as low as that allows (at segment ends: the log is cut by segment).
+        bound and holds at most twice ``--wal-checkpoint-mb``; else as low as that allows
+        (at a segment's end: the log is cut by segment).
 
         Never below the last cut (the log holds nothing before it)."""
         stats = self.stats
-        budget = stats.replay_bytes_s * stats.recovery_bound_s * KEEP_FRACTION
+        # what --wal-checkpoint-mb promises too: the log holds up to three times the cap
+        budget = min(
+            stats.replay_bytes_s * stats.recovery_bound_s * KEEP_FRACTION, 2 * self._cap_bytes
+        )
         if not budget or first_unwritten is None or first_unwritten - 1 >= upto:
             return upto
         floor = self._cut if self._cut is not None else self.horizon
