@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from rlreplay.app.engine.engine import Engine
-from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.config import RemoverSpec, TableConfig
 from rlreplay.app.tables.items import NewItem
 from rlreplay.app.writer import checkpoints as checkpoints_module
 from rlreplay.app.writer.checkpoints import Checkpointer
@@ -32,7 +32,7 @@ async def _fill(tmp_path: Path) -> tuple[int, list[str]]:
     eng = Engine(settings)
     await eng.start()
     try:
-        await eng.create_table("t", TableConfig(max_size=CAPACITY, remover={"type": "fifo"}))
+        await eng.create_table("t", TableConfig(max_size=CAPACITY, remover=RemoverSpec(type="fifo")))
         value = msgpack.packb(bytes(4096))
         for n in range(PUSHES):
             items = [NewItem(key, value, 1.0) for key in _KEYS[16 * n : 16 * n + 16]]
