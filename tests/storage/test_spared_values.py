@@ -32,7 +32,9 @@ async def _fill(tmp_path: Path) -> tuple[int, list[str]]:
     eng = Engine(settings)
     await eng.start()
     try:
-        await eng.create_table("t", TableConfig(max_size=CAPACITY, remover=RemoverSpec(type="fifo")))
+        await eng.create_table(
+            "t", TableConfig(max_size=CAPACITY, remover=RemoverSpec(type="fifo"))
+        )
         value = msgpack.packb(bytes(4096))
         for n in range(PUSHES):
             items = [NewItem(key, value, 1.0) for key in _KEYS[16 * n : 16 * n + 16]]
