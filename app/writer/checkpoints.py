@@ -17,7 +17,9 @@ checkpoint covered, or lower, down to the oldest value only the cache and the lo
 as long as the log kept takes at most :data:`KEEP_FRACTION` of the bound to replay (and
 at most twice the cap: the log holds three intervals at most, as before). In a
 bounded table that turns over within that much log (a FIFO table fed new keys), such a
-checkpoint writes no values at all: each one would be deleted again soon after.
+checkpoint writes no values at all: each one would be deleted again soon after. While
+that holds, intervals are shorter (the bound's other quarter), so that the cut, which
+drops whole segments of the log (one per interval), can fall close below that value.
 """
 
 from __future__ import annotations
@@ -108,15 +110,19 @@ class Checkpointer:
         self._cut_bytes = 0
         #: The log position the log was last cut at (None: where the start found it).
         self._cut: int | None = None
+        self._cut_lsn: int | None = None  # the last LSN of the last segment cut
+        #: A shorter interval while the log holds a table that turns over (see _lower_cut).
+        self._turnover_interval = 0
 
     def due(self, wal: WriteAheadLog) -> bool:
         """Whether the log calls for a checkpoint now (see the module's docstring).
 
         A restart replays the log the last cut kept (the last interval's log at least,
         see :meth:`checkpoint`) and this interval's, which grows while the checkpoint
-        runs. An interval is
-        counted as at least as long as the one before it: it is the previous one at the
-        next checkpoint.
+        runs. An interval is counted as at least as long as the one before it: it is the
+        previous one at the next checkpoint. While the log holds a table that turns over,
+        an interval ends sooner, at the bound's share the log kept leaves (see
+        :meth:`_lower_cut`).
         """
         since = wal.bytes_since_checkpoint
         if since > self._cap_bytes:
@@ -128,6 +134,8 @@ class Checkpointer:
         stats.replay_bytes = kept + since
         if not stats.recovery_bound_s or since < _LEAST_INTERVAL_BYTES:
             return False
+        if self._turnover_interval and since > self._turnover_interval:
+            return True
         # this interval becomes the previous one of the next checkpoint, which a restart
         # replays too: it may take half the bound at most (the first one, with no
         # previous interval, would otherwise take it all, and the next twice as much)
@@ -207,14 +215,25 @@ class Checkpointer:
 
         Never below the last cut (the log holds nothing before it)."""
         stats = self.stats
+        bound = stats.replay_bytes_s * stats.recovery_bound_s
         # what --wal-checkpoint-mb promises too: the log holds up to three times the cap
-        budget = min(
-            stats.replay_bytes_s * stats.recovery_bound_s * KEEP_FRACTION, 2 * self._cap_bytes
-        )
-        if not budget or first_unwritten is None or first_unwritten - 1 >= upto:
-            return upto
+        budget = min(bound * KEEP_FRACTION, 2 * self._cap_bytes)
         floor = self._cut if self._cut is not None else self.horizon
+        self._turnover_interval = 0
+        if not budget or first_unwritten is None:
+            return upto
         lowest = max(first_unwritten - 1, floor, 0)
+        # A table that turns over within the log kept (its oldest unwritten value well
+        # past the log's start, the values since fitting the budget): the log is cut by
+        # segment, so shorter intervals, the bound's remaining share, let the cut fall
+        # close below that value instead of a whole interval's log below it.
+        interval = bound - budget
+        since_lowest = self._logged - self._bytes_at(lowest)
+        if self._bytes_at(lowest) - self._bytes_at(floor) >= interval / 2 >= 0:
+            if since_lowest <= budget:
+                self._turnover_interval = int(max(interval, _LEAST_INTERVAL_BYTES))
+        if lowest >= upto:
+            return upto
         if self._kept_after(lowest) <= budget:
             return lowest
         for last_lsn, _ in self._segments:
@@ -232,11 +251,24 @@ class Checkpointer:
             base = logged
         return self._logged - base
 
+    def _bytes_at(self, lsn: int) -> float:
+        """About how many bytes had been logged (through the last rotation) when record
+        ``lsn`` was: interpolated within its segment."""
+        start_lsn = self._cut_lsn if self._cut_lsn is not None else self.horizon
+        start_bytes = self._cut_bytes
+        for last_lsn, logged in self._segments:
+            if lsn <= last_lsn:
+                span = last_lsn - start_lsn
+                share = min(1.0, max(0.0, (lsn - start_lsn) / span)) if span > 0 else 1.0
+                return start_bytes + share * (logged - start_bytes)
+            start_lsn, start_bytes = last_lsn, logged
+        return float(self._logged)
+
     def _truncated(self, lsn: int) -> None:
         """The log was cut at ``lsn``: forget the segments it dropped."""
         segments = self._segments
         while segments and segments[0][0] <= lsn:
-            self._cut_bytes = segments.popleft()[1]
+            self._cut_lsn, self._cut_bytes = segments.popleft()
         self._cut = lsn
 
     def _count(self, seconds: float, written: int, stall_s: float) -> None:

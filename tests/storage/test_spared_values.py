@@ -83,8 +83,13 @@ def test_the_cut_goes_down_to_the_oldest_unwritten_value_within_the_bound(
     assert ckpt._lower_cut(300, 350) == 300  # nothing unwritten before it
     # the oldest unwritten value in the second segment: keeping it keeps 300 MiB
     assert ckpt._lower_cut(300, 150) == 149
+    # the table turns over within the log: intervals of the bound's other quarter
+    assert ckpt._turnover_interval == 100 * MB
+    log = SimpleNamespace(bytes_since_checkpoint=101 * MB)
+    assert ckpt.due(log)  # type: ignore[arg-type]
     # in the first: 400 MiB would be kept; the first segment's end keeps 300
     assert ckpt._lower_cut(300, 50) == 100
+    assert ckpt._turnover_interval == 0  # what it holds takes more than the budget
     ckpt._truncated(100)
     assert ckpt._kept_after(100) == 300 * MB
     assert ckpt._lower_cut(300, 50) == 100  # never below the last cut
