@@ -134,7 +134,7 @@ class OpApplier:
         a failed one is waiting out its backoff."""
         if not self._checkpoint_queued and self.checkpoint_retry.due():
             self._checkpoint_queued = True
-            self._submit(CheckpointOp(0, weight=0))
+            self._submit(CheckpointOp(0, weight=0, due=True))
 
     def retry_in(self) -> float | None:
         """Seconds until a failed background write is due again (None: none failed)."""
@@ -148,7 +148,7 @@ class OpApplier:
         if self.checkpoint_retry.failing and self.checkpoint_retry.due():
             if not self._checkpoint_queued and (self._state.wal is not None or self._state.store):
                 self._checkpoint_queued = True
-                self._submit(CheckpointOp(0, weight=0))
+                self._submit(CheckpointOp(0, weight=0, due=True))
         if self.evict_retry.failing and self.evict_retry.due():
             if not self._evict_queued and self._state.ledger.over:
                 self._evict_queued = True
@@ -243,7 +243,7 @@ class OpApplier:
         elif isinstance(op, CheckpointOp):
             self._checkpoint_queued = False
             try:
-                await self._checkpointer.checkpoint(full=op.full)
+                await self._checkpointer.checkpoint(full=op.full, spare_values=op.due)
             except OSError as exc:
                 self._background_failed("checkpoint", exc, self.checkpoint_retry)
                 raise_into(op, storage_error(exc, str(self._state.settings.data_dir)))

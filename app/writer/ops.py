@@ -153,9 +153,11 @@ class DropTableOp(Op):
 @dataclass(slots=True, eq=False)
 class CheckpointOp(Op):
     """Make what is applied durable without the log, then truncate the log (see
-    :meth:`rlreplay.app.writer.task_processor.TaskProcessor.checkpoint`); ``full``: everything."""
+    :meth:`rlreplay.app.writer.task_processor.TaskProcessor.checkpoint`); ``full``: everything;
+    ``due``: queued by the log's cadence, not asked for (its cut may spare values)."""
 
     full: bool = False
+    due: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -116,6 +116,13 @@ class Storage(ABC):
         """
         return covered if full or not logged else min(horizon, covered)
 
+    def first_unwritten(self, state: EngineState) -> int | None:
+        """The log position of the oldest value that only the cache and the log hold (which
+        a checkpoint would write), or None: a checkpoint may cut the log below it instead
+        (:meth:`~rlreplay.app.writer.checkpoints.Checkpointer.checkpoint`). None here:
+        memory mode writes every item it keeps."""
+        return None
+
     @abstractmethod
     async def checkpoint(
         self, state: EngineState, covered: int, upto: int, between: BetweenSteps | None = None
@@ -273,6 +280,20 @@ class RocksStorage(Storage):
     def give_back_deletes(self, deletes: list[bytes]) -> None:
         """Queue again, first, the deletes of a write that failed."""
         self.deletes[:0] = deletes
+
+    def first_unwritten(self, state: EngineState) -> int | None:
+        """The push position of the oldest value RocksDB does not hold (a dirty slot)."""
+        oldest: int | None = None
+        for t in state.tables.values():
+            n = len(t.keys)
+            if t.dropped or not n:
+                continue
+            dirty = np.frombuffer(t.dirty, dtype=np.uint8, count=n)
+            seqs = t.put_seq[:n][dirty != 0]
+            if len(seqs):
+                low = int(seqs.min())
+                oldest = low if oldest is None else min(oldest, low)
+        return oldest
 
     async def write_in_steps(
         self,
