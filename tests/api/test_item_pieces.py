@@ -12,7 +12,9 @@ from rlreplay.app.api import envelopes
 from rlreplay.app.api.gathered_writes import AnswerPieces
 from rlreplay.app.tables.items import Item, SampleBatch
 from rlreplay.clients.columns import decode_views
+from rlreplay.wire.arrays import BFloat16Array
 from rlreplay.wire.codec import packb, unpackb
+from rlreplay.wire.packing import pack_pieces
 
 _RNG = np.random.default_rng(0)
 
@@ -121,3 +123,8 @@ def test_small_values_are_joined() -> None:
         Item(key="a", value=packb({"x": np.zeros(10)}), priority=1, inserted_at=0, times_sampled=0)
     ]
     assert type(envelopes.items_msgpack(small)) is bytes
+
+
+def test_an_empty_bfloat16_array_of_several_axes_packs_in_pieces() -> None:
+    value = {"a": BFloat16Array(np.zeros((0, 2), np.uint16)), "big": np.zeros(70_000, np.uint8)}
+    assert bytes(pack_pieces(value)) == packb(value)
