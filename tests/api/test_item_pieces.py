@@ -10,7 +10,7 @@ import pytest
 
 from rlreplay.app.api import envelopes
 from rlreplay.app.api.gathered_writes import AnswerPieces
-from rlreplay.app.tables.items import Item, SampleBatch
+from rlreplay.app.tables.items import Item, ItemBatch, SampleBatch
 from rlreplay.clients.columns import decode_views
 from rlreplay.wire.arrays import BFloat16Array
 from rlreplay.wire.codec import packb, unpackb
@@ -128,3 +128,23 @@ def test_small_values_are_joined() -> None:
 def test_an_empty_bfloat16_array_of_several_axes_packs_in_pieces() -> None:
     value = {"a": BFloat16Array(np.zeros((0, 2), np.uint16)), "big": np.zeros(70_000, np.uint8)}
     assert bytes(pack_pieces(value)) == packb(value)
+
+
+@pytest.mark.parametrize("large", [False, True])
+@pytest.mark.parametrize("missing", [False, True])
+def test_a_batch_get_answer_built_from_columns_is_the_per_item_one(
+    large: bool, missing: bool
+) -> None:
+    values = _values() if large else [packb({"x": np.full(5, i)}) for i in range(5)]
+    batch = ItemBatch(
+        keys=_keys(5),
+        values=[None if missing and i == 1 else v for i, v in enumerate(values)],
+        priorities=np.linspace(0.1, 1, 5),
+        inserted_at=np.arange(5, dtype=np.float64) + 1e9,
+        times_sampled=np.array([0, 1, 2**40, 3, 4], dtype=np.int64),
+    )
+    got, want = envelopes.item_batch_msgpack(batch), envelopes.items_msgpack(batch.items())
+    assert type(got) is type(want)
+    assert (got.join() if isinstance(got, AnswerPieces) else got) == (
+        want.join() if isinstance(want, AnswerPieces) else want
+    )
