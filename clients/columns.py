@@ -204,7 +204,7 @@ def _array_view(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Ar
         seen = _SEEN[len(payload)] = (head, dtype_str, dtype_info(dtype_str)[2], shape)
     head, dtype_str, dtype, shape = seen
     array: npt.NDArray[Any] = np.ndarray(shape, dtype, payload, len(head))
-    if not array.flags.aligned:
+    if dtype.alignment > 1 and not array.flags.aligned:
         array = array.copy()
     if dtype_str == BFLOAT16:
         return BFloat16Array(array)
