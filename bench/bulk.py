@@ -23,21 +23,23 @@ alternating TCP and the Unix socket first):
   fdatasyncs among them.
 
 GB/s counts the arrays' bytes (not msgpack's framing); the ratio is to the socket baseline
-of the same transport. With ``--arms`` the columnar reads run again with each fast path
-off (:data:`ARMS`), in alternate rounds, against the same data: the client's receive
-buffers (answers read into reused buffers, ``wire/buffer_pool.py``, and arrays decoded as
-views of them, ``clients/columns.py``), the client's one wake per long body
-(``clients/connection.py``), the server's slices of values from 4 KiB (off: values under
-64 KiB joined, then gathered), the server's writev (values' slices sent where they lie,
+of the same transport. With ``--arms`` the columnar reads run again with each fast path off
+(:data:`ARMS`), in alternate rounds, against the same data: the client's receive buffers
+(answers read into reused buffers, ``wire/buffer_pool.py``, and arrays decoded as views of
+them, ``clients/columns.py``), the client's one wake per long body
+(``clients/connection.py``), the server's slices of values from 4 KiB (off: values under 64
+KiB joined, then gathered), the server's writev (values' slices sent where they lie,
 ``app/api/gathered_writes.py``: off, gathered into a reused buffer), and every server fast
 path (``app/api/column_answers.py``, ``app/tables/stacking.py``: off, values joined and
-copied into a fresh buffer). Pushes run again with each of theirs off (:data:`PUSH_ARMS`):
-the client's pieces (``clients/body_pieces.py``: off, each body joined before it is sent),
-the server's bodies read straight into one buffer (``app/api/direct_bodies.py``: off, as
-uvicorn reads them, chunks copied and joined) and glibc's mmap threshold at 32 MiB
-(``wire/allocator.py``: off, at 4 MiB, so that each value of 4 MiB is a mapping of its own),
-and the server's pool of body buffers keeping one for each of four pushes in flight (off:
-two, as before; it shows in ``push_columns x4``).
+copied into a fresh buffer). Reads in the items layout run again with theirs off
+(:data:`ITEM_ARMS`): the client's views (off: arrays copied out of the answer) and the
+server's answers in pieces (``app/api/envelopes.py``: off, joined). Pushes run again with
+each of theirs off (:data:`PUSH_ARMS`): the client's pieces (``clients/body_pieces.py``:
+off, each body joined before it is sent), the server's bodies read straight into one buffer
+(``app/api/direct_bodies.py``: off, as uvicorn reads them, chunks copied and joined) and
+glibc's mmap threshold at 32 MiB (``wire/allocator.py``: off, at 4 MiB, so that each value
+of 4 MiB is a mapping of its own), and the server's pool of body buffers keeping one for
+each of four pushes in flight (off: two, as before; it shows in ``push_columns x4``).
 
 With ``--zstd`` (or ``--arms``), compressible batches (token ids of a 32 k vocabulary and
 masks) move with ``Content-Encoding: zstd`` on and off.
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import mmap
 import os
 import socket
@@ -336,6 +339,7 @@ PIPELINED = 4
 _SERVER_WITH = """
 import runpy, sys
 import rlreplay.app.api.column_answers as answers
+import rlreplay.app.api.envelopes as envelopes
 import rlreplay.app.tables.stacking as stacking
 import rlreplay.app.api.direct_bodies as direct
 import rlreplay.wire.allocator as allocator
@@ -352,6 +356,7 @@ _NO_SMALL_SLICES = "stacking.ROW_SLICES_BYTES = 64 << 10"
 #: Every server fast path off: values joined, then copied into a fresh buffer.
 _SERVER_OFF = (
     "answers.SEND_AS_THEY_LIE = False\n"
+    "envelopes.SEND_AS_THEY_LIE = False\n"
     "answers._ANSWERS = BufferPool(max_buffers=0)\n"
     "stacking.ROW_SLICES_BYTES = 1 << 62"
 )
@@ -404,10 +409,42 @@ ARMS: dict[str, tuple[str | None, Any]] = {
 }
 
 
+#: Items-layout answers joined on the server rather than sent in pieces.
+_NO_ITEM_PIECES = "envelopes.SEND_AS_THEY_LIE = False"
+
+
+class _ItemViewsOff:
+    """The client's arrays copied out of the answer (``unpackb``), not views of it."""
+
+    def __enter__(self) -> None:
+        import rlreplay.clients.requester as requester
+        from rlreplay.wire.codec import unpackb
+
+        self._saved = requester.decode_views
+        requester.decode_views = unpackb  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.requester as requester
+
+        requester.decode_views = self._saved  # type: ignore[assignment]
+
+
+#: The arms of ``--arms`` for reads in the items layout, as :data:`ARMS`.
+ITEM_ARMS: dict[str, tuple[str | None, Any]] = {
+    "on": (None, None),
+    "client views off": (None, _ItemViewsOff),
+    "server pieces off": (_NO_ITEM_PIECES, None),
+    "both off": (_NO_ITEM_PIECES, _ItemViewsOff),
+}
+
+
 async def _read_rates(
-    url: str, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float
+    url: str,
+    shapes: dict[str, list[dict[str, np.ndarray]]],
+    seconds: float,
+    layout: Any = "columns",
 ) -> dict[tuple[str, str], float]:
-    """(shape, op) -> bytes/s of columnar get_many and sample over ``url``."""
+    """(shape, op) -> bytes/s of get_many and sample in ``layout`` over ``url``."""
     rates: dict[tuple[str, str], float] = {}
     async with ReplayClient(url, timeout_s=120) as rb:
         tables = {t["name"] for t in await rb.list_tables()}
@@ -421,11 +458,11 @@ async def _read_rates(
             async def get_many(
                 table: str = table, keys: list[str] = keys, nbytes: int = nbytes
             ) -> int:
-                await rb.get_many(table, keys, layout="columns")
+                await rb.get_many(table, keys, layout=layout)
                 return nbytes
 
             async def sample(table: str = table, n: int = len(keys), nbytes: int = nbytes) -> int:
-                await rb.sample(table, n, layout="columns")
+                await rb.sample(table, n, layout=layout)
                 return nbytes
 
             rates[name, "get_many"] = await _rate(get_many, seconds)
@@ -498,6 +535,16 @@ def arm_rows(
     runs = _arm_runs(root, "arm", ARMS, _read_rates, shapes, seconds, rounds)
     keys = [(name, op) for name in shapes for op in ("get_many", "sample")]
     return _arm_table(ARMS, runs, keys)
+
+
+def item_arm_rows(
+    root: Path, shapes: dict[str, list[dict[str, np.ndarray]]], seconds: float, rounds: int
+) -> tuple[list[str], list[list[object]]]:
+    """Items-layout reads with every fast path on, then each arm of :data:`ITEM_ARMS`."""
+    rates = functools.partial(_read_rates, layout="items")
+    runs = _arm_runs(root, "items", ITEM_ARMS, rates, shapes, seconds, rounds)
+    keys = [(name, op) for name in shapes for op in ("get_many", "sample")]
+    return _arm_table(ITEM_ARMS, runs, keys)
 
 
 #: Request bodies read the way uvicorn's protocol reads them (chunks copied, then joined)
@@ -767,6 +814,7 @@ def main(argv: list[str] | None = None) -> None:
             [[copy, *(_spread(base[family]) for family in ("tcp", "unix", "disk"))]],
         )
         arms = arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
+        item_arms = item_arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
         pushes = push_arm_rows(root, shapes, seconds, args.rounds) if args.arms else None
         zstd = zstd_rows(root, seconds, args.rounds) if args.arms or args.zstd else None
     rows = []
@@ -799,6 +847,8 @@ def main(argv: list[str] | None = None) -> None:
             "Bulk: columnar reads, GB/s with every fast path on, then each off (on / off)",
             *arms,
         )
+    if item_arms is not None:
+        print_table("Bulk: reads in the items layout, as the columnar ones above", *item_arms)
     if pushes is not None:
         print_table("Bulk: pushes, GB/s with every fast path on, then each off (on / off)", *pushes)
     if zstd is not None:

@@ -180,6 +180,13 @@ def column_tensor(
     return tensor if device is None else tensor.to(device, non_blocking=non_blocking)
 
 
+#: What payloads seen before hold, by their length: the bytes before the data, the dtype
+#: string, the NumPy dtype and the shape. A payload of the same length that starts with the
+#: same bytes holds an array of the same dtype and shape (items of one shape: one parse).
+_SEEN: dict[int, tuple[bytes, str, np.dtype[Any], tuple[int, ...]]] = {}
+_SEEN_LIMIT: Final = 1024
+
+
 def _array_view(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Array:
     """An ext-1 array as a view of ``payload`` (a copy when its data is misaligned).
 
@@ -188,11 +195,16 @@ def _array_view(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Ar
     """
     if code != EXT_NDARRAY:
         raise ValueError(f"unknown msgpack extension type {code}")
-    dtype_str, shape, data = split_payload(payload)
-    _, _, dtype = dtype_info(dtype_str)
-    count = len(data) // dtype.itemsize
-    array = np.frombuffer(payload, dtype, count, len(payload) - len(data)).reshape(shape)
-    if array.ctypes.data % dtype.alignment:
+    seen = _SEEN.get(len(payload))
+    if seen is None or payload[: len(seen[0])] != seen[0]:
+        dtype_str, shape, data = split_payload(payload)
+        head = bytes(payload[: len(payload) - len(data)])
+        if len(_SEEN) >= _SEEN_LIMIT:
+            _SEEN.clear()
+        seen = _SEEN[len(payload)] = (head, dtype_str, dtype_info(dtype_str)[2], shape)
+    head, dtype_str, dtype, shape = seen
+    array: npt.NDArray[Any] = np.ndarray(shape, dtype, payload, len(head))
+    if dtype.alignment > 1 and not array.flags.aligned:
         array = array.copy()
     if dtype_str == BFLOAT16:
         return BFloat16Array(array)

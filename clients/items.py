@@ -164,14 +164,20 @@ class Items:
         With ``layout="columns"``: a :class:`ColumnBatch` of the items found, each field of
         their values stacked (``missing`` lists the keys not found); values that do not
         stack raise ``ValidationFailed`` naming the field.
+
+        Either way the arrays are views of the buffer the answer was read into, not copies
+        (see :mod:`rlreplay.clients.columns`): that buffer is written again only once no
+        array, tensor or view made from it is left, so an array stays valid, and the
+        caller's, for as long as anything holds it; holding one item's array keeps the
+        whole answer's buffer (``.copy()`` it to let the rest go). An array whose data is not
+        aligned for its dtype in the answer is a copy.
         """
         body = KeysRequest(list(keys), layout)
         path = table_path(table, "/items:batchGet")
-        columns = layout == "columns"
         answer = answer_map(
-            await self._requester.call("POST", path, body=body, idempotent=True, views=columns)
+            await self._requester.call("POST", path, body=body, idempotent=True, views=True)
         )
-        if columns:
+        if layout == "columns":
             return ColumnBatch.from_answer(answer)
         return list(answer.get("items", []))
 

@@ -61,7 +61,9 @@ class Samples:
                 None, 10 s).
             include_values: Leave values out of the answer when False.
             layout: ``"columns"`` answers a :class:`ColumnBatch`: each field of the values
-                stacked along a new first axis, no per-item objects.
+                stacked along a new first axis, no per-item objects. In either layout the
+                arrays are views of the buffer the answer was read into, valid for as long
+                as anything holds them (see :meth:`~rlreplay.clients.items.Items.get_many`).
             where: Draw only among items whose tags meet every condition (``{tag: value |
                 {"in": [...]} | {"gte"?, "gt"?, "lte"?, "lt"?}}``), waiting up to
                 ``timeout_ms`` for a match.
@@ -92,7 +94,7 @@ class Samples:
             body=body,
             idempotent=False,
             read_timeout_s=max(self._requester.timeout_s, waits_s + _SAMPLE_TIMEOUT_MARGIN_S),
-            views=layout == "columns",
+            views=True,
         )
         if layout == "columns":
             return ColumnBatch.from_answer(answer)

@@ -29,6 +29,8 @@ def byte_view(part: Any) -> memoryview:
     if isinstance(part, np.ndarray):
         return part.reshape(-1).view(np.uint8).data.toreadonly()
     view = memoryview(part)
+    if not view.nbytes:  # an empty array of several axes: memoryview cannot cast it
+        return memoryview(b"")
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     return view.toreadonly()

@@ -33,7 +33,7 @@ from rlreplay.app.api.encoding import (
     encode_reply,
     wants_msgpack,
 )
-from rlreplay.app.api.envelopes import item_json, item_msgpack, items_json, items_msgpack
+from rlreplay.app.api.envelopes import item_batch_msgpack, item_json, item_msgpack, items_json
 from rlreplay.app.api.openapi import BODY_ERRORS, V1_ERRORS, answers, request_body
 from rlreplay.app.api.window_answers import window_priorities_reply
 from rlreplay.app.api.write_status import status_of
@@ -181,11 +181,11 @@ async def batch_get_reply(
         if as_msgpack:
             return Reply(item_columns_msgpack(found), MSGPACK)
         return Reply(dump_json(item_columns_json(found)), JSON)
-    items = await engine.reads.get_many(table, keys)
+    batch = await engine.reads.get_batch(table, keys)
     metrics.count_items("get", len(keys))
     if as_msgpack:
-        return Reply(items_msgpack(items), MSGPACK)
-    return Reply(dump_json(items_json(items)), JSON)
+        return Reply(item_batch_msgpack(batch), MSGPACK)
+    return Reply(dump_json(items_json(batch.items())), JSON)
 
 
 @router.post(
