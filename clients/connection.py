@@ -8,6 +8,8 @@ the socket read a long body straight into a buffer of its size, which is what ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Final, cast
 
 from rlreplay.clients.http11 import BODY_PIECE, MAX_HEADER_BYTES
@@ -21,6 +23,10 @@ _WRITE_HIGH: Final = 64 * 1024  # asyncio's default high-water mark
 #: socket (off: on every read; ``python -m bench.bulk --arms`` compares the two).
 WAKE_ON_BODY = True
 _SCRATCH_PAUSE: Final = MAX_HEADER_BYTES + BODY_PIECE  # unread bytes before reads pause
+#: ``SO_SNDBUF`` of a connection over a Unix socket (0: the system's): such a socket holds
+#: only what its sender's buffer does, ~208 KiB by default, so a long body crossed in some
+#: 80 rounds of wake-ups of both sides (see ``rlreplay.app.api.unix_socket``, the server's).
+UNIX_SEND_BUFFER_BYTES = 1 << 20
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -59,6 +65,10 @@ class Connection(asyncio.BufferedProtocol):
         # a writer paused resumes once the transport's buffer is empty: its next write then
         # goes to the socket from where it lies, not appended (copied) behind the rest
         self._transport.set_write_buffer_limits(high=_WRITE_HIGH, low=0)
+        sock = transport.get_extra_info("socket")
+        if UNIX_SEND_BUFFER_BYTES and sock is not None and sock.family == socket.AF_UNIX:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER_BYTES)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body is not None and self._body_filled < len(self._body):

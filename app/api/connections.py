@@ -74,6 +74,7 @@ from uvicorn.server import ServerState
 
 from rlreplay.app.api.direct_bodies import BodyReader, direct_reader
 from rlreplay.app.api.gathered_writes import GATHERED_WRITES, GatheringTransport
+from rlreplay.app.api.unix_socket import widen_send_buffer
 
 __all__ = ["BODY_HOLD_BYTES", "ConnectionLimits", "guarded_protocol", "raise_descriptor_limit"]
 
@@ -212,11 +213,8 @@ class _Guard:
     _timer: asyncio.TimerHandle | None = None
 
     def _refuse_or_start(self, transport: asyncio.Transport) -> bool:
-        """At ``connection_made``: closes the connection past the cap, or starts its timer.
-
-        Returns:
-            Whether the connection goes on.
-        """
+        """At ``connection_made``: closes the connection past the cap, or starts its timer
+        (and widens a Unix socket's send buffer); returns whether the connection goes on."""
         now = self.loop.time()
         if len(self.connections) >= self.limits.max_connections:
             self.transport = transport  # uvicorn's connection_lost uses it
@@ -225,6 +223,7 @@ class _Guard:
             return False
         self._since = now
         self._timer = self.loop.call_at(now + self.limits.check_every_s, self._check)
+        widen_send_buffer(transport)
         return True
 
     def _stop_timer(self) -> None:

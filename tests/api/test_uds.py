@@ -5,23 +5,28 @@ the socket, and the columnar round trips over TCP and over the socket alike."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlreplay.clients import ReplayClient
 from tests.api.test_columns_roundtrip import batches, check_round_trips
 from tests.live import REPO, LiveServer, launch_server, running_server, stop_server
 
@@ -192,3 +197,26 @@ async def test_columns_round_trip_bit_exactly_over_tcp_and_the_socket(
     finally:
         for table in (cols, per):
             await live_client.delete(f"/v1/tables/{table}")
+
+
+def _queued(conn: socket.socket) -> int:
+    """Bytes waiting in ``conn``'s receive queue, sent but not read yet."""
+    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+async def test_an_answer_waits_in_the_socket_by_the_mib(live_uds: tuple[LiveServer, Path]) -> None:
+    """The server's Unix-socket connections send with a buffer of MiBs, not the system's
+    ~208 KiB, so a long answer crosses in a few rounds of wake-ups rather than some 80:
+    a client that does not read finds more than 1 MiB of the answer waiting."""
+    _, sock = live_uds
+    table = f"big{next(_TABLES)}"
+    async with ReplayClient(f"unix://{sock}") as rb:
+        await rb.create_table(table)
+        value = {"x": np.arange(4 << 20, dtype=np.uint8)}
+        await rb.push(table, [{"key": "k", "value": value}], wait=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(str(sock))
+        head = f"GET /v1/tables/{table}/items/k HTTP/1.1\r\nHost: a\r\n"
+        conn.sendall(head.encode() + b"Accept: application/msgpack\r\n\r\n")
+        assert _wait(lambda: _queued(conn) > 1 << 20), _queued(conn)

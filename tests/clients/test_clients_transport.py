@@ -591,3 +591,25 @@ async def _round_trips(url: str, table: str, lean: bool) -> None:
         assert got is not None and np.array_equal(got["value"]["obs"], items[39]["value"]["obs"])
         assert await rb.health()
         await rb.drop_table(table)
+
+
+async def test_a_unix_socket_connection_sends_through_a_mib_buffer(tmp_path: Path) -> None:
+    """A Unix socket holds only what its sender's buffer does: the client's is widened, so
+    that a long request body crosses in a few rounds of wake-ups rather than some 80."""
+    from rlreplay.clients.connection_pool import ConnectionPool
+
+    path = str(tmp_path / "s.sock")
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_unix_server(lambda r, w: accepted.append(w), path)
+    pool = ConnectionPool(max_idle=1, expiry=30.0, uds=path)
+    conn = await pool.connect(("localhost", 80), 10.0)
+    try:
+        sock = conn._transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) > 1 << 20
+    finally:
+        conn.close()
+        await conn.wait_closed()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
