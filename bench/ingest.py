@@ -16,7 +16,9 @@ venv is there (``RLREPLAY_REVERB_PYTHON``, else ``.venv-reverb``).
 While the load runs, a thread of this process asks ``/healthz`` every 10 ms: its p99 and
 its longest answer show how long the server's event loop stalled (every route waits
 behind a stall). The server's own figures come from ``/metrics`` at the end: checkpoints
-taken, the longest event-loop stall during one, the longest checkpoint. Then the server is
+taken, the longest event-loop stall during one, the longest checkpoint; a thread reading
+``/metrics`` every 250 ms also keeps each checkpoint's longest stall
+(``stall_per_checkpoint_ms`` in the arm's line). Then the server is
 killed (``kill -9``) and started again on the same data: the seconds until it is ready
 are the recovery time, next to the bound the server states. Each arm's line also gives the
 CPU seconds the server's threads took during the load, by name (Linux): ``loop`` (the event
@@ -24,7 +26,8 @@ loop's thread), ``python`` (its other threads: I/O, the watchdog), ``rocksdb:low
 (compactions), ``rocksdb:high`` (flushes), ``child:python`` (the log writer process).
 
 Run: ``python -m bench.ingest [--duration 60] [--repeats 1] [--arms writer,wrk,reverb]
-[--servers default,"no checkpoints"] [--quick] [--log-loop-stalls-ms 50 --server-logs DIR]``.
+[--servers default,"no checkpoints"] [--quick] [--log-loop-stalls-ms 50 --server-logs DIR]
+[--server-flags "--storage-mode memory"]``.
 """
 
 from __future__ import annotations
@@ -151,6 +154,42 @@ class HealthProbe:
         return cuts[98] * 1e3, max(self.latencies) * 1e3
 
 
+class CheckpointWatch:
+    """A thread reading ``/metrics`` every 250 ms: each checkpoint's longest event-loop
+    stall (``rlreplay_checkpoint_loop_stall_last_seconds`` when the count moved on; two
+    checkpoints within one look give the later one's)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._stop = threading.Event()
+        #: (checkpoints so far, the last one's stall in ms, its seconds)
+        self.seen: list[tuple[int, float, float]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CheckpointWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        count = 0
+        with httpx.Client(base_url=self._url, timeout=30) as c:
+            while not self._stop.wait(0.25):
+                try:
+                    text = c.get("/metrics").text
+                except httpx.HTTPError:
+                    continue
+                now = int(_metric(text, "rlreplay_checkpoints_total"))
+                if now != count:
+                    count = now
+                    stall = _metric(text, "rlreplay_checkpoint_loop_stall_last_seconds")
+                    seconds = _metric(text, "rlreplay_checkpoint_last_seconds")
+                    self.seen.append((now, round(stall * 1e3, 1), round(seconds, 2)))
+
+
 def _start(data_dir: Path, log: Path, port: int, flags: tuple[str, ...]) -> subprocess.Popen[bytes]:
     """A server, once ready: a restart replays the whole log first (minutes, without
     checkpoints), so it gets far longer than :func:`bench.http.start_process` waits."""
@@ -229,6 +268,7 @@ def run_arm(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = workdir / "server.log"
+    flags = (*flags, *args.server_flags.split())
     if args.log_loop_stalls_ms:
         flags = (*flags, "--log-loop-stalls-ms", str(args.log_loop_stalls_ms))
     proc = _start(data_dir, log, port, flags)
@@ -240,7 +280,7 @@ def run_arm(
             timeout=30,
         ).raise_for_status()
         cpu_before = thread_cpu(proc.pid)
-        with HealthProbe(url) as probe:
+        with HealthProbe(url) as probe, CheckpointWatch(url) as watch:
             if arm == "writer":
                 out = subprocess.run(
                     [sys.executable, "-c", _WRITER % _WRITER_ARGS, url, str(args.duration)],
@@ -264,6 +304,7 @@ def run_arm(
                 figures["rate"] = rate * PUSH_ITEMS
                 figures["refused"] = bad
         figures["cpu_s"] = cpu_by_name(cpu_before, thread_cpu(proc.pid))
+        figures["stall_per_checkpoint_ms"] = [stall for _, stall, _ in watch.seen]
         figures["healthz_p99"], figures["healthz_max"] = probe.figures()
         scrape = httpx.get(f"{url}/metrics", timeout=30).text
         figures["checkpoints"] = _metric(scrape, "rlreplay_checkpoints_total")
@@ -298,6 +339,11 @@ def main(argv: list[str] | None = None) -> None:
         "--servers", default="default,no checkpoints", help="which server settings to run"
     )
     parser.add_argument("--quick", action="store_true", help="15 s runs")
+    parser.add_argument(
+        "--server-flags",
+        default="",
+        help='more flags for every server, e.g. "--storage-mode memory"',
+    )
     parser.add_argument(
         "--log-loop-stalls-ms",
         type=float,

@@ -53,7 +53,11 @@ from rlreplay.wire.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-YIELD_EVERY = 64  # ops applied between yields to the event loop
+YIELD_EVERY = 64  # ops applied between yields to the event loop, at most
+#: Seconds of applying after which the writer yields to the event loop, however few ops
+#: that was (joined pushes of 1,024 items take milliseconds each; 64 of them would hold
+#: every route for a good part of a second).
+YIELD_AFTER_S = 0.004
 JOIN_ITEMS = 1024  # items past which no more queued pushes join one (bounds a step's time)
 BETWEEN_STEPS_S = 0.002  # how long the writer applies pushes between a checkpoint's steps
 
@@ -230,6 +234,7 @@ class TaskProcessor:
 
     async def _run(self) -> None:
         since_yield = 0
+        yield_at = time.monotonic() + YIELD_AFTER_S
         while True:
             if not self.urgent and not self.housekeeping:
                 self._wake.clear()
@@ -244,6 +249,7 @@ class TaskProcessor:
                         pass
                 self._idle = False
                 since_yield = 0
+                yield_at = time.monotonic() + YIELD_AFTER_S
                 self._applier.queue_retries()
                 if not self.urgent and not self.housekeeping:
                     continue
@@ -287,9 +293,10 @@ class TaskProcessor:
                 self._applier.queue_checkpoint_when_due()
             self._applier.queue_retries()
             since_yield += 1
-            if since_yield >= YIELD_EVERY:
+            if since_yield >= YIELD_EVERY or time.monotonic() >= yield_at:
                 since_yield = 0
                 await asyncio.sleep(0)
+                yield_at = time.monotonic() + YIELD_AFTER_S
 
     async def apply_pushes(self) -> None:
         """Between a checkpoint's steps: apply the pushes at the head of the urgent queue

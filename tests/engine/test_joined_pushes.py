@@ -5,6 +5,7 @@ time and log position (a crash after partial checkpoints loses nothing)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rlreplay.app.engine.admission import Admission
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.engine.feed import read_changes
 from rlreplay.app.tables.config import RemoverSpec, TableConfig
+from rlreplay.app.writer import task_processor
 from rlreplay.app.writer.ops import CheckpointOp, PutOp
 from rlreplay.app.writer.task_processor import TaskProcessor
 from tests.engine.conftest import crash, engine_with_table, item, make_settings
@@ -254,3 +256,40 @@ def test_only_durable_pushes_to_one_table_with_keys_of_their_own_join(
     got, left = join(put(1, a, "a"), big)
     assert len(got.items) >= 250 and len(left) == len(big) - (len(got.parts) - 1)
     assert left  # the bound left some queued
+
+
+async def test_the_writer_yields_to_the_event_loop_once_its_time_slice_is_spent(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # every route waits while the writer applies: past its slice it lets the loop turn,
+    # however few ops that was (here each op spends it)
+    count_joins(monkeypatch, enabled=False)
+    monkeypatch.setattr(task_processor, "YIELD_AFTER_S", 0.0)
+    events: list[str] = []
+    apply = TaskProcessor.apply
+
+    async def spy(self: TaskProcessor, op: Any, **kwargs: Any) -> None:
+        await apply(self, op, **kwargs)
+        if type(op) is PutOp:
+            events.append("applied")
+
+    monkeypatch.setattr(TaskProcessor, "apply", spy)
+    settings = make_settings(tmp_path / "d", storage_mode="memory", durability="none")
+    async with engine_with_table(settings) as eng:
+        stop = asyncio.Event()
+
+        async def turns() -> None:
+            while not stop.is_set():
+                events.append("turn")
+                await asyncio.sleep(0)
+
+        pushes = [eng.push("t", items) for items in pushes_of(20, 4)]  # all queued at once
+        ticker = asyncio.create_task(turns())
+        await asyncio.gather(*pushes)
+        await eng.flush()
+        stop.set()
+        await ticker
+    applied = [i for i, e in enumerate(events) if e == "applied"]
+    assert len(applied) == 20
+    # the loop turned between any two ops the writer applied
+    assert all("turn" in events[a:b] for a, b in itertools.pairwise(applied))
