@@ -14,10 +14,10 @@ name (``*.new``), then it takes its own; and the log's manifest
 
 A segment's size is settled before records go into it: a new one is extended (sparse) to
 SEGMENT_BYTES, a recycled one keeps its old size if larger, and one whose next region would
-pass its size is extended by SEGMENT_BYTES first; the manifest records each size once it
-is durable. A segment being closed has its written length recorded before it is cut to it.
-So no segment is ever shorter than the manifest says, unless it was cut after its records
-were answered (a torn tail keeps the file's size).
+pass its size is extended first, by its size so far (at least SEGMENT_BYTES); the manifest
+records each size once it is durable. A segment being closed has its written length
+recorded before it is cut to it. So no segment is ever shorter than the manifest says,
+unless it was cut after its records were answered (a torn tail keeps the file's size).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ log = logging.getLogger("rlreplay.app.log.wal")
 SPARES = 1  # spare segments kept (each rotation takes one, each truncation gives one)
 LOCK_WAIT_S = 30.0  # how long to wait for the folder's lock (a dying writer's last write)
 NEW_SUFFIX = ".new"  # a segment being put in place, before its header is durable
-SEGMENT_BYTES = 16 << 20  # a new segment's size, and each extension's (sparse: no block taken)
+SEGMENT_BYTES = 16 << 20  # a new segment's size, and an extension's least (sparse: no block)
+_MAX_EXTENSION = 256 << 20  # an extension's most
 
 
 class SegmentFiles:
@@ -199,7 +200,9 @@ class SegmentFiles:
         """Make the segment being written at least ``end`` bytes long, durably, and record
         its new size in the manifest (blocking)."""
         assert self.fd is not None
-        size = max(self._size + SEGMENT_BYTES, end)
+        # by its size so far (up to _MAX_EXTENSION): a log busy with long pushes extends
+        # (a metadata fsync, and no flush ahead of a commit meanwhile) a few times, not at each
+        size = max(self._size + min(max(SEGMENT_BYTES, self._size), _MAX_EXTENSION), end)
         os.ftruncate(self.fd, size)
         os.fsync(self.fd)
         self._size = size
