@@ -22,7 +22,8 @@ from tests.live import REPO
 ray = pytest.importorskip("ray")
 rlreplay_ray = pytest.importorskip("rlreplay.ray")
 
-pytestmark = pytest.mark.slow
+# one Ray cluster at a time on the machine: with pytest-xdist, in one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 TABLE = "t"
 
