@@ -51,7 +51,6 @@ def test_the_gym_collector_fills_an_episode_table_while_a_learner_samples(
     assert result["learner_updates"] > 0
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time (see test_ray_launcher)
 def test_the_ray_example_pushes_from_tasks_and_samples_from_an_actor() -> None:
     pytest.importorskip("ray")
     result = run_script(

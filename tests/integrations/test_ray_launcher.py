@@ -22,8 +22,7 @@ from tests.live import REPO
 ray = pytest.importorskip("ray")
 rlreplay_ray = pytest.importorskip("rlreplay.ray")
 
-# one Ray cluster at a time on the machine: with pytest-xdist, in one worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow
 
 TABLE = "t"
 
