@@ -30,8 +30,10 @@ $(TEST_STAMP): $(BIN)/python pyproject.toml
 serve: $(SERVE_STAMP)
 	$(BIN)/rlreplay serve
 
+# Two workers (pytest-xdist): much of the suite waits on servers and subprocesses. Each test
+# file runs whole in one worker, so a module's server fixture starts once.
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The images, with BuildKit: rlreplay (the service, no torch) and rlreplay-sidecar. Where no
 # registry answers, on a base made from Debian's packages (docker/build-base.sh); the

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,16 +52,37 @@ def start_server(
 ) -> LiveServer:
     """Starts ``python -m rlreplay.app`` on 127.0.0.1 and waits until ``/readyz`` answers 200."""
     server = launch_server(workdir, *flags, env=env, data_dir=data_dir, port=port)
-    deadline = time.monotonic() + 30
+    wait_ready(server, 30)
+    return server
+
+
+def start_servers(specs: Sequence[tuple[Path, Sequence[str]]]) -> list[LiveServer]:
+    """Starts one server per ``(workdir, flags)`` at once (their start-ups overlap) and waits
+    until each is ready; stops them all if one does not start."""
+    servers = [launch_server(workdir, *flags) for workdir, flags in specs]
+    try:
+        for server in servers:
+            wait_ready(server, 60)  # the others start alongside it
+    except BaseException:
+        for server in servers:
+            stop_server(server)
+        raise
+    return servers
+
+
+def wait_ready(server: LiveServer, timeout_s: float) -> None:
+    """Waits until ``/readyz`` answers 200; stops the server and raises if it exits first or
+    ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
-                return server
+                return
         time.sleep(0.1)
     stop_server(server)
-    raise RuntimeError(f"server not ready in 30 s:\n{server.log()}")
+    raise RuntimeError(f"server not ready in {timeout_s:g} s:\n{server.log()}")
 
 
 def launch_server(

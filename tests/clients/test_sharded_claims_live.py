@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rlreplay import ShardedReplayClient, ValidationFailed
-from tests.live import LiveServer, start_server, stop_server
+from tests.live import LiveServer, start_servers, stop_server
 
 MEMORY = ("--storage-mode", "memory", "--durability", "none", "--max-response-mb", "1")
 ITEMS = 60
@@ -24,10 +24,8 @@ CALLERS = 6
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LiveServer]]:
     root = tmp_path_factory.mktemp("claim-shards")
-    servers: list[LiveServer] = []
+    servers = start_servers([(root / f"s{i}", (*MEMORY, "--seed", str(300 + i))) for i in range(3)])
     try:
-        for i in range(3):
-            servers.append(start_server(root / f"s{i}", *MEMORY, "--seed", str(300 + i)))
         yield servers
     finally:
         for server in servers:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from rlreplay import ReplayClient, ShardedReplayClient, Unavailable
-from tests.live import LiveServer, start_server, stop_server
+from tests.live import LiveServer, start_server, start_servers, stop_server
 from tests.selection.test_http_selection import assert_follows
 
 MEMORY = ("--storage-mode", "memory", "--durability", "none")
@@ -30,10 +30,8 @@ MEMORY = ("--storage-mode", "memory", "--durability", "none")
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LiveServer]]:
     root = tmp_path_factory.mktemp("shards")
-    servers: list[LiveServer] = []
+    servers = start_servers([(root / f"s{i}", (*MEMORY, "--seed", str(100 + i))) for i in range(3)])
     try:
-        for i in range(3):
-            servers.append(start_server(root / f"s{i}", *MEMORY, "--seed", str(100 + i)))
         yield servers
     finally:
         for server in servers:
@@ -207,7 +205,7 @@ def kill(server: LiveServer) -> None:
 
 
 async def test_killed_shard_is_named_and_keeps_what_it_answered(tmp_path: Path) -> None:
-    servers = [start_server(tmp_path / f"d{i}", "--seed", str(i)) for i in range(3)]
+    servers = start_servers([(tmp_path / f"d{i}", ("--seed", str(i))) for i in range(3)])
     try:
         answered: list[str] = []
         async with ShardedReplayClient(urls(servers), retries=1, backoff_s=0.05) as rb:

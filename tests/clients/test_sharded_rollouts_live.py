@@ -24,7 +24,7 @@ from rlreplay import (
     ValidationFailed,
 )
 from rlreplay.clients.sharded_rollouts import ShardedLease
-from tests.live import LiveServer, free_port, start_server, stop_server
+from tests.live import LiveServer, free_port, start_servers, stop_server
 
 MEMORY = ("--storage-mode", "memory", "--durability", "none")
 TRAINER, CRITIC = "trainer", "critic"
@@ -34,10 +34,8 @@ GROUPS, GROUP_SIZE = 12, 8
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LiveServer]]:
     root = tmp_path_factory.mktemp("rollout-shards")
-    servers: list[LiveServer] = []
+    servers = start_servers([(root / f"s{i}", (*MEMORY, "--seed", str(200 + i))) for i in range(3)])
     try:
-        for i in range(3):
-            servers.append(start_server(root / f"s{i}", *MEMORY, "--seed", str(200 + i)))
         yield servers
     finally:
         for server in servers:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from rlreplay import DeadlineExceeded, ShardedReplayClient
-from tests.live import LiveServer, start_server, stop_server
+from tests.live import LiveServer, start_servers, stop_server
 
 MEMORY = ("--storage-mode", "memory", "--durability", "none")
 
@@ -17,10 +17,8 @@ MEMORY = ("--storage-mode", "memory", "--durability", "none")
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LiveServer]]:
     root = tmp_path_factory.mktemp("budget-shards")
-    servers: list[LiveServer] = []
+    servers = start_servers([(root / f"s{i}", (*MEMORY, "--seed", str(400 + i))) for i in range(2)])
     try:
-        for i in range(2):
-            servers.append(start_server(root / f"s{i}", *MEMORY, "--seed", str(400 + i)))
         yield servers
     finally:
         for server in servers:
