@@ -16,6 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.core.errors import UnsupportedSchema
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.live import LiveServer, running_server
@@ -164,9 +165,17 @@ def test_api_conforms_to_its_schema(fuzz_server: LiveServer, mode: GenerationMod
     schema = schemathesis.openapi.from_url(f"{fuzz_server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 11
+    not_negated: list[str] = []
     for operation in operations:  # 25 examples each, every wait capped at 200 ms
         try:
             _run_operation(operation, mode)
         except Unsatisfiable:
             # No invalid request exists for an operation without parameters or body.
             assert mode is GenerationMode.NEGATIVE, operation.label
+        except UnsupportedSchema:
+            # Schemathesis draws invalid requests by negating parts of the schema, and now and
+            # then builds a `not` it cannot draw from (a limit of its generator, raised before
+            # any request is sent): the cases it drew before then were checked.
+            assert mode is GenerationMode.NEGATIVE, operation.label
+            not_negated.append(operation.label)
+    assert len(not_negated) <= len(operations) // 4, not_negated
