@@ -33,6 +33,7 @@ from rlreplay.app.storage.layout import (
 )
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.checkpoint_writes import STEP_SLOTS
 from rlreplay.app.writer.checkpoints import Checkpointer
 from rlreplay.app.writer.episodes import (
     apply_episode_append,
@@ -68,7 +69,7 @@ from rlreplay.app.writer.state import (
     meta_bytes,
     table_record,
 )
-from rlreplay.app.writer.storage import STEP_SLOTS, RocksStorage
+from rlreplay.app.writer.storage import RocksStorage
 from rlreplay.wire.errors import TableExists, TableNotFound
 
 log = logging.getLogger("rlreplay.app.writer.task_processor")

@@ -44,6 +44,7 @@ from rlreplay.app.storage.rocks import RocksStore
 from rlreplay.app.storage.salvage import salvage_rocksdb
 from rlreplay.app.tables.items import index_fields_of
 from rlreplay.app.tables.table import Table
+from rlreplay.app.writer.checkpoint_writes import STEP_BYTES, STEP_SLOTS, CheckpointWrites
 from rlreplay.app.writer.memory_checkpoint import (
     MEMORY_CHECKPOINT,
     capture_rows,
@@ -66,9 +67,6 @@ __all__ = [
 #: percentile) for 1 MiB here. Each step waits for a turn of a busy event loop (several
 #: milliseconds under a full push load), so the step's size sets how fast a checkpoint
 #: goes: 256 KiB steps made checkpoints twice as long (``bench.ingest``).
-STEP_BYTES = 1 << 20
-STEP_SLOTS = 2048  # slots a step visits at most (metadata-only steps)
-_STALL_WAIT_S = 0.005  # the wait before a write RocksDB refused to stall is tried again
 #: How long memory mode's checkpoint waits for its file before applying pushes again.
 _WRITING_POLL_S = 0.002
 
@@ -307,7 +305,7 @@ class RocksStorage(Storage):
         """The writer's writes outside checkpoints (evictions, deletes, write-through),
         in the checkpoint's steps (of ``step_bytes`` of values): none holds the GIL for
         long, or through a flush."""
-        await _Steps(self.db, io).write(puts, deletes, ranges, step_bytes=step_bytes)
+        await CheckpointWrites(self.db, io).write(puts, deletes, ranges, step_bytes=step_bytes)
 
     async def open(self, state: EngineState, *, restored: bool = False) -> int:
         """Open RocksDB, which reads every block once (so damage stops the start, naming the
@@ -387,7 +385,7 @@ class RocksStorage(Storage):
         not cut and the next checkpoint writes the rest.
         """
         store, io = self.db, state.io
-        steps = _Steps(store, io)
+        steps = CheckpointWrites(store, io)
         if store.failure is not None:
             await io.run(store.recover)
         # first the writes put off, and the queued deletes: before any put of this
@@ -437,7 +435,9 @@ class RocksStorage(Storage):
         return steps.bytes
 
     @staticmethod
-    async def _step(t: Table, changed: np.ndarray, at: int, upto: int, steps: _Steps) -> int:
+    async def _step(
+        t: Table, changed: np.ndarray, at: int, upto: int, steps: CheckpointWrites
+    ) -> int:
         """Visit ``changed[at:]`` until a step's worth of bytes, and write them; returns
         where the next step starts. The visit reads the table's columns for the step's
         slots at once (flags, then the metadata records: :func:`meta_records`)."""
@@ -550,54 +550,6 @@ def storage_for(mode: str) -> Storage:
         return kinds[mode]()
     except KeyError:
         raise ValueError(f"storage mode {mode!r} must be one of {sorted(kinds)}") from None
-
-
-class _Steps:
-    """A checkpoint's writes to RocksDB, one step at a time, in an I/O thread; a write
-    RocksDB would make wait (for a memtable flush) waits here instead, GIL released."""
-
-    def __init__(self, store: RocksStore, io: BlockingIO) -> None:
-        self._store, self._io = store, io
-        self.bytes = 0
-
-    async def write(
-        self,
-        puts: Sequence[tuple[bytes, bytes]],
-        deletes: Sequence[bytes],
-        ranges: Sequence[tuple[bytes, bytes]],
-        *,
-        step_bytes: int = STEP_BYTES,
-    ) -> None:
-        """Write ``ranges``, then ``deletes`` (in batches of :data:`STEP_SLOTS`: a FIFO
-        table's removals queue thousands), then ``puts`` (in batches of about
-        ``step_bytes``, or :data:`STEP_SLOTS` keys), in this order."""
-        for at in range(0, len(deletes), STEP_SLOTS):
-            await self._write((), deletes[at : at + STEP_SLOTS], ranges if not at else ())
-        if ranges and not deletes and not puts:
-            await self._write((), (), ranges)
-        at = 0
-        while at < len(puts):
-            end, size = at, 0
-            while end < len(puts) and size < step_bytes and end - at < 2 * STEP_SLOTS:
-                size += len(puts[end][1])
-                end += 1
-            await self._write(puts[at:end], (), ranges if not (at or deletes) else ())
-            at = end
-
-    async def write_batch(self, puts: Sequence[tuple[bytes, bytes]]) -> None:
-        """Write ``puts`` as one batch (a checkpoint's step, sized by its caller)."""
-        await self._write(puts, (), ())
-
-    async def _write(
-        self,
-        puts: Sequence[tuple[bytes, bytes]],
-        deletes: Sequence[bytes],
-        ranges: Sequence[tuple[bytes, bytes]],
-    ) -> None:
-        # polled: RocksDB tells no one when its flush is done
-        while not await self._io.run(self._store.try_write, puts, deletes, ranges):  # noqa: ASYNC110
-            await asyncio.sleep(_STALL_WAIT_S)
-        self.bytes += sum(len(k) + len(v) for k, v in puts) + sum(len(k) for k in deletes)
 
 
 # -- what loading and checkpoints share with the writer -------------------------------------

@@ -25,9 +25,9 @@ from rlreplay.app.tables.items import NewItem
 from rlreplay.app.writer import checkpoints as checkpoints_module
 from rlreplay.app.writer import storage as storage_module
 from rlreplay.app.writer.apply import EVICT_STEP_BYTES
+from rlreplay.app.writer.checkpoint_writes import STEP_BYTES
 from rlreplay.app.writer.checkpoints import Checkpointer
 from rlreplay.app.writer.loop_stalls import LoopStalls
-from rlreplay.app.writer.storage import STEP_BYTES
 from tests.engine.conftest import crash, make_settings
 
 MB = 2**20
