@@ -196,14 +196,7 @@ def item_batch_msgpack(batch: ItemBatch) -> bytes | AnswerPieces:
     if SEND_AS_THEY_LIE and n and max(map(len, values)) >= LARGE_PIECE_BYTES:
         rows = zip(itertools.repeat(5), batch.keys, values, tails, strict=False)
         return _as_they_lie(n, rows)
-    encoded = list(map(str.encode, batch.keys))
-    out = [_ITEMS_MAP + array_header(n)] * (5 * n + 1)  # the first stays; the rest are set
-    out[1::5] = map(_ITEM_HEADS.__getitem__, map(len, encoded))
-    out[2::5] = encoded
-    out[3::5] = [_VALUE] * n
-    out[4::5] = values
-    out[5::5] = tails
-    return b"".join(out)
+    return _spliced(_ITEM_HEADS, batch.keys, values, tails)
 
 
 def _or_nil(values: list[bytes | None]) -> list[bytes]:
@@ -236,9 +229,18 @@ def sample_msgpack(batch: SampleBatch) -> bytes | AnswerPieces:
             out += (bytes((0x86 + len(extra) // 2,)), b"\xa3key", str_bytes(key), _VALUE)
             out += (value, tail, *extra)
         return b"".join(out)
-    encoded = list(map(str.encode, batch.keys))
+    return _spliced(_SAMPLED_HEADS, batch.keys, values, tails)
+
+
+def _spliced(
+    heads: list[bytes], keys: Sequence[str], values: list[bytes], tails: list[bytes]
+) -> bytes:
+    """``{"items": [...]}`` of each key's head (by its length), key, value and tail, put
+    in place by slice assignments (no Python step per item)."""
+    n = len(keys)
+    encoded = list(map(str.encode, keys))
     out = [_ITEMS_MAP + array_header(n)] * (5 * n + 1)  # the first stays; the rest are set
-    out[1::5] = map(_SAMPLED_HEADS.__getitem__, map(len, encoded))
+    out[1::5] = map(heads.__getitem__, map(len, encoded))
     out[2::5] = encoded
     out[3::5] = [_VALUE] * n
     out[4::5] = values
