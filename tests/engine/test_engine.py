@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -463,7 +464,11 @@ async def test_hybrid_evicts_and_populates(tmp_path: Path) -> None:
         assert stats["bytes_in_cache"] <= 0.1 * 2**20 * 1.25
         got = await eng.get("t", "k0")  # long evicted: served from RocksDB
         assert got is not None and msgpack.unpackb(got.value) == b"v" * 4000
-        await eng.flush()  # lets the writer apply the populate queued by that read
+        # the read queued a populate on the writer's housekeeping queue, which goes after
+        # urgent work and may wait past a yield of the writer: wait for it
+        deadline = time.monotonic() + 30
+        while eng.describe("t")["stats"]["populates"] < 1 and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         assert eng.describe("t")["stats"]["populates"] >= 1
     finally:
         await eng.stop()
