@@ -33,6 +33,7 @@ Run: ``python -m bench.ingest [--duration 60] [--repeats 1] [--arms writer,wrk,r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,33 +124,39 @@ server.stop()
 _REVERB_ARGS = (CAPACITY, PUSH_ITEMS, ITEM_BYTES)
 
 
+@contextlib.contextmanager
+def polling(*polls: Callable[[threading.Event], None]) -> Iterator[None]:
+    """Each of ``polls`` in a daemon thread of its own for the ``with`` block's length."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=poll, args=(stop,), daemon=True) for poll in polls]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
 class HealthProbe:
     """A thread asking ``/healthz`` every 10 ms, keeping each answer's latency."""
 
     def __init__(self, url: str) -> None:
         self._url = url
-        self._stop = threading.Event()
         self.latencies: list[float] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
+        """Ask until ``stop`` is set (in a thread: see :func:`polling`)."""
         with httpx.Client(base_url=self._url, timeout=30) as c:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 t0 = time.perf_counter()
                 try:
                     c.get("/healthz")
                 except httpx.HTTPError:
                     continue
                 self.latencies.append(time.perf_counter() - t0)
-                self._stop.wait(0.01)
+                stop.wait(0.01)
 
     def figures(self) -> tuple[float, float]:
         """p99 and the longest latency, in ms."""
@@ -165,23 +173,14 @@ class CheckpointWatch:
 
     def __init__(self, url: str) -> None:
         self._url = url
-        self._stop = threading.Event()
         #: (checkpoints so far, the last one's stall in ms, its seconds)
         self.seen: list[tuple[int, float, float]] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> CheckpointWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
+        """Read until ``stop`` is set (in a thread: see :func:`polling`)."""
         count = 0
         with httpx.Client(base_url=self._url, timeout=30) as c:
-            while not self._stop.wait(0.25):
+            while not stop.wait(0.25):
                 try:
                     text = c.get("/metrics").text
                 except httpx.HTTPError:
@@ -284,7 +283,8 @@ def run_arm(
             timeout=30,
         ).raise_for_status()
         cpu_before = thread_cpu(proc.pid)
-        with HealthProbe(url) as probe, CheckpointWatch(url) as watch:
+        probe, watch = HealthProbe(url), CheckpointWatch(url)
+        with polling(probe.run, watch.run):
             if arm == "writer":
                 out = subprocess.run(
                     [sys.executable, "-c", _WRITER % _WRITER_ARGS, url, str(args.duration)],
