@@ -17,6 +17,7 @@ import psutil
 
 from rlreplay.app.engine.engine import Engine
 from rlreplay.app.settings import Settings
+from rlreplay.app.storage.allocator import tune_allocator
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem
 
@@ -34,6 +35,9 @@ def value_of(i: int) -> bytes:
 
 async def main(data_dir: str) -> None:
     proc = psutil.Process()
+    # the bound is the server's: `rlreplay serve` tunes glibc's malloc for its process, and
+    # an Engine made in another program leaves it alone (about 20 MB more slack here)
+    tune_allocator()
     eng = Engine(
         Settings(
             data_dir=Path(data_dir),

@@ -10,11 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 2**20
-# Resident memory the engine may use above the cache limit while values stream through it:
-# RocksDB's memtables (2 x 8 MB) and block cache (8 MB), the log buffer, the index, and
-# glibc heap slack (see app/storage/allocator.py). Measured at 60-75 MB above the cache
-# limit on the 2-core CI machines (see docs/architecture.md); the test allows 100 MB.
-STATED_OVERHEAD_MB = 100
+# Resident memory the server may use above the cache limit while values stream through it:
+# RocksDB's memtables (2 x 32 MiB, app/storage/rocks.py) and block cache (8 MiB), the log's
+# buffers, the index, and glibc heap slack (see app/storage/allocator.py). Measured at 74-84 MB
+# above the cache limit on a quiet 2-core machine and 105 MB under CI's load (see
+# docs/architecture.md); the test allows 130 MB.
+STATED_OVERHEAD_MB = 130
 
 
 def test_600mb_through_a_32mb_cache(tmp_path: Path) -> None:
