@@ -324,6 +324,7 @@ def _serve(settings: Settings) -> int:
 
     from rlreplay.app.api.connections import raise_descriptor_limit
     from rlreplay.app.api.logs import AccessLog, configure_logging
+    from rlreplay.app.api.server import ReplayServer
     from rlreplay.app.engine.snapshots import RestoreRefused
     from rlreplay.app.main import create_app
     from rlreplay.app.storage.allocator import tune_allocator
@@ -359,13 +360,11 @@ def _serve(settings: Settings) -> int:
         **uvicorn_options(settings),
     )
     if settings.uds is None:
-        server = uvicorn.Server(config)
+        server = ReplayServer(config, engine=app.state.engine)
         server.run()
     else:
-        from rlreplay.app.api.unix_socket import UnixSocketServer
-
         sockets, listener = _listen(config, settings)
-        server = UnixSocketServer(config, listener)
+        server = ReplayServer(config, engine=app.state.engine, listener=listener)
         try:
             server.run(sockets=sockets)
         finally:

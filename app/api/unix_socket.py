@@ -33,14 +33,11 @@ import socket
 import stat
 from pathlib import Path
 
-import uvicorn
-
 __all__ = [
     "SEND_BUFFER_BYTES",
     "SOCKET_MODE",
     "UnixListener",
     "UnixSocketInUse",
-    "UnixSocketServer",
     "check_unix_socket",
     "widen_send_buffer",
 ]
@@ -132,19 +129,3 @@ class UnixListener:
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
-
-
-class UnixSocketServer(uvicorn.Server):
-    """uvicorn's server, removing the socket file of ``listener`` as it shuts down.
-
-    Removed there, not after ``run()`` returns: after a SIGTERM uvicorn raises the signal
-    again once it has shut down, and the process ends by it.
-    """
-
-    def __init__(self, config: uvicorn.Config, listener: UnixListener) -> None:
-        super().__init__(config)
-        self.listener = listener
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.listener.remove()  # first: a new client is refused at once, not half-served
-        await super().shutdown(sockets)

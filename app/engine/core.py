@@ -53,6 +53,8 @@ class EngineCore:
         self._ready = False
         self._open = False  # recovery finished: table and item calls are served
         self._stopping = False
+        #: Set by ``Engine.end_waits`` as the server stops: what held waits raise.
+        self.waits_ended: Unavailable | None = None
         self.recovered_records = 0
         #: How far the start-up's restore and log replay are (``/metrics``).
         self.recovery = RecoveryProgress()

@@ -73,6 +73,7 @@ from rlreplay.wire.errors import (
     ReplayError,
     StorageFull,
     TableExists,
+    Unavailable,
     ValidationFailed,
 )
 from rlreplay.workers.blocking import BlockingIO
@@ -219,6 +220,30 @@ class Engine:
             self.core.recovered_records,
         )
 
+    def end_waits(self) -> None:
+        """The server stops: every call held waiting for other clients (a claim, a sample of
+        an empty or rate-limited table, a reservation, a push the limiter holds, a change
+        long-poll) answers 503 ``unavailable`` now, and so does one that would start such a
+        wait, rather than keep the stop waiting out its time. Calls that need no such wait
+        are still served. ``rlreplay serve`` calls it as its shutdown begins; idempotent.
+        """
+        state = self.core.current_state
+        if state is None or self.core.waits_ended is not None:
+            return
+        self.core.waits_ended = Unavailable("the server is shutting down; retry once it is back")
+        for table in state.tables.values():
+            self._end_waits_of(table)
+
+    def _end_waits_of(self, table: Table) -> None:
+        error = self.core.waits_ended
+        assert error is not None
+        table.rollouts.changed.end_waits(error)
+        table.rollouts.reservations.room.end_waits(error)
+        table.gate.end_waits(error)
+        table.pending.end_waits(error)
+        if table.changes is not None:
+            table.changes.end_waits(error)
+
     async def stop(self) -> None:
         """Apply what is queued, checkpoint, close storage; idempotent.
 
@@ -228,6 +253,7 @@ class Engine:
         it is waited for.
         """
         state, processor = self.core.current_state, self.core.processor
+        self.end_waits()
         if not self.core.begin_stop():
             return
         assert state is not None and processor is not None
@@ -303,6 +329,8 @@ class Engine:
         seq = self.core.admit(records.create_table(name, config.to_wire()))
         writer.submit(CreateTableOp(seq, future=fut, weight=0, name=name, config=config))
         await self.core.committed(seq, fut)
+        if self.core.waits_ended is not None:  # created as the server stops
+            self._end_waits_of(self.core.table(name))
 
     async def drop_table(self, name: str) -> None:
         """Delete the table and its data; TableNotFound when missing."""

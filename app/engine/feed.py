@@ -36,6 +36,8 @@ async def read_changes(
         Gone: ``since`` is not a number this feed can answer from (see ``ChangeFeed``).
     """
     feed = _feed(core, table)
+    if core.waits_ended is not None:  # the server stops (a feed started since included)
+        feed.end_waits(core.waits_ended)
     feed.events(since, 0)  # Gone now rather than after the wait
     await core.table(table).pending.caught_up(DEFAULT_TIMEOUT_S)
     await feed.wait(since, wait_s)

@@ -240,6 +240,7 @@ class RateGate:
         self._size_fn = size_fn
         self._changed = asyncio.Event()
         self._closed: ReplayError | None = None
+        self._ended: ReplayError | None = None  # end_waits(): the server stops
 
     @property
     def limited(self) -> bool:
@@ -352,12 +353,24 @@ class RateGate:
         self._closed = error
         self.notify()
 
+    def end_waits(self, error: ReplayError) -> None:
+        """The server stops: a call that would wait, now or later, raises ``error``
+        instead; one the limiter allows still goes through."""
+        self._ended = error
+        self.notify()
+
     def _raise_if_closed(self) -> None:
         if self._closed is not None:
             raise type(self._closed)(self._closed.message)
 
+    def _raise_if_ended(self) -> None:
+        self._raise_if_closed()
+        if self._ended is not None:
+            raise type(self._ended)(self._ended.message)
+
     async def _wait(self) -> None:
-        """Blocks until the next change; raises the close error if the gate is closed."""
-        self._raise_if_closed()
+        """Blocks until the next change; raises the close error if the gate is closed, and
+        the error given to :meth:`end_waits` once the server stops."""
+        self._raise_if_ended()
         await self._changed.wait()
-        self._raise_if_closed()
+        self._raise_if_ended()

@@ -25,7 +25,7 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from rlreplay.wire.errors import Gone
+from rlreplay.wire.errors import Gone, ReplayError
 from rlreplay.wire.schemas import ChangeEvent
 
 __all__ = ["OP_DELETE", "OP_PRIORITY", "OP_PUT", "ChangeFeed", "ChangeOp"]
@@ -66,6 +66,7 @@ class ChangeFeed:
         self._held = 0  # events in batches from _lo on
         self._wake: asyncio.Future[None] | None = None
         self.closed = False
+        self._ended: ReplayError | None = None  # end_waits(): the server stops
 
     # -- the writer's side ------------------------------------------------------------------
 
@@ -115,6 +116,14 @@ class ChangeFeed:
         if wake is not None and not wake.done():
             wake.set_result(None)
 
+    def end_waits(self, error: ReplayError) -> None:
+        """The server stops: a long poll with no event to answer, now or later, raises
+        ``error`` (a copy each) instead of waiting; the feed itself goes on."""
+        self._ended = error
+        wake, self._wake = self._wake, None
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
     # -- the followers' side ----------------------------------------------------------------
 
     @property
@@ -154,12 +163,23 @@ class ChangeFeed:
         return out
 
     async def wait(self, since: int, timeout_s: float) -> None:
-        """Return once an event after ``since`` exists, the feed closes, or ``timeout_s`` passes."""
+        """Return once an event after ``since`` exists, the feed closes, or ``timeout_s`` passes.
+
+        Raises:
+            ReplayError: The error given to :meth:`end_waits`, when no event is there.
+        """
         if self.seq > since or self.closed or timeout_s <= 0:
             return
+        self._raise_if_ended()
         if self._wake is None or self._wake.done():
             self._wake = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(asyncio.shield(self._wake), timeout_s)
         except TimeoutError:
             return
+        if self.seq <= since and not self.closed:
+            self._raise_if_ended()
+
+    def _raise_if_ended(self) -> None:
+        if self._ended is not None:
+            raise type(self._ended)(self._ended.message)

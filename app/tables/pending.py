@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rlreplay.app.tables.items import NewItem
+from rlreplay.wire.errors import ReplayError
 
 PendingEntry = tuple[
     int, NewItem | None, float
@@ -38,6 +39,9 @@ class PendingOps:
       :meth:`fail_waiters` when it stops; :meth:`recount_visible` after recovery.
     * Any reader: :attr:`entries`, :meth:`is_visible`, :meth:`visible_size`, and the waits
       :meth:`caught_up` and :meth:`wait_nonempty`.
+    * The engine, as the server stops: :meth:`end_waits`, which ends the waits for other
+      clients' writes (:meth:`wait_nonempty`, :meth:`applied_after`); a catch-up, which
+      only waits for the writer, still gets its answer.
     """
 
     def __init__(self, index: Mapping[str, int]) -> None:
@@ -50,6 +54,8 @@ class PendingOps:
         self._applied_seq = 0
         self._barriers: list[tuple[int, asyncio.Future[None]]] = []
         self._nonempty = asyncio.Event()
+        self._held: set[asyncio.Future[None]] = set()  # applied_after()'s barriers
+        self._ended: ReplayError | None = None
 
     @property
     def entries(self) -> Mapping[str, PendingEntry]:
@@ -227,21 +233,41 @@ class PendingOps:
         (an episode table's sample waiting for a window to start); False on timeout."""
         if self._applied_seq > seq:
             return True
+        self._raise_if_ended()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._barriers.append((seq + 1, fut))
+        self._held.add(fut)
         try:
             await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
         except TimeoutError:
             fut.cancel()  # applied() and rebuild() skip it
             return False
+        finally:
+            self._held.discard(fut)
         return True
 
     async def wait_nonempty(self, timeout_s: float) -> bool:
         """Wait until the applied state holds an item; False on timeout."""
         if self._index:
             return True
+        self._raise_if_ended()
         try:
             await asyncio.wait_for(self._nonempty.wait(), timeout_s)
         except TimeoutError:
             return False
+        if not self._index:
+            self._raise_if_ended()
         return bool(self._index)
+
+    def end_waits(self, error: ReplayError) -> None:
+        """The server stops: :meth:`wait_nonempty` and :meth:`applied_after`, now and
+        later, raise ``error`` (a copy each) rather than wait for writes that may not come."""
+        self._ended = error
+        for fut in self._held:
+            if not fut.done():
+                fut.set_exception(type(error)(error.message))
+        self._nonempty.set()  # its waiters look again (applied() sets it right again)
+
+    def _raise_if_ended(self) -> None:
+        if self._ended is not None:
+            raise type(self._ended)(self._ended.message)

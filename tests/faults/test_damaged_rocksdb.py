@@ -71,10 +71,20 @@ def _sst_footer(db: Path) -> Path:
 
 
 def _sst_zeros(db: Path) -> Path:
+    """A 4 KiB page of the largest table file reads back as zeros (a lost page write): the
+    first page from 8 KiB on that held something else. A page that already held zeros (the
+    value of ``k0``, at that offset once a compaction has merged the first files) would
+    leave the file as it was, and an intact database starts."""
     sst = largest_sst(db)
+    page = bytes(4096)
     with sst.open("r+b") as f:
-        f.seek(8192)
-        f.write(bytes(4096))
+        offset = 8192
+        f.seek(offset)
+        while (held := f.read(len(page))) == page:
+            offset += len(page)
+        assert len(held) == len(page), f"{sst} holds no page of data past 8 KiB to zero"
+        f.seek(offset)
+        f.write(page)
     return sst
 
 
@@ -161,6 +171,24 @@ async def test_a_start_on_a_damaged_rocksdb_refuses_naming_the_file(
     # it let go of the folder: a second try refuses the same way (nothing was "repaired")
     with pytest.raises(LogRecoveryError, match=str(damaged.name)):
         await Engine(settings(data, storage_mode=mode)).start()
+
+
+@pytest.mark.parametrize("damage", [name for name in sorted(DAMAGE) if name.startswith("sst-")])
+async def test_a_start_refuses_damage_to_a_table_file_compaction_merged(
+    tmp_path: Path, damage: str
+) -> None:
+    """The same refusal whatever layout compaction left: here the first 100 items merged into
+    one file (as a stop on a busy machine can leave them), where ``k0``'s value of zeros
+    lies 8 KiB in."""
+    data = tmp_path / "data"
+    await _fill(data, "disk", n=100)
+    store = RocksStore(data / "rocksdb")
+    store._live().compact_range(None, None)
+    store.close()
+    assert len(list((data / "rocksdb").glob("*.sst"))) == 1
+    damaged = DAMAGE[damage](data / "rocksdb")
+    with pytest.raises(LogRecoveryError, match=str(damaged.name)):
+        await Engine(settings(data, storage_mode="disk")).start()
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
