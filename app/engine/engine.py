@@ -60,6 +60,7 @@ from rlreplay.app.tables.rollouts import Lease
 from rlreplay.app.tables.stats import TablesSummary, describe, summarize_tables
 from rlreplay.app.tables.table import Table
 from rlreplay.app.tables.tag_index import Condition
+from rlreplay.app.tables.waits import end_waits
 from rlreplay.app.writer.checkpoints import CheckpointStats
 from rlreplay.app.writer.ops import (
     CheckpointOp,
@@ -235,14 +236,8 @@ class Engine:
             self._end_waits_of(table)
 
     def _end_waits_of(self, table: Table) -> None:
-        error = self.core.waits_ended
-        assert error is not None
-        table.rollouts.changed.end_waits(error)
-        table.rollouts.reservations.room.end_waits(error)
-        table.gate.end_waits(error)
-        table.pending.end_waits(error)
-        if table.changes is not None:
-            table.changes.end_waits(error)
+        assert self.core.waits_ended is not None
+        end_waits(table, self.core.waits_ended)
 
     async def stop(self) -> None:
         """Apply what is queued, checkpoint, close storage; idempotent.

@@ -27,6 +27,8 @@ from rlreplay.app.tables.pending import PendingOps
 from rlreplay.app.tables.restore import restore_items
 from rlreplay.app.tables.rollouts import Rollouts
 from rlreplay.app.tables.stats import TableCounters
+from rlreplay.app.tables.waits import end_waits
+from rlreplay.wire.errors import ReplayError
 
 
 class Table:
@@ -573,11 +575,13 @@ class Table:
         self._pending.rebuild(ops, applying)
         self.gate.notify()
 
-    def fail_waiters(self, exc: BaseException) -> None:
-        """The writer stopped: close the change feed and fail every reader waiting on it."""
+    def fail_waiters(self, exc: ReplayError) -> None:
+        """The writer stopped or the table was deleted: close the change feed, fail every
+        reader waiting on the writer, and end every other held wait (:func:`end_waits`)."""
         if self.changes is not None:
             self.changes.close()
         self._pending.fail_waiters(exc)
+        end_waits(self, exc)
 
     # -- read side ------------------------------------------------------------------------
 

@@ -183,7 +183,7 @@ class TaskProcessor:
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
-            exc: BaseException = Unavailable("the writer stopped")
+            exc = Unavailable("the writer stopped")
         else:
             err = task.exception()
             if err is None:
@@ -193,7 +193,7 @@ class TaskProcessor:
             exc = Unavailable(f"the writer failed: {err!r}")
         self._fail_all(exc)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, exc: Unavailable) -> None:
         for queue in (self.urgent, self.housekeeping):
             while queue:
                 op = queue.popleft()

@@ -122,3 +122,22 @@ async def test_calls_that_need_no_wait_are_still_served(eng: Engine) -> None:
     lease, items = await eng.claims.claim("t", "task", 3, wait_ms=HELD_S * 1000)
     assert lease is not None and len(items) == 3
     assert len((await read_changes(eng.core, "t", since, 10, HELD_S)).events) == 3
+
+
+@pytest.mark.parametrize("held", sorted(HELD))
+async def test_a_held_call_answers_unavailable_when_the_writer_dies(
+    eng: Engine, held: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's death (a bug) ends every held wait, as docs/architecture.md promises,
+    rather than leave claims and reservations waiting out their time."""
+    task = await _held(await HELD[held](eng))
+
+    async def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the writer")
+
+    await eng.create_table("u", TableConfig())
+    monkeypatch.setattr(eng._processor, "apply", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await eng.push("u", [item("z")], wait=True)
+    with pytest.raises(Unavailable, match="writer"):
+        await asyncio.wait_for(task, ANSWERED_S)
