@@ -10,7 +10,7 @@ next start does not meet the same damage.
 
 The blocking parts (reading RocksDB, the checkpoint file, the log) run in I/O threads, and
 the replay yields to the event loop between records, so a server answers ``/healthz`` while
-it recovers. The log is not read into memory: a first pass over its mapped segments checks
+it recovers. The log is not read into memory: a first pass over its segments checks
 every record and counts them (:meth:`~rlreplay.app.log.wal.WriteAheadLog.replay_plan`), then
 the records are read back a batch at a time and applied, so a replay holds about one batch
 however long the log is.

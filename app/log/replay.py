@@ -46,7 +46,7 @@ from rlreplay.app.log.framing import (
 )
 from rlreplay.app.log.manifest import MANIFEST as MANIFEST_NAME
 from rlreplay.app.log.manifest import LogManifest, read_manifest
-from rlreplay.app.log.mapped import MappedSegment
+from rlreplay.app.log.segment_reader import SegmentReader
 from rlreplay.app.log.segment_scan import Run, SegmentScan, position_of, read_run, scan_segment
 
 log = logging.getLogger("rlreplay.app.log.wal")
@@ -127,7 +127,7 @@ def plan_replay(
             last = run.last
             if limit is not None and last >= limit:
                 refused = max(run.first, limit)
-                with MappedSegment(path) as segment:
+                with SegmentReader(path) as segment:
                     pos = position_of(segment, run, refused)
                 log.warning(
                     "log %s: records from %d (byte %d) were refused by a failed flush: skipped",
@@ -162,8 +162,8 @@ class _Part:
 @dataclass(slots=True)
 class ReplayPlan:
     """The records a replay gives back, found by :func:`plan_replay` (which checked their
-    checksums and reported what is missing or damaged) and read back from the mapped
-    segments a batch at a time, so a replay holds about a batch of records however long
+    checksums and reported what is missing or damaged) and read back from the segments a
+    batch at a time, so a replay holds about a batch of records however long
     the log is.
 
     Attributes:
@@ -188,8 +188,8 @@ class ReplayPlan:
     ) -> Generator[list[list[Any]], None, None]:
         """The records, oldest first, in batches of up to ``max_bytes`` of log (framed) or
         ``max_records`` records (blocking: read each in an I/O thread). A segment stays
-        mapped until its last record is read, or the iterator is closed."""
-        segment: MappedSegment | None = None
+        open until its last record is read, or the iterator is closed."""
+        segment: SegmentReader | None = None
         batch: list[list[Any]] = []
         size = 0
         try:
@@ -197,7 +197,7 @@ class ReplayPlan:
                 if segment is None or segment.path != part.path:
                     if segment is not None:
                         segment.close()
-                    segment = MappedSegment(part.path)
+                    segment = SegmentReader(part.path)
                 for record, framed in read_run(segment, part.run, part.lo, part.hi):
                     batch.append(record)
                     size += framed

@@ -34,7 +34,7 @@ from rlreplay.app.log.framing import (
     LogRecoveryError,
     header_problem,
 )
-from rlreplay.app.log.mapped import MappedSegment
+from rlreplay.app.log.segment_reader import SegmentReader
 
 _UINT_SIZES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack's unsigned ints
 _INT_SIZES = {0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}  # ... and signed ones
@@ -97,22 +97,22 @@ class SegmentScan:
 
 def scan_segment(path: Path) -> SegmentScan:
     """Go through ``path`` (blocking), verifying each record's checksum, and return where
-    its records lie and what ended them. The segment is mapped, not read into memory:
-    only a window of its pages is resident at a time."""
-    with MappedSegment(path) as segment:
+    its records lie and what ended them. The segment is read a window at a time, its
+    records only as far as their LSNs."""
+    with SegmentReader(path) as segment:
         return _scan(segment)
 
 
-def _scan(segment: MappedSegment) -> SegmentScan:
-    path, data = segment.path, segment.data
+def _scan(segment: SegmentReader) -> SegmentScan:
+    path = segment.path
     scan = SegmentScan(path)
     if not segment.size:
         scan.empty = True
         return scan
     name = int(path.stem)
     start = 0
-    if data[: len(SEGMENT_MAGIC)] == SEGMENT_MAGIC:
-        scan.header = header_problem(data[:BLOCK], name)
+    if segment.read(0, len(SEGMENT_MAGIC)) == SEGMENT_MAGIC:
+        scan.header = header_problem(segment.read(0, BLOCK), name)
         start = BLOCK
     chain = _Chain(segment, floor=name - 1)
     chain.run(start)
@@ -147,7 +147,7 @@ class _Chain:
     """Whole records read one after another from a byte offset, each LSN one past the last
     (the first past ``floor``), and where and why they stop."""
 
-    def __init__(self, segment: MappedSegment, *, floor: int) -> None:
+    def __init__(self, segment: SegmentReader, *, floor: int) -> None:
         self.segment, self.floor = segment, floor
         self.runs: list[Run] = []  # the records read (one run, or none)
         self.stop, self.stop_at = "end", 0
@@ -157,22 +157,22 @@ class _Chain:
 
     def run(self, pos: int) -> None:
         segment, frame = self.segment, FRAME
-        data, size = segment.data, segment.size
+        read, size = segment.read, segment.size
         first: tuple[int, int] | None = None  # the first record: its byte, its LSN
         prev: int | None = None
         self.stop_at = pos
         try:
             while pos + frame.size <= size:
-                length, crc = frame.unpack_from(data, pos)
+                length, crc = frame.unpack_from(read(pos, frame.size))
                 if length == 0 and crc == 0:
                     end = min((pos // BLOCK + 1) * BLOCK, size)
-                    if data[pos:end] != ZEROS[: end - pos]:
+                    if bytes(read(pos, end - pos)) != ZEROS[: end - pos]:  # memcmp
                         self.stop = f"bad padding at byte {pos}"
                         return
                     self.paddings += 1
                     pos = end
                     continue
-                lsn = _checked_lsn(segment, pos)
+                lsn = _checked_lsn(segment, pos, length, crc)
                 if lsn is None:
                     self.stop = f"a record cut short or failing its checksum at byte {pos}"
                     return
@@ -188,7 +188,6 @@ class _Chain:
                 self.paddings_before_last = self.paddings
                 pos += frame.size + length
                 self.stop_at = pos
-                segment.passed(pos)
             if pos < size and not segment.zeros_from(pos):
                 self.stop = f"a record cut short at byte {pos}"
         finally:
@@ -196,18 +195,16 @@ class _Chain:
                 self.runs = [Run(first[0], first[1], prev)]
 
 
-def _checked_lsn(segment: MappedSegment, pos: int) -> int | None:
-    """The LSN of the whole record framed at ``pos`` (None: cut short or failing its
-    checksum); its checksum is verified, and its payload read only as far as its LSN."""
-    data = segment.data
-    length, crc = FRAME.unpack_from(data, pos)
-    start, end = pos + FRAME.size, pos + FRAME.size + length
-    if length == 0 or end > segment.size:
+def _checked_lsn(segment: SegmentReader, pos: int, length: int, crc: int) -> int | None:
+    """The LSN of the whole record framed at ``pos`` with ``length`` and ``crc`` (None:
+    cut short or failing its checksum); its checksum is verified, and its payload read
+    only as far as its LSN."""
+    if length == 0 or pos + FRAME.size + length > segment.size:
         return None
-    with memoryview(data) as view:
-        if xxh3_64_intdigest(view[start:end]) != crc:
-            return None
-    lsn = _lsn_at(data, start, length)
+    payload = segment.read(pos + FRAME.size, length)
+    if xxh3_64_intdigest(payload) != crc:
+        return None
+    lsn = _lsn_at(payload, length)
     if lsn is None:
         raise LogRecoveryError(
             f"log {segment.path.name}: the record at byte {pos} passes its checksum but "
@@ -216,22 +213,23 @@ def _checked_lsn(segment: MappedSegment, pos: int) -> int | None:
     return lsn
 
 
-def _lsn_at(data: Any, start: int, length: int) -> int | None:
-    """The LSN a payload at ``start`` begins with (a msgpack array whose first element is
-    an integer), or None if it does not look like a record's."""
-    end = start + length
-    head = data[start]
-    pos = start + 1
+def _lsn_at(payload: memoryview, length: int) -> int | None:
+    """The LSN a record's payload of ``length`` bytes begins with (a msgpack array whose
+    first element is an integer), or None if it does not look like a record's; ``payload``
+    holds its first bytes (up to 16: all it takes)."""
+    end = min(length, len(payload))
+    head = payload[0]
+    pos = 1
     if 0x90 <= head <= 0x9F:
         count = head - 0x90
     elif head in _ARRAY_HEADERS:
         pos += _ARRAY_HEADERS[head]
-        count = int.from_bytes(data[start + 1 : pos], "big")
+        count = int.from_bytes(payload[1:pos], "big")
     else:
         return None
     if not count or pos >= end:
         return None
-    tag = data[pos]
+    tag = payload[pos]
     if tag <= 0x7F:
         return int(tag)
     if tag >= 0xE0:
@@ -239,70 +237,63 @@ def _lsn_at(data: Any, start: int, length: int) -> int | None:
     nbytes = _UINT_SIZES.get(tag) or _INT_SIZES.get(tag)
     if nbytes is None or pos + 1 + nbytes > end:
         return None
-    return int.from_bytes(data[pos + 1 : pos + 1 + nbytes], "big", signed=tag in _INT_SIZES)
+    return int.from_bytes(payload[pos + 1 : pos + 1 + nbytes], "big", signed=tag in _INT_SIZES)
 
 
-def _next_record(segment: MappedSegment, after: int, floor: int) -> int | None:
+def _next_record(segment: SegmentReader, after: int, floor: int) -> int | None:
     """The first block boundary past ``after`` where a whole record with an LSN above
     ``floor`` starts (None: there is none)."""
-    data, size = segment.data, segment.size
+    size = segment.size
     pos = (after // BLOCK + 1) * BLOCK
     while pos + FRAME.size <= size:
-        length, _ = FRAME.unpack_from(data, pos)
+        length, crc = FRAME.unpack_from(segment.read(pos, FRAME.size))
         if 0 < length <= size - pos - FRAME.size:
-            lsn = _lsn_at(data, pos + FRAME.size, length)
+            lsn = _lsn_at(segment.read(pos + FRAME.size, min(length, 16)), length)
             # the LSN first: a recycled segment's old records are passed over unread
             if lsn is not None and lsn > floor:
                 try:
-                    if _checked_lsn(segment, pos) is not None:
+                    if _checked_lsn(segment, pos, length, crc) is not None:
                         return pos
                 except LogRecoveryError:
                     pass
         pos += BLOCK
-        segment.passed(pos)
     return None
 
 
-def _frames(segment: MappedSegment, pos: int) -> Iterator[tuple[int, int]]:
+def _frames(segment: SegmentReader, pos: int) -> Iterator[tuple[int, int, int]]:
     """The records framed one after another from ``pos`` (region paddings skipped): their
-    byte offsets and payload lengths, as long as frames fit in the segment."""
-    data, size, frame = segment.data, segment.size, FRAME
+    byte offsets, payload lengths and checksums, as long as frames fit in the segment."""
+    read, size, frame = segment.read, segment.size, FRAME
     while pos + frame.size <= size:
-        length, crc = frame.unpack_from(data, pos)
+        length, crc = frame.unpack_from(read(pos, frame.size))
         if length == 0 and crc == 0:
             pos = min((pos // BLOCK + 1) * BLOCK, size)
             continue
-        yield pos, length
+        yield pos, length, crc
         pos += frame.size + length
-        segment.passed(pos)
 
 
-def position_of(segment: MappedSegment, run: Run, lsn: int) -> int:
+def position_of(segment: SegmentReader, run: Run, lsn: int) -> int:
     """The byte where the record ``lsn`` of ``run`` starts (its frames read, not the
     records)."""
-    for i, (pos, _) in enumerate(_frames(segment, run.start)):
+    for i, (pos, _, _) in enumerate(_frames(segment, run.start)):
         if run.first + i == lsn:
             return pos
     raise LogRecoveryError(f"log {segment.path.name}: record {lsn} is no longer in it")
 
 
-def read_run(segment: MappedSegment, run: Run, lo: int, hi: int) -> Iterator[tuple[list[Any], int]]:
-    """The records of ``run`` with LSNs ``lo`` to ``hi`` (within it), read one at a time
-    from the mapped segment, with their framed sizes (blocking). Each is checked again
-    against its checksum and its place: the scan verified them, and a segment changed
-    since (it is locked meanwhile) raises :class:`LogRecoveryError`."""
+def read_run(segment: SegmentReader, run: Run, lo: int, hi: int) -> Iterator[tuple[list[Any], int]]:
+    """The records of ``run`` with LSNs ``lo`` to ``hi`` (within it), read one at a time,
+    with their framed sizes (blocking). Each is checked again against its checksum and its
+    place: the scan verified them, and a segment changed since (it is locked meanwhile)
+    raises :class:`LogRecoveryError`."""
     if lo > hi:
         return
-    data = segment.data
     lsn = run.first
-    for pos, length in _frames(segment, run.start):
+    for pos, length, crc in _frames(segment, run.start):
         if lsn >= lo:
-            start, end = pos + FRAME.size, pos + FRAME.size + length
-            payload = data[start:end]  # one record's bytes copied out of the mapping
-            if (
-                len(payload) != length
-                or xxh3_64_intdigest(payload) != FRAME.unpack_from(data, pos)[1]
-            ):
+            payload = segment.read(pos + FRAME.size, length)
+            if len(payload) != length or xxh3_64_intdigest(payload) != crc:
                 raise LogRecoveryError(
                     f"log {segment.path.name}: the record at byte {pos} changed after "
                     "replay checked it"
@@ -314,7 +305,7 @@ def read_run(segment: MappedSegment, run: Run, lo: int, hi: int) -> Iterator[tup
     raise LogRecoveryError(f"log {segment.path.name}: records {lsn} to {hi} are no longer in it")
 
 
-def _decoded(payload: bytes, path: Path, pos: int, lsn: int) -> list[Any]:
+def _decoded(payload: memoryview, path: Path, pos: int, lsn: int) -> list[Any]:
     """The record ``payload`` holds (it passed its checksum), which must be ``lsn``."""
     try:
         record = msgpack.unpackb(payload, raw=False, strict_map_key=False)

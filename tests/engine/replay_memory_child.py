@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import resource
 import sys
 import threading
 import time
@@ -86,17 +85,27 @@ class PeakSampler:
         self._thread.join()
 
 
+def _high_water_mark() -> int:
+    """This process's peak resident memory so far, in bytes (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 async def recover(data_dir: str) -> None:
     tune_allocator()  # as `rlreplay serve` does
     gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts from here
     baseline = psutil.Process().memory_info().rss
     eng = Engine(settings(data_dir))
     began = time.monotonic()
     with PeakSampler() as sampler:
         await eng.start()
     seconds = time.monotonic() - began
-    # ru_maxrss (KiB) catches a peak between samples; before the start it was below baseline
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # the high-water mark catches a peak between samples (VmHWM: ru_maxrss would count the
+    # parent's memory, forked before the exec)
+    maxrss = _high_water_mark()
     stats = eng.describe("t")["stats"]
     intact = True
     for i in range(0, stats["size"], max(1, stats["size"] // 50)):

@@ -3,12 +3,16 @@ is read back, then the records a bounded batch at a time."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rlreplay.app.log.mapped import WINDOW
+from rlreplay.app.log import segment_reader
+from rlreplay.app.log.segment_reader import WINDOW
 from rlreplay.app.log.wal import SEGMENT_SUFFIX, LogRecoveryError, WriteAheadLog
 from rlreplay.workers.blocking import BlockingIO
 
@@ -21,7 +25,7 @@ def io() -> Iterator[BlockingIO]:
 
 
 async def _three_segments(folder: Path, io: BlockingIO) -> list[list[object]]:
-    """A log of three segments, one record in the second longer than a mapped window;
+    """A log of three segments, one record in the second longer than a read window;
     returns the record bodies, LSN i + 1 at index i."""
     wal = WriteAheadLog(folder, io=io, writer="thread")
     assert list(wal.replay(0)) == []
@@ -76,3 +80,28 @@ async def test_a_damaged_log_is_refused_before_any_record_is_read_back(
             wal.replay_plan(0)
     finally:
         wal.close()
+
+
+async def test_a_read_error_names_the_segment(
+    tmp_path: Path, io: BlockingIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _three_segments(tmp_path, io)
+    real_pread = os.pread
+    second = sorted(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))[1]
+    failing = os.open(second, os.O_RDONLY)  # its inode: the one whose reads fail
+    inode = os.fstat(failing).st_ino
+    os.close(failing)
+
+    def pread(fd: int, n: int, pos: int) -> Any:
+        if os.fstat(fd).st_ino == inode and pos > 4096:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_pread(fd, n, pos)
+
+    monkeypatch.setattr(segment_reader.os, "pread", pread)
+    wal = WriteAheadLog(tmp_path, io=io)
+    try:
+        with pytest.raises(OSError, match="Input/output error") as failure:
+            wal.replay_plan(0)
+    finally:
+        wal.close()
+    assert failure.value.errno == errno.EIO and second.name in str(failure.value)
