@@ -1,6 +1,11 @@
 """Replay of the write-ahead log's segments: every whole record after a checkpoint, in order,
 and a check that the log on disk holds every record from the checkpoint's position on.
 
+It goes in two passes, so a replay never holds the log in memory: :func:`plan_replay` goes
+through every segment checking each record's checksum and reading only its LSN (what is
+missing or damaged is all found then, before any record is applied), and the
+:class:`ReplayPlan` it returns reads the records back a batch at a time.
+
 A segment's name is the first LSN it may hold: records that a failed flush left in the
 segment before it, at or past that name, were refused and are skipped (a gap after a
 segment's name is those refused records). A torn tail ends a segment: a crash interrupted
