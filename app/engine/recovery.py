@@ -10,7 +10,10 @@ next start does not meet the same damage.
 
 The blocking parts (reading RocksDB, the checkpoint file, the log) run in I/O threads, and
 the replay yields to the event loop between records, so a server answers ``/healthz`` while
-it recovers.
+it recovers. The log is not read into memory: a first pass over its segments checks
+every record and counts them (:meth:`~rlreplay.app.log.wal.WriteAheadLog.replay_plan`), then
+the records are read back a batch at a time and applied, so a replay holds about one batch
+however long the log is.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from rlreplay.app.episodes.step_arrays import steps_from_msgpack
 from rlreplay.app.log import records
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.in_use import IN_USE
+from rlreplay.app.log.replay import ReplayPlan
 from rlreplay.app.log.wal import WriteAheadLog
-from rlreplay.app.progress import RecoveryProgress
+from rlreplay.app.progress import Progress, RecoveryProgress
 from rlreplay.app.settings import Settings
 from rlreplay.app.tables.config import TableConfig
 from rlreplay.app.tables.items import NewItem, PatchedItem, push_body_items
@@ -93,22 +97,11 @@ async def recover(
     )
     try:
         replay_began = time.monotonic()
-        records = await io.run(lambda: list(wal.replay(covered, loss=loss)))
+        plan = await io.run(lambda: wal.replay_plan(covered, loss=loss))
         shown = (progress or RecoveryProgress()).start(
-            "replay", len(records), log=log, unit="records"
+            "replay", plan.count, log=log, unit="records"
         )
-        for i, record in enumerate(records):
-            try:
-                op = op_from_record(state, record)
-                if op is not None:
-                    await processor.apply(op, replay=True)
-                    remember_request(state, record)
-            except (ValueError, TypeError, KeyError, IndexError) as exc:
-                loss.found("log_record", f"log record {record[0]} cannot be applied: {exc!r}")
-            if i % _REPLAY_YIELD_EVERY == _REPLAY_YIELD_EVERY - 1:
-                shown.advance_to(i + 1)
-                await asyncio.sleep(0)  # let the loop answer probes
-        shown.advance_to(len(records))
+        await _apply_all(state, processor, plan, loss, shown)
         shown.close()
         replay_s = time.monotonic() - replay_began
         replayed_bytes = await io.run(wal.disk_bytes)  # before the new segment
@@ -120,7 +113,7 @@ async def recover(
     state.wal = wal
     state.seq = wal.next_lsn - 1
     await processor.trim_all()
-    if records or loss.lost:
+    if plan.count or loss.lost:
         # It may take a while (every replayed value is written): say so, or the start looks
         # stuck between "replay: done" and "engine ready".
         log.info("checkpoint after replay: writing what the log held; ready once it is done")
@@ -128,7 +121,36 @@ async def recover(
         await processor.checkpoint(full=True)
         log.info("checkpoint after replay: done in %.1f s", time.monotonic() - started)
     processor.note_recovery(time.monotonic() - began, replayed_bytes, replay_s)
-    return len(records)
+    return plan.count
+
+
+async def _apply_all(
+    state: EngineState, processor: TaskProcessor, plan: ReplayPlan, loss: DataLoss, shown: Progress
+) -> None:
+    """Apply the plan's records in order: a batch read in an I/O thread, applied, then the
+    next, so the replay holds one batch of records at a time, and the loop gets a turn
+    every few records."""
+    batches = plan.batches()
+    done = 0
+    try:
+        while (batch := await state.io.run(next, batches, None)) is not None:
+            for record in batch:
+                try:
+                    op = op_from_record(state, record)
+                    if op is not None:
+                        await processor.apply(op, replay=True)
+                        remember_request(state, record)
+                except (ValueError, TypeError, KeyError, IndexError) as exc:
+                    loss.found("log_record", f"log record {record[0]} cannot be applied: {exc!r}")
+                done += 1
+                if done % _REPLAY_YIELD_EVERY == 0:
+                    shown.advance_to(done)
+                    await asyncio.sleep(0)  # let the loop answer probes
+            del batch
+    finally:
+        with contextlib.suppress(ValueError):  # still being read in a cancelled I/O call
+            batches.close()
+    shown.advance_to(done)
 
 
 def _checkpoint_of(st: Settings) -> str:

@@ -1,6 +1,11 @@
 """Replay of the write-ahead log's segments: every whole record after a checkpoint, in order,
 and a check that the log on disk holds every record from the checkpoint's position on.
 
+It goes in two passes, so a replay never holds the log in memory: :func:`plan_replay` goes
+through every segment checking each record's checksum and reading only its LSN (what is
+missing or damaged is all found then, before any record is applied), and the
+:class:`ReplayPlan` it returns reads the records back a batch at a time.
+
 A segment's name is the first LSN it may hold: records that a failed flush left in the
 segment before it, at or past that name, were refused and are skipped (a gap after a
 segment's name is those refused records). A torn tail ends a segment: a crash interrupted
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,9 +51,14 @@ from rlreplay.app.log.framing import (
 )
 from rlreplay.app.log.manifest import MANIFEST as MANIFEST_NAME
 from rlreplay.app.log.manifest import LogManifest, read_manifest
-from rlreplay.app.log.segment_scan import SegmentScan, scan_segment
+from rlreplay.app.log.segment_reader import SegmentReader
+from rlreplay.app.log.segment_scan import Run, SegmentScan, position_of, read_run, scan_segment
 
 log = logging.getLogger("rlreplay.app.log.wal")
+
+#: A batch of records read back: up to this many bytes of log, or this many records.
+BATCH_BYTES = 8 << 20
+BATCH_RECORDS = 1024
 
 
 @dataclass(slots=True)
@@ -65,18 +75,20 @@ class ReplayResult:
     highest: int = 0
 
 
-def replay_segments(
+def plan_replay(
     folder: Path,
     after_lsn: int,
     *,
     loss: DataLoss,
     result: ReplayResult,
     mark: Path | None = None,
-) -> Iterator[list[Any]]:
-    """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking), and fill
-    ``result`` (``mark``: the log's in-use mark, :mod:`rlreplay.app.log.in_use`, if it
-    has one). Whatever is missing or damaged goes to ``loss``, which raises
-    :class:`LogRecoveryError` unless the start may go on (see its policies)."""
+) -> ReplayPlan:
+    """Find every whole record with LSN > ``after_lsn`` (blocking): the plan that reads them
+    back, oldest first. Fills ``result`` (``mark``: the log's in-use mark,
+    :mod:`rlreplay.app.log.in_use`, if it has one). Whatever is missing or damaged goes to
+    ``loss``, which raises :class:`LogRecoveryError` unless the start may go on (see its
+    policies): all of it is found before a record is read back."""
+    plan = ReplayPlan()
     paths = sorted(folder.glob(f"*{SEGMENT_SUFFIX}"), key=lambda p: int(p.stem))
     names = [int(p.stem) for p in paths]
     result.highest = max([after_lsn, *(n - 1 for n in names)])
@@ -96,7 +108,7 @@ def replay_segments(
         _hole_before(paths[0], after_lsn, manifest, gone, loss)
         if loss.log_policy == "prefix":
             _set_aside(paths)
-            return
+            return plan
     previous: tuple[Path, int] | None = None  # the segment before: path, last LSN
     for i, path in enumerate(paths):
         name = names[i]
@@ -112,27 +124,101 @@ def replay_segments(
                 _set_aside(paths[i:])
                 break
         scan = scan_segment(path)
-        records, stop = _records_of(scan, name, limit, after_lsn, manifest, loss)
-        for record, _ in scan.records + scan.resumed:
-            result.highest = max(result.highest, record[0])
+        runs, stop = _records_of(scan, name, limit, after_lsn, manifest, loss)
+        for run in scan.records + scan.resumed:
+            result.highest = max(result.highest, run.last)
         seg_last = name - 1
-        for record, pos in records:
-            if limit is not None and record[0] >= limit:
+        for run in runs:
+            last = run.last
+            if limit is not None and last >= limit:
+                refused = max(run.first, limit)
+                with SegmentReader(path) as segment:
+                    pos = position_of(segment, run, refused)
                 log.warning(
                     "log %s: records from %d (byte %d) were refused by a failed flush: skipped",
                     path.name,
-                    record[0],
+                    refused,
                     pos,
                 )
+                last = refused - 1
+            if last >= run.first:
+                seg_last = last
+                plan.add(path, run, max(run.first, after_lsn + 1), last)
+            if last < run.last:
                 break
-            seg_last = record[0]
-            if record[0] > after_lsn:
-                yield record
         result.found.append((name, path, seg_last))
         previous = (path, seg_last)
         if stop or (name in cut and loss.log_policy == "prefix"):
             _set_aside(paths[i + 1 :])
             break
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """Records of one run of a segment to read back: LSNs ``lo`` to ``hi``."""
+
+    path: Path
+    run: Run
+    lo: int
+    hi: int
+
+
+@dataclass(slots=True)
+class ReplayPlan:
+    """The records a replay gives back, found by :func:`plan_replay` (which checked their
+    checksums and reported what is missing or damaged) and read back from the segments a
+    batch at a time, so a replay holds about a batch of records however long
+    the log is.
+
+    Attributes:
+        count: How many records it gives back.
+        last: The highest LSN among them (None: none).
+    """
+
+    _parts: list[_Part] = field(default_factory=list)
+    count: int = 0
+    last: int | None = None
+
+    def add(self, path: Path, run: Run, lo: int, hi: int) -> None:
+        """Give back the records ``lo`` to ``hi`` of ``run`` in ``path`` (none if lo > hi)."""
+        if lo > hi:
+            return
+        self._parts.append(_Part(path, run, lo, hi))
+        self.count += hi - lo + 1
+        self.last = hi
+
+    def batches(
+        self, *, max_bytes: int = BATCH_BYTES, max_records: int = BATCH_RECORDS
+    ) -> Generator[list[list[Any]], None, None]:
+        """The records, oldest first, in batches of up to ``max_bytes`` of log (framed) or
+        ``max_records`` records (blocking: read each in an I/O thread). A segment stays
+        open until its last record is read, or the iterator is closed."""
+        segment: SegmentReader | None = None
+        batch: list[list[Any]] = []
+        size = 0
+        try:
+            for part in self._parts:
+                if segment is None or segment.path != part.path:
+                    if segment is not None:
+                        segment.close()
+                    segment = SegmentReader(part.path)
+                for record, framed in read_run(segment, part.run, part.lo, part.hi):
+                    batch.append(record)
+                    size += framed
+                    if size >= max_bytes or len(batch) >= max_records:
+                        yield batch
+                        batch, size = [], 0
+            if batch:
+                yield batch
+        finally:
+            if segment is not None:
+                segment.close()
+
+    def records(self) -> Iterator[list[Any]]:
+        """The records one at a time, oldest first (blocking)."""
+        for batch in self.batches():
+            yield from batch
 
 
 def _records_of(
@@ -142,9 +228,9 @@ def _records_of(
     after_lsn: int,
     manifest: LogManifest | None,
     loss: DataLoss,
-) -> tuple[list[tuple[list[Any], int]], bool]:
-    """The records of a scanned segment to replay, and whether replay ends with them (the
-    segment was damaged, and the policy replays up to the damage)."""
+) -> tuple[list[Run], bool]:
+    """The runs of records of a scanned segment to replay, and whether replay ends with
+    them (the segment was damaged, and the policy replays up to the damage)."""
     path = scan.path
     newest = limit is None
     holds_more = newest or (limit is not None and limit - 1 > max(after_lsn, name - 1))
@@ -158,7 +244,12 @@ def _records_of(
             )
             return [], loss.log_policy == "prefix"
         return [], False
-    lost = [r for r in scan.resumed if r[0][0] > after_lsn and (limit is None or r[0][0] < limit)]
+    top = None if limit is None else limit - 1
+    lost = [
+        (max(r.first, after_lsn + 1), r.last if top is None else min(r.last, top))
+        for r in scan.resumed
+    ]
+    lost = [(lo, hi) for lo, hi in lost if lo <= hi]
     if scan.header is not None or (lost and scan.damaged(newest=newest)):
         loss.found("log_damaged", _damage(scan, name, lost))
         if loss.log_policy == "prefix":
@@ -176,13 +267,14 @@ def _records_of(
     return scan.records, False
 
 
-def _damage(scan: SegmentScan, name: int, lost: list[tuple[list[Any], int]]) -> str:
-    """One sentence naming the damage in ``scan``'s segment."""
+def _damage(scan: SegmentScan, name: int, lost: list[tuple[int, int]]) -> str:
+    """One sentence naming the damage in ``scan``'s segment (``lost``: the LSN ranges of
+    the whole records past it)."""
     path = scan.path
     if scan.header is not None and not lost:
         return f"log {path.name} is damaged: {scan.header}"
     first_lost = (scan.last_lsn if scan.last_lsn is not None else name - 1) + 1
-    first, last = lost[0][0][0], lost[-1][0][0]
+    first, last = lost[0][0], lost[-1][1]
     missing = (
         ""
         if first <= first_lost

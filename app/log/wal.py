@@ -38,7 +38,7 @@ from rlreplay.app.log.framing import (
 )
 from rlreplay.app.log.in_use import mark_in_use, mark_not_needed
 from rlreplay.app.log.refusals import Refusal, Refusals
-from rlreplay.app.log.replay import ReplayResult, drop_spares, replay_segments
+from rlreplay.app.log.replay import ReplayPlan, ReplayResult, drop_spares, plan_replay
 from rlreplay.app.log.segments import SegmentFiles
 from rlreplay.workers.blocking import BlockingIO
 from rlreplay.workers.log_writer_process import SUPPORTED, SharedBuffer
@@ -132,23 +132,29 @@ class WriteAheadLog:
     def replay(
         self, after_lsn: int, *, strict: bool = True, loss: DataLoss | None = None
     ) -> Iterator[list[Any]]:
-        """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking); see
-        :func:`~rlreplay.app.log.replay.replay_segments`. What is missing or damaged goes
-        to ``loss`` (by default: raised, or with ``strict`` False replayed up to it).
+        """Yield every whole record with LSN > ``after_lsn``, oldest first (blocking): the
+        records of :meth:`replay_plan`, which it makes once iterated."""
+        yield from self.replay_plan(after_lsn, strict=strict, loss=loss).records()
 
-        Once anything was dropped, new LSNs go past every LSN on disk and the spare
-        segments are deleted, so no record left behind is ever read as a new one."""
+    def replay_plan(
+        self, after_lsn: int, *, strict: bool = True, loss: DataLoss | None = None
+    ) -> ReplayPlan:
+        """Find every whole record with LSN > ``after_lsn`` (blocking), and return the plan
+        that reads them back, a batch at a time; see
+        :func:`~rlreplay.app.log.replay.plan_replay`. What is missing or damaged goes to
+        ``loss`` (by default: raised, or with ``strict`` False replayed up to it), before
+        any record is read back.
+
+        The log then goes on after the plan's last record. Once anything was dropped, new
+        LSNs go past every LSN on disk and the spare segments are deleted, so no record
+        left behind is ever read as a new one."""
         self._files.lock()
         if loss is None:
             loss = DataLoss(wal_recovery="strict" if strict else "point-in-time")
         result = ReplayResult()
-        last = after_lsn
         folder = self._files.folder
-        for record in replay_segments(
-            folder, after_lsn, loss=loss, result=result, mark=self._in_use_mark
-        ):
-            last = max(last, record[0])
-            yield record
+        plan = plan_replay(folder, after_lsn, loss=loss, result=result, mark=self._in_use_mark)
+        last = max(after_lsn, plan.last or 0)
         for name, path, seg_last in result.found:
             self._files.found(name, path, seg_last)
         if loss.lost:
@@ -157,6 +163,7 @@ class WriteAheadLog:
         self._files.checkpoint_lsn = after_lsn
         self._next_lsn = last + 1
         self._durable_lsn = last
+        return plan
 
     def open(self, min_lsn: int) -> None:
         """Start a fresh segment for new records; LSNs continue above ``min_lsn`` (blocking).
