@@ -180,17 +180,16 @@ def column_tensor(
     return tensor if device is None else tensor.to(device, non_blocking=non_blocking)
 
 
-#: What payloads seen before hold, by their length: the bytes before the data, the dtype
-#: string, the NumPy dtype and the shape. A payload of the same length that starts with the
-#: same bytes holds an array of the same dtype and shape (items of one shape: one parse).
-_SEEN: dict[int, tuple[bytes, str, np.dtype[Any], tuple[int, ...]]] = {}
-_SEEN_LIMIT: Final = 1024
-
 #: What an array view needs of a payload's layout: the payload's length, the bytes before
 #: the data and their count, the NumPy dtype, the shape, and what to do after the view is
 #: made (:data:`_PLAIN`, :data:`_CHECK_ALIGNED`, :data:`_BFLOAT16`).
 _Layout = tuple[int, bytes, int, np.dtype[Any], tuple[int, ...], int]
 _PLAIN, _CHECK_ALIGNED, _BFLOAT16 = range(3)
+#: The layouts of payloads seen before, by their length. A payload of the same length that
+#: starts with the same bytes holds an array of the same dtype and shape (items of one
+#: shape: one parse).
+_SEEN: dict[int, _Layout] = {}
+_SEEN_LIMIT: Final = 1024
 #: The layout of the last payload viewed, one tuple so that threads decoding at once never
 #: see half of one layout and half of another. A batch of items of one shape meets the same
 #: layout again and again: one comparison of its head, no dict lookup (see
@@ -209,18 +208,18 @@ def _payload_layout(code: int, payload: memoryview) -> _Layout:
     if code != EXT_NDARRAY:
         raise ValueError(f"unknown msgpack extension type {code}")
     seen = _SEEN.get(len(payload))
-    if seen is None or payload[: len(seen[0])] != seen[0]:
+    if seen is None or payload[: seen[2]] != seen[1]:
         dtype_str, shape, data = split_payload(payload)
         head = bytes(payload[: len(payload) - len(data)])
+        dtype = dtype_info(dtype_str)[2]
+        kind = _CHECK_ALIGNED if dtype.alignment > 1 else _PLAIN
+        if dtype_str == BFLOAT16:
+            kind = _BFLOAT16
         if len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.clear()
-        seen = _SEEN[len(payload)] = (head, dtype_str, dtype_info(dtype_str)[2], shape)
-    head, dtype_str, dtype, shape = seen
-    kind = _CHECK_ALIGNED if dtype.alignment > 1 else _PLAIN
-    if dtype_str == BFLOAT16:
-        kind = _BFLOAT16
-    _last = (len(payload), head, len(head), dtype, shape, kind)
-    return _last
+        seen = _SEEN[len(payload)] = (len(payload), head, len(head), dtype, shape, kind)
+    _last = seen
+    return seen
 
 
 def _array_view(
