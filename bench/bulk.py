@@ -353,6 +353,8 @@ _NO_WRITEV = "answers.SEND_AS_THEY_LIE = False"
 #: Values under 64 KiB (the 4 KiB rows) joined, then gathered into a reused buffer, rather
 #: than sent as slices of each.
 _NO_SMALL_SLICES = "stacking.ROW_SLICES_BYTES = 64 << 10"
+#: Values from 4 KiB (the 4 KiB rows) sent as slices of each, not joined then gathered.
+_SLICES_FROM_4K = "stacking.ROW_SLICES_BYTES = 4 << 10"
 #: Every server fast path off: values joined, then copied into a fresh buffer.
 _SERVER_OFF = (
     "answers.SEND_AS_THEY_LIE = False\n"
@@ -404,6 +406,7 @@ ARMS: dict[str, tuple[str | None, Any]] = {
     "client buffers off": (None, _ClientOff),
     "one wake off": (None, _WakeOnEveryRead),
     "small slices off": (_NO_SMALL_SLICES, None),
+    "4 KiB slices": (_SLICES_FROM_4K, None),
     "writev off": (_NO_WRITEV, None),
     "server off": (_SERVER_OFF, None),
 }
@@ -429,9 +432,28 @@ class _ItemViewsOff:
         requester.decode_views = self._saved  # type: ignore[assignment]
 
 
+class _LastLayoutOff:
+    """The client's array views without the last payload layout's shortcut: a dict lookup
+    and a tuple built per array (``clients/columns.py``)."""
+
+    def __enter__(self) -> None:
+        import msgspec
+
+        import rlreplay.clients.columns as columns
+
+        self._saved = columns._VIEWS
+        columns._VIEWS = msgspec.msgpack.Decoder(ext_hook=columns._array_view_seen)  # type: ignore[misc]
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.columns as columns
+
+        columns._VIEWS = self._saved  # type: ignore[misc]
+
+
 #: The arms of ``--arms`` for reads in the items layout, as :data:`ARMS`.
 ITEM_ARMS: dict[str, tuple[str | None, Any]] = {
     "on": (None, None),
+    "last layout off": (None, _LastLayoutOff),
     "client views off": (None, _ItemViewsOff),
     "server pieces off": (_NO_ITEM_PIECES, None),
     "both off": (_NO_ITEM_PIECES, _ItemViewsOff),

@@ -180,35 +180,79 @@ def column_tensor(
     return tensor if device is None else tensor.to(device, non_blocking=non_blocking)
 
 
-#: What payloads seen before hold, by their length: the bytes before the data, the dtype
-#: string, the NumPy dtype and the shape. A payload of the same length that starts with the
-#: same bytes holds an array of the same dtype and shape (items of one shape: one parse).
-_SEEN: dict[int, tuple[bytes, str, np.dtype[Any], tuple[int, ...]]] = {}
+#: What an array view needs of a payload's layout: the payload's length, the bytes before
+#: the data and their count, the NumPy dtype, the shape, and what to do after the view is
+#: made (:data:`_PLAIN`, :data:`_CHECK_ALIGNED`, :data:`_BFLOAT16`).
+_Layout = tuple[int, bytes, int, np.dtype[Any], tuple[int, ...], int]
+_PLAIN, _CHECK_ALIGNED, _BFLOAT16 = range(3)
+#: The layouts of payloads seen before, by their length. A payload of the same length that
+#: starts with the same bytes holds an array of the same dtype and shape (items of one
+#: shape: one parse).
+_SEEN: dict[int, _Layout] = {}
 _SEEN_LIMIT: Final = 1024
+#: The layout of the last payload viewed, one tuple so that threads decoding at once never
+#: see half of one layout and half of another. A batch of items of one shape meets the same
+#: layout again and again: one comparison of its head, no dict lookup (see
+#: :func:`_array_view`).
+_last: _Layout = (-1, b"", 0, np.dtype(np.uint8), (), _PLAIN)
 
 
-def _array_view(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Array:
-    """An ext-1 array as a view of ``payload`` (a copy when its data is misaligned).
+def _payload_layout(code: int, payload: memoryview) -> _Layout:
+    """The layout of an ext-1 payload (from :data:`_SEEN` when met before), remembered as
+    the last one.
 
     Raises:
         ValueError: Another extension type, or a malformed payload.
     """
+    global _last
     if code != EXT_NDARRAY:
         raise ValueError(f"unknown msgpack extension type {code}")
     seen = _SEEN.get(len(payload))
-    if seen is None or payload[: len(seen[0])] != seen[0]:
+    if seen is None or payload[: seen[2]] != seen[1]:
         dtype_str, shape, data = split_payload(payload)
         head = bytes(payload[: len(payload) - len(data)])
+        dtype = dtype_info(dtype_str)[2]
+        kind = _CHECK_ALIGNED if dtype.alignment > 1 else _PLAIN
+        if dtype_str == BFLOAT16:
+            kind = _BFLOAT16
         if len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.clear()
-        seen = _SEEN[len(payload)] = (head, dtype_str, dtype_info(dtype_str)[2], shape)
-    head, dtype_str, dtype, shape = seen
-    array: npt.NDArray[Any] = np.ndarray(shape, dtype, payload, len(head))
-    if dtype.alignment > 1 and not array.flags.aligned:
+        seen = _SEEN[len(payload)] = (len(payload), head, len(head), dtype, shape, kind)
+    _last = seen
+    return seen
+
+
+def _array_view(
+    code: int, payload: memoryview, ndarray: type[npt.NDArray[Any]] = np.ndarray
+) -> npt.NDArray[Any] | BFloat16Array:
+    """An ext-1 array as a view of ``payload`` (a copy when its data is misaligned).
+
+    The msgspec ``ext_hook`` of :func:`decode_views`, called once per array of an answer:
+    a payload laid out as the last one (same length, same bytes before the data) takes a
+    length check, one comparison and the view.
+
+    Raises:
+        ValueError: Another extension type, or a malformed payload.
+    """
+    size, head, skip, dtype, shape, kind = _last
+    if len(payload) != size or payload[:skip] != head or code != EXT_NDARRAY:
+        size, head, skip, dtype, shape, kind = _payload_layout(code, payload)
+    array = ndarray(shape, dtype, payload, skip)
+    if kind == _PLAIN:
+        return array
+    if not array.flags.aligned:
         array = array.copy()
-    if dtype_str == BFLOAT16:
-        return BFloat16Array(array)
-    return array
+    return BFloat16Array(array) if kind == _BFLOAT16 else array
+
+
+def _array_view_seen(code: int, payload: memoryview) -> npt.NDArray[Any] | BFloat16Array:
+    """:func:`_array_view` without the last layout's shortcut: a dict lookup per array (the
+    off arm of ``python -m bench bulk --arms``)."""
+    _, _, skip, dtype, shape, kind = _payload_layout(code, payload)
+    array: npt.NDArray[Any] = np.ndarray(shape, dtype, payload, skip)
+    if kind != _PLAIN and not array.flags.aligned:
+        array = array.copy()
+    return BFloat16Array(array) if kind == _BFLOAT16 else array
 
 
 _VIEWS: Final = msgspec.msgpack.Decoder(ext_hook=_array_view)
