@@ -353,8 +353,6 @@ _NO_WRITEV = "answers.SEND_AS_THEY_LIE = False"
 #: Values under 64 KiB (the 4 KiB rows) joined, then gathered into a reused buffer, rather
 #: than sent as slices of each.
 _NO_SMALL_SLICES = "stacking.ROW_SLICES_BYTES = 64 << 10"
-#: Values from 4 KiB (the 4 KiB rows) sent as slices of each, not joined then gathered.
-_SLICES_FROM_4K = "stacking.ROW_SLICES_BYTES = 4 << 10"
 #: Every server fast path off: values joined, then copied into a fresh buffer.
 _SERVER_OFF = (
     "answers.SEND_AS_THEY_LIE = False\n"
@@ -406,7 +404,6 @@ ARMS: dict[str, tuple[str | None, Any]] = {
     "client buffers off": (None, _ClientOff),
     "one wake off": (None, _WakeOnEveryRead),
     "small slices off": (_NO_SMALL_SLICES, None),
-    "4 KiB slices": (_SLICES_FROM_4K, None),
     "writev off": (_NO_WRITEV, None),
     "server off": (_SERVER_OFF, None),
 }

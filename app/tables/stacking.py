@@ -39,10 +39,8 @@ CU_SEQLENS: Final = ".cu_seqlens"
 
 #: Values this long or longer are stacked from slices of each value, never joined: the answer
 #: sends each slice where it lies (one ``writev``), where a joined copy would be copied again
-#: into the answer. Shorter values are joined once: a slice per value (a memoryview, an
-#: iovec) costs more than copying them twice (CPU per answer of 512 values of 4 KiB, encoded
-#: and sent: the slices cost more; of 8 KiB, less).
-ROW_SLICES_BYTES: Final = 8 << 10
+#: into the answer. Shorter values are joined once: a slice per value costs more than them.
+ROW_SLICES_BYTES: Final = 4 << 10
 
 
 class RowSlices:
