@@ -771,6 +771,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", action="store_true", help="fast paths on and off")
     parser.add_argument("--zstd", action="store_true", help="zstd on and off (with --arms too)")
     parser.add_argument(
+        "--durability",
+        choices=("wal", "none"),
+        default="wal",
+        help="the server's durability (wal: a push answered once its body is on disk)",
+    )
+    parser.add_argument(
         "--shapes",
         default=",".join(SHAPE_NAMES),
         help=f"the shapes to run, comma-separated, of {','.join(SHAPE_NAMES)} (all by default)",
@@ -787,7 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(folder)
         copy = statistics.median(numpy_copy_gbps(seconds) for _ in range(args.rounds))
         sock = root / "replay.sock"
-        proc, url = _server(root / "server", sock)
+        proc, url = _server(root / "server", sock, flags=("--durability", args.durability))
         urls = {"tcp": url, "unix": f"unix://{sock}"}
         # the sockets' baselines in the same rounds as rlreplay's figures, one just before and
         # one just after each family's, so that a noisy minute weighs on both sides alike
