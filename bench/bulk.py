@@ -568,6 +568,22 @@ class _JoinedBodies:
         bodies.SEND_IN_PIECES = True
 
 
+class _QuarterMibSteps:
+    """The client's long pieces written to the transport 256 KiB at a time (as until
+    2026-11-28), not 1 MiB."""
+
+    def __enter__(self) -> None:
+        import rlreplay.clients.exchange as exchange
+
+        self._saved = exchange.WRITE_PIECE
+        exchange.WRITE_PIECE = 256 << 10
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.exchange as exchange
+
+        exchange.WRITE_PIECE = self._saved
+
+
 #: The arms of ``--arms`` for pushes, as :data:`ARMS`.
 #: The server's pool of body buffers keeping two (as until 2026-11-28), not one for each of
 #: four pushes in flight: the third and fourth bodies read into fresh, zeroed buffers.
@@ -575,6 +591,7 @@ _TWO_BODY_BUFFERS = "direct._BUFFERS.pool = BufferPool(max_buffers=2)"
 PUSH_ARMS: dict[str, tuple[str | None, Any]] = {
     "on": (None, None),
     "client pieces off": (None, _JoinedBodies),
+    "256 KiB steps": (None, _QuarterMibSteps),
     "direct bodies off": (_NO_DIRECT_BODIES, None),
     "mmap 4 MiB": (_MMAP_4_MIB, None),
     "2 body buffers": (_TWO_BODY_BUFFERS, None),
