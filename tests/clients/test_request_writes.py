@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from rlreplay.clients.connection import Connection
 from rlreplay.clients.exchange import write_request
+from rlreplay.wire.pieces import Pieces
 
 
 class _Recorder:
@@ -33,3 +34,14 @@ async def test_a_short_body_goes_in_one_write_with_its_head() -> None:
     recorder = _Recorder()
     await write_request(cast(Connection, recorder), b"HEAD\r\n\r\n", b"tiny", None)
     assert recorder.writes == [b"HEAD\r\n\r\ntiny"]
+
+
+async def test_a_long_piece_goes_in_steps_of_a_mib_each_a_view_of_it() -> None:
+    recorder = _Recorder()
+    keys, data = b"\x82\xa4keys\x90\xa7columns", bytes(range(256)) * (5 * 4096 + 3)
+    await write_request(cast(Connection, recorder), b"POST\r\n\r\n", Pieces([keys, data]), None)
+    head, *steps = recorder.writes
+    assert head == b"POST\r\n\r\n" + keys  # the short first part goes with the head
+    assert [len(step) for step in steps] == [1 << 20] * 5 + [768]
+    assert all(isinstance(step, memoryview) and step.obj is data for step in steps)
+    assert b"".join(steps) == data
