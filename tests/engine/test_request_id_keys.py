@@ -6,6 +6,12 @@ and its next checkpoint writes the keys instead."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,7 @@ from rlreplay.app.writer import request_ids as request_ids_module
 from rlreplay.app.writer.request_ids import RequestIds
 from tests.engine.conftest import crash, item, make_settings
 
+ROOT = Path(__file__).resolve().parents[2]
 MODES = ["hybrid", "disk"]
 #: What RocksDB holds of the window: a key per id, or (earlier versions) one value.
 WINDOW_KEYS = (b"\x00id:", b"\x00request_ids")
@@ -222,3 +229,74 @@ def test_a_failed_save_gives_its_changes_back() -> None:
     assert again.gained == ["push:a", "push:b", "push:c"] and again.lost == []
     rows: list[Any] = ids.rows(again.gained)
     assert [row[0] for row in rows] == ["push:a", "push:b", "push:c"]
+
+
+# The child pushes under request ids forever, printing each id answered, with the log
+# checkpointed every 0.3 MB (every ~150 pushes): a kill -9 lands in a checkpoint or between.
+CHILD = """
+import asyncio, sys
+from pathlib import Path
+import msgpack
+from rlreplay.app.engine.engine import Engine
+from rlreplay.app.settings import Settings
+from rlreplay.app.tables.config import TableConfig
+from rlreplay.app.tables.items import NewItem
+
+async def worker(eng, wid):
+    i = 0
+    while True:
+        i += 1
+        rid = f"w{wid}-{i}"
+        await eng.push("t", [NewItem(rid, msgpack.packb(rid * 200), 1.0)], request_id=rid)
+        print("ack", rid, flush=True)
+
+async def main(data_dir, mode):
+    eng = Engine(Settings(data_dir=Path(data_dir), storage_mode=mode, wal_checkpoint_mb=0.3,
+                          io_threads=2))
+    await eng.start()
+    await eng.create_table("t", TableConfig())
+    print("ready", flush=True)
+    await asyncio.gather(*(worker(eng, w) for w in range(4)))
+
+asyncio.run(main(*sys.argv[1:3]))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_repeats_after_a_sigkill_in_checkpoints_are_answered_as_repeats(
+    tmp_path: Path, mode: str
+) -> None:
+    data = tmp_path / "data"
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(data), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        acked: list[str] = []
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + 120  # generous: a loaded machine is slow
+            while len(acked) < 3000 and time.monotonic() < deadline:
+                line = child.stdout.readline()
+                if not line:
+                    break
+                acked.append(line.split()[1])
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.stdout.read()
+            child.wait(timeout=30)
+    assert len(acked) > 500, "the child answered too few pushes to test anything"
+
+    async def check() -> None:
+        eng = Engine(make_settings(data, storage_mode=mode))
+        await eng.start()
+        try:
+            again = [await push_once(eng, rid, 2) for rid in acked]
+            assert [rid for rid, n in zip(acked, again, strict=True) if n != 1] == []
+        finally:
+            await eng.stop()
+
+    asyncio.run(check())
