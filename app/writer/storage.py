@@ -379,9 +379,10 @@ class RocksStorage(Storage):
         ``between`` runs (the writer applies the pushes that came in meanwhile): a slot
         is looked at again when its step comes. A value logged after ``upto`` stays
         dirty, and so does its metadata (its record would not match the value RocksDB
-        holds). The table records, request ids and the log position go last: RocksDB,
-        which keeps no WAL of its own here, persists its writes in order, so a position
-        found on disk covers every step before it.
+        holds). Then the request ids answered and dropped since the last checkpoint
+        (:func:`~rlreplay.app.writer.window_keys.save_window`); the table records and the
+        log position go last: RocksDB, which keeps no WAL of its own here, persists its
+        writes in order, so a position found on disk covers every step before it.
 
         A step that fails sets its flags back and raises: the steps before it are
         written (RocksDB's recovery keeps them), the position is not, so the log is
