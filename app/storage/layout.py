@@ -12,7 +12,11 @@ key                         value
                             sampler indexes (msgpack), if it indexes any, then its rollout
                             metadata (msgpack ``[group, version, field names, names of
                             the tasks that acknowledged it]``), if it has any
-``\x00request_ids``         the idempotency window's request ids and answers (msgpack)
+``\\x00id:`` + request id   an answered request id of the idempotency window: msgpack
+                            ``[at, kind, body]`` (:func:`request_id_puts`)
+``\\x00request_ids``        the whole window in one value, as earlier versions wrote it
+                            (msgpack ``[[id, at, kind, body], ...]``): read, then replaced
+                            by the keys above at the next checkpoint
 ``\\x00replay_bytes_s``      the log replay rate the last start measured (a little-endian
                             double: :func:`pack_rate`), where one has
 ``e`` + table id            an episode table's own state (msgpack: its fields, chunk length,
@@ -39,6 +43,9 @@ LSN_KEY = b"\x00lsn"
 NEXT_TID_KEY = b"\x00next_tid"
 REQUEST_IDS_KEY = b"\x00request_ids"
 REPLAY_RATE_KEY = b"\x00replay_bytes_s"
+#: The keys of the idempotency window's ids, one per id, and the range they make up.
+REQUEST_ID_PREFIX = b"\x00id:"
+REQUEST_ID_RANGE = (REQUEST_ID_PREFIX, b"\x00id;")
 META = struct.Struct("<ddIIQ")
 #: :data:`META` as a NumPy record, to pack many records at once (:func:`pack_metas`).
 META_ROW = np.dtype(
@@ -208,6 +215,29 @@ def pack_rate(rate: float) -> bytes:
 def unpack_rate(raw: bytes | None) -> float:
     """A stored replay rate, 0.0 where none is stored."""
     return float(struct.unpack("<d", raw)[0]) if raw else 0.0
+
+
+def request_id_keys(ids: list[str]) -> list[bytes]:
+    """The keys of the window's ``ids`` (any string: a lone surrogate too)."""
+    prefix = REQUEST_ID_PREFIX
+    return [prefix + rid.encode("utf-8", "surrogatepass") for rid in ids]
+
+
+def request_id_puts(rows: list[tuple[str, float, str, Any]]) -> list[tuple[bytes, bytes]]:
+    """The RocksDB puts of the window's rows ``(id, at, kind, body)``."""
+    pack = msgpack.Packer().pack
+    prefix = REQUEST_ID_PREFIX
+    return [
+        (prefix + rid.encode("utf-8", "surrogatepass"), pack((at, kind, body)))
+        for rid, at, kind, body in rows
+    ]
+
+
+def request_id_row(raw_key: bytes, raw: bytes) -> tuple[str, float, str, Any]:
+    """A row of the window from its key and value (:func:`request_id_puts`)."""
+    at, kind, body = msgpack.unpackb(raw, raw=False)
+    rid = raw_key[len(REQUEST_ID_PREFIX) :].decode("utf-8", "surrogatepass")
+    return rid, float(at), kind, body
 
 
 def pack_count(n: int) -> bytes:

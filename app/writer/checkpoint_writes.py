@@ -55,6 +55,16 @@ class CheckpointWrites:
         """Write ``puts`` as one batch (a checkpoint's step, sized by its caller)."""
         await self._write(puts, (), ())
 
+    async def write_atomic(
+        self,
+        puts: Sequence[tuple[bytes, bytes]],
+        deletes: Sequence[bytes],
+        ranges: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """Write ``ranges``, ``deletes`` and ``puts`` as one batch, whatever its size: a
+        crash keeps all of it or none (the whole idempotency window, rarely)."""
+        await self._write(puts, deletes, ranges)
+
     async def _write(
         self,
         puts: Sequence[tuple[bytes, bytes]],

@@ -9,6 +9,13 @@ records each write's id (replay remembers it again) and every checkpoint saves t
 (:meth:`RequestIds.state`, in RocksDB or the memory checkpoint), so a retry after a
 restart is recognised too.
 
+RocksDB keeps the window one key per id (:mod:`rlreplay.app.storage.layout`), and a
+checkpoint writes only what changed since the last one (:meth:`RequestIds.take_changes`):
+the ids answered since, and deletes for the ids dropped since, so its work follows the
+writes of one interval, not the window (which grows to 10 minutes of writes). Memory
+mode writes the whole window into its file (:meth:`RequestIds.snapshot`), as it writes
+the tables.
+
 The window keeps what happened to a write, never how HTTP says it: an answer body, whose
 :class:`AnswerKind` (committed or accepted) the API layer turns into a status
 (:mod:`rlreplay.app.api.write_status`). The log's request record and a checkpoint's window
@@ -18,9 +25,10 @@ number there, which reading ignores: the body says the same.
 The window can hold 100,000 answers, and the event loop must not feel them: an answered
 id costs the garbage collector nothing (its time and its answer body, a dict of a string
 and a count, sit in two dicts, where an object per id would be walked by every
-collection until it leaves the window), and a checkpoint takes a
-:class:`WindowSnapshot` on the loop (three list copies) and packs it in an I/O thread, a
-slice at a time (:meth:`WindowSnapshot.packed`), so the loop gets the GIL between slices.
+collection until it leaves the window). A RocksDB checkpoint reads the rows of the ids
+that changed, a slice at a time on the loop (:mod:`rlreplay.app.writer.window_keys`);
+memory mode's takes a :class:`WindowSnapshot` on the loop (three list copies) and packs
+it in an I/O thread, a slice at a time (:meth:`WindowSnapshot.packed`).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ __all__ = [
     "Answer",
     "AnswerKind",
     "RequestIds",
+    "WindowChanges",
     "WindowSnapshot",
     "answer_count",
     "answer_kind",
@@ -73,6 +82,10 @@ class _InFlight:
 _PACK_SLICE = 2048
 #: Ids past ``keep`` dropped at once (see :meth:`RequestIds._trim`).
 _TRIM_BATCH = 1024
+#: Changes noted since the last save, past which the next save writes the whole window
+#: instead (a multiple of the window's size, see :meth:`RequestIds._note`): what bounds
+#: the lists when no checkpoint takes them for long.
+_CHANGES_PER_ID = 4
 
 
 def answer_count(body: dict[str, Any]) -> int:
@@ -98,6 +111,13 @@ class RequestIds:
         #: id -> its answer, or its entry while in flight; the same ids in the same order
         #: (both gain and lose an id together; a new value keeps its key's place)
         self._answer: dict[str, Answer | _InFlight] = {}
+        #: What changed since the last save (:meth:`take_changes`): the ids gained (an id
+        #: in flight stays here until answered) and the ids dropped; or, once these lists
+        #: grew past :data:`_CHANGES_PER_ID` times the window, ``_whole``: the next save
+        #: writes the whole window.
+        self._gained: list[str] = []
+        self._lost: list[str] = []
+        self._whole = False
 
     def __len__(self) -> int:
         return len(self._at)
@@ -119,6 +139,8 @@ class RequestIds:
         self._trim(now)
         self._at[request_id] = now
         self._answer[request_id] = _InFlight()
+        self._gained.append(request_id)
+        self._note()
         return None
 
     def finish(self, request_id: str, answer: Answer) -> None:
@@ -136,18 +158,24 @@ class RequestIds:
         waiting for it get the same error, and a later one is served anew."""
         self._at.pop(request_id, None)
         entry = self._answer.pop(request_id, None)
+        if entry is not None and _answer_of(entry) is not None:  # saved, maybe
+            self._lost.append(request_id)
         if not isinstance(entry, _InFlight):
             return
         if entry.done is not None and not entry.done.done():
             entry.done.set_exception(exc)
             entry.done.exception()  # retrieved: a waiter may have gone
 
-    def remember(self, request_id: str, answer: Answer, at: float) -> None:
-        """An id answered before (the log's replay, a checkpoint's window)."""
+    def remember(self, request_id: str, answer: Answer, at: float, *, saved: bool = False) -> None:
+        """An id answered before (the log's replay, a checkpoint's window); ``saved``: read
+        from RocksDB's keys of the window, which need not be written again."""
         entry = self._answer.get(request_id)
         if entry is None:
             self._at[request_id] = at
             self._answer[request_id] = answer
+            if not saved:
+                self._gained.append(request_id)
+                self._note()
         elif isinstance(entry, _InFlight) and entry.answer is None:
             entry.answer = answer
 
@@ -168,6 +196,53 @@ class RequestIds:
             doomed.append(request_id)
         for request_id in doomed:
             del at_of[request_id], answers[request_id]
+        self._lost.extend(doomed)
+
+    def _note(self) -> None:
+        """Past :data:`_CHANGES_PER_ID` changes per id of the window (no checkpoint took
+        them for long), the next save writes the whole window instead: the lists would
+        otherwise hold every id ever dropped."""
+        if len(self._gained) + len(self._lost) > _CHANGES_PER_ID * max(len(self._at), _TRIM_BATCH):
+            self._gained, self._lost, self._whole = [], [], True
+
+    def take_changes(self) -> WindowChanges:
+        """What changed since the last save, handed to a checkpoint (which writes it
+        with :meth:`rows`, or gives it back with :meth:`give_back` if it fails)."""
+        if self._whole:
+            self._trim(time.time())
+            changes = WindowChanges(list(self._at), [], whole=True)
+        else:
+            changes = WindowChanges(self._gained, self._lost, whole=False)
+        self._gained, self._lost, self._whole = [], [], False
+        return changes
+
+    def give_back(self, changes: WindowChanges) -> None:
+        """A save of ``changes`` failed: the next one writes them (and what came since)."""
+        if changes.whole:
+            self._whole = True
+            return
+        self._gained[:0] = changes.gained
+        self._lost[:0] = changes.lost
+        self._note()
+
+    def rows(self, gained: list[str]) -> list[tuple[str, float, str, Answer]]:
+        """The rows ``(id, at, kind, body)`` of the ids of ``gained`` (a slice of a
+        :class:`WindowChanges`') answered now: those still in flight are gained again, for
+        the next save; those dropped meanwhile are left out (their drop is noted)."""
+        committed, accepted = AnswerKind.COMMITTED.value, AnswerKind.ACCEPTED.value
+        at_of, answers = self._at, self._answer
+        out = []
+        for request_id in gained:
+            entry = answers.get(request_id)
+            if entry is None:
+                continue
+            answer = _answer_of(entry)
+            if answer is None:
+                self._gained.append(request_id)
+                continue
+            kind = committed if "committed" in answer else accepted
+            out.append((request_id, at_of[request_id], kind, answer))
+        return out
 
     def state(self) -> list[list[Any]]:
         """The answered ids, oldest first: ``[[id, at, kind, body], ...]`` (``kind``: the
@@ -185,6 +260,8 @@ class RequestIds:
         """The answered ids as of now, for :meth:`WindowSnapshot.packed` to pack off the
         event loop (what :meth:`state` gives, without building it on the loop)."""
         self._trim(time.time())
+        # the whole window is saved: nothing is left to save by changes (memory mode)
+        self._gained, self._lost, self._whole = [], [], False
         return WindowSnapshot(list(self._at), list(self._at.values()), list(self._answer.values()))
 
     def load(self, state: list[list[Any]]) -> None:
@@ -195,6 +272,18 @@ class RequestIds:
 
 def _answer_of(entry: Answer | _InFlight) -> Answer | None:
     return entry.answer if isinstance(entry, _InFlight) else entry
+
+
+@dataclass(slots=True)
+class WindowChanges:
+    """What the window gained and lost between two saves (see
+    :meth:`RequestIds.take_changes`): the ids gained, answered or not yet (their rows are
+    read when written, :meth:`RequestIds.rows`), and the ids dropped; or, ``whole``, every
+    id of the window in ``gained``, to be written in place of all the saved ones."""
+
+    gained: list[str]
+    lost: list[str]
+    whole: bool
 
 
 class WindowSnapshot:

@@ -52,6 +52,7 @@ from rlreplay.app.writer.memory_checkpoint import (
     write_checkpoint_file,
 )
 from rlreplay.app.writer.state import EngineState, cache_charge, meta_records, table_record
+from rlreplay.app.writer.window_keys import load_window, save_window
 from rlreplay.workers.blocking import BlockingIO
 
 __all__ = [
@@ -263,6 +264,9 @@ class RocksStorage(Storage):
         #: Puts and range deletes a failed write put off to the next checkpoint.
         self.deferred_puts: list[tuple[bytes, bytes]] = []
         self.deferred_ranges: list[tuple[bytes, bytes]] = []
+        #: Whether RocksDB holds the idempotency window as one value (as earlier versions
+        #: wrote it), which the next checkpoint deletes (:mod:`~rlreplay.app.writer.window_keys`).
+        self.window_in_one_value = False
 
     @property
     def db(self) -> RocksStore:
@@ -342,8 +346,7 @@ class RocksStorage(Storage):
                 if table.episodes is not None:
                     load_rocks(table.episodes, table.prefix, store)
                 tables.append(table)
-            ids = store.get(layout.REQUEST_IDS_KEY)
-            state.request_ids.load(msgpack.unpackb(ids, raw=False) if ids else [])
+            self.window_in_one_value = load_window(store, state.request_ids)
             return (
                 layout.unpack_count(store.get(layout.LSN_KEY), 0),
                 layout.unpack_count(store.get(layout.NEXT_TID_KEY), 1),
@@ -376,9 +379,10 @@ class RocksStorage(Storage):
         ``between`` runs (the writer applies the pushes that came in meanwhile): a slot
         is looked at again when its step comes. A value logged after ``upto`` stays
         dirty, and so does its metadata (its record would not match the value RocksDB
-        holds). The table records, request ids and the log position go last: RocksDB,
-        which keeps no WAL of its own here, persists its writes in order, so a position
-        found on disk covers every step before it.
+        holds). Then the request ids answered and dropped since the last checkpoint
+        (:func:`~rlreplay.app.writer.window_keys.save_window`); the table records and the
+        log position go last: RocksDB, which keeps no WAL of its own here, persists its
+        writes in order, so a position found on disk covers every step before it.
 
         A step that fails sets its flags back and raises: the steps before it are
         written (RocksDB's recovery keeps them), the position is not, so the log is
@@ -409,6 +413,13 @@ class RocksStorage(Storage):
                 at = await self._step(t, changed, at, upto, steps)
                 if between is not None:
                     await between()
+        # the idempotency window: the ids answered and dropped since the last checkpoint
+        changes = state.request_ids.take_changes()
+        try:
+            await save_window(state.request_ids, changes, steps, between)
+        except BaseException:
+            state.request_ids.give_back(changes)
+            raise
         # each table's own state (rate limiter counts, counters) as of this checkpoint
         puts = [(table_key(t.name), table_record(t)) for t in state.tables.values()]
         # episode tables: their episodes' records and the chunks sealed since
@@ -418,8 +429,8 @@ class RocksStorage(Storage):
         for e_puts, e_deletes, _ in episode_writes:
             puts.extend(e_puts)
             self.deletes.extend(e_deletes)
-        ids = await io.run(state.request_ids.snapshot().packed)  # up to ~10 MB
-        puts.append((REQUEST_IDS_KEY, ids))
+        if self.window_in_one_value:  # as earlier versions saved it: now in keys
+            self.deletes.append(REQUEST_IDS_KEY)
         if self.replay_bytes_s:
             puts.append((REPLAY_RATE_KEY, layout.pack_rate(self.replay_bytes_s)))
         puts.append((LSN_KEY, pack_count(upto)))
@@ -431,6 +442,7 @@ class RocksStorage(Storage):
             raise
         for _, _, written in episode_writes:
             written()
+        self.window_in_one_value = False
         await io.run(store.flush)  # if it fails, the log is not cut: it still covers all
         return steps.bytes
 
