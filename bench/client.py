@@ -114,8 +114,9 @@ def codec_rows(seconds: float) -> list[list[object]]:
     items = _items(keys, arr)
     packed = packb(arrays)
     packed_bytes = msgpack.packb(as_bytes)
-    push_body = encode_body(push_request(items, False))
-    columns_body = encode_body(columns_request(keys, {"x": arr}, None, False))
+    # a body may come as pieces (wire/pieces.py): decoding reads the joined bytes
+    push_body = bytes(encode_body(push_request(items, False)))
+    columns_body = bytes(encode_body(columns_request(keys, {"x": arr}, None, False)))
     per = PUSH_ITEMS
 
     def each(fn: Callable[[], object]) -> float:
