@@ -271,12 +271,13 @@ def _wrk_bodies(rng: np.random.Generator) -> dict[str, list[bytes]]:
     request), so wrk sends what the client does, byte for byte but for the key numbers."""
     arr = _columns(rng)
     keys = _keys(KEY_MARK.decode())
-    pushes = encode_body(push_request(_items(keys, arr), False))
-    columns = encode_body(columns_request(keys, {"x": arr}, None, False))
+    pushes = bytes(encode_body(push_request(_items(keys, arr), False)))
+    columns = bytes(encode_body(columns_request(keys, {"x": arr}, None, False)))
     assert pushes.count(KEY_MARK) == PUSH_ITEMS and columns.count(KEY_MARK) == PUSH_ITEMS
 
     def sample(layout: str) -> bytes:
-        return encode_body(SampleRequest(SAMPLE_ITEMS, DEFAULT_TIMEOUT_MS, True, layout))  # type: ignore[arg-type]
+        request = SampleRequest(SAMPLE_ITEMS, DEFAULT_TIMEOUT_MS, True, layout)  # type: ignore[arg-type]
+        return bytes(encode_body(request))
 
     return {
         "push": [pushes],
@@ -546,7 +547,9 @@ def _start_server(workdir: Path, durability: str) -> tuple[subprocess.Popen[byte
             ).raise_for_status()
             arr = _columns(np.random.default_rng(2))
             for n in range(PRELOAD // PUSH_ITEMS):
-                body = encode_body(columns_request(_keys(f"p{n:09d}"), {"x": arr}, None, True))
+                body = bytes(
+                    encode_body(columns_request(_keys(f"p{n:09d}"), {"x": arr}, None, True))
+                )
                 c.post(
                     f"/v1/tables/{TABLE}/items",
                     content=body,
