@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engine.child_process import run_child
+
 MB = 2**20
 # Resident memory the server may use above the cache limit while values stream through it:
 # RocksDB's memtables (2 x 32 MiB, app/storage/rocks.py) and block cache (8 MiB), the log's
@@ -19,16 +16,7 @@ STATED_OVERHEAD_MB = 130
 
 
 def test_600mb_through_a_32mb_cache(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.engine.memory_child", str(tmp_path / "data")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
-    r = json.loads(out.strip().splitlines()[-1])
+    r = run_child("tests.engine.memory_child", str(tmp_path / "data"))
     assert r["all_intact"], "a value did not read back intact"
     assert r["stats"]["size"] == r["items"] == 15360
     assert r["stats"]["bytes_on_disk"] >= 600 * MB

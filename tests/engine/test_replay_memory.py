@@ -3,15 +3,12 @@ peak resident memory is bounded by a batch and a read window, not by the log's s
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engine.child_process import run_child
+
 MB = 2**20
 LOG_MB = 400
 # The most a replay may add to a start's peak resident memory, as a share of the log it
@@ -24,17 +21,7 @@ REPLAY_SHARE = 1 / 3
 
 
 def _child(*args: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.engine.replay_memory_child", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
+    return run_child("tests.engine.replay_memory_child", *args)
 
 
 def test_a_restart_replays_a_400mb_log_in_bounded_memory(tmp_path: Path) -> None:
